@@ -1,0 +1,84 @@
+//! `wasmjobs exec`: one job, straight through the sandbox, no queue.
+//!
+//! For trying a plugin while writing it, and for scripts: prints the job's
+//! log lines, then the outcome and how long it took. Exit status 0 when the
+//! job succeeded, 1 when it failed (whatever the failure kind).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use clap::Args;
+
+use super::{Cli, PluginSource};
+use crate::host::log::level_name;
+use crate::job::Job;
+use crate::sandbox::engine::parse_size;
+use crate::sandbox::{ExecOptions, Limits};
+
+/// Arguments of `wasmjobs exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub source: PluginSource,
+    /// Wall-clock limit for the job, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout: f64,
+    /// Most linear memory the guest may use (e.g. 64MiB).
+    #[arg(long, default_value = "128MiB", value_parser = parse_size)]
+    pub memory: usize,
+    /// The job class.
+    pub class: String,
+    /// The job's arguments, a JSON array.
+    #[arg(default_value = "[]")]
+    pub args: String,
+}
+
+/// Runs the command.
+pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
+    let job = Job::new(&args.class, &args.args)?;
+    let timeout = Duration::try_from_secs_f64(args.timeout)
+        .map_err(|_| anyhow!("--timeout must be a positive number of seconds"))?;
+    let limits = Limits {
+        memory: args.memory,
+        timeout,
+    };
+    let (executor, catalog) = args.source.load(&cli.data_dir, 1, limits)?;
+    let Some(plugin) = catalog.get(&job.class) else {
+        let known: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
+        let mut message = format!(
+            "no plugin in {} serves class {:?}",
+            args.source.plugins.display(),
+            job.class
+        );
+        if known.is_empty() {
+            message.push_str(" (it has no loadable plugins; try `wasmjobs plugins`)");
+        } else {
+            message.push_str(&format!(" (known classes: {})", known.join(", ")));
+        }
+        return Err(anyhow!(message));
+    };
+
+    let execution = executor
+        .execute(plugin, &job, &ExecOptions { capture_logs: true })
+        .await;
+    let mut out = std::io::stdout().lock();
+    for line in &execution.logs {
+        writeln!(out, "[{:<5}] {}", level_name(line.level), line.message)?;
+    }
+    let took = format!("{:.3} ms", execution.duration.as_secs_f64() * 1000.0);
+    writeln!(
+        out,
+        "{} {} ({}@{}, jid {}) in {took}",
+        job.class, execution.outcome, plugin.name, execution.plugin_version, job.jid
+    )?;
+    if let Some(backtrace) = &execution.backtrace {
+        writeln!(out, "{}", backtrace.trim_end())?;
+    }
+    Ok(if execution.outcome.is_success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

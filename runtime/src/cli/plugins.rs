@@ -1,0 +1,60 @@
+//! `wasmjobs plugins`: what a plugins directory holds, and what is wrong.
+//!
+//! Loads every plugin exactly as the runner would (manifest, compile or
+//! cache, world check, grants) and prints one row per plugin, then the
+//! refused ones with their reasons. Exit status 1 if any plugin is broken,
+//! so it doubles as a deploy check.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::{Cli, PluginSource};
+use crate::bindings::WORLD;
+use crate::plugin::CacheUse;
+use crate::sandbox::Limits;
+
+/// Arguments of `wasmjobs plugins`.
+#[derive(Debug, Args)]
+pub struct PluginsArgs {
+    #[command(flatten)]
+    pub source: PluginSource,
+}
+
+/// Runs the command.
+pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
+    let (_executor, catalog) = args.source.load(&cli.data_dir, 1, Limits::default())?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{:<16} {:<12} {:<28} {:<44} {:<8} LOAD",
+        "PLUGIN", "VERSION", "CLASSES", "COMPONENT", "WORLD"
+    )?;
+    for plugin in catalog.plugins() {
+        let load = match plugin.cache {
+            CacheUse::Hit => "cached",
+            CacheUse::Compiled => "compiled",
+        };
+        writeln!(
+            out,
+            "{:<16} {:<12} {:<28} {:<44} {:<8} {load} in {:.0} ms",
+            plugin.name,
+            plugin.version,
+            plugin.manifest.classes.join(","),
+            plugin.manifest.component.display(),
+            "ok",
+            plugin.load_time.as_secs_f64() * 1000.0
+        )?;
+    }
+    writeln!(out, "{} plugin(s) implement {WORLD}", catalog.plugins().len())?;
+    if catalog.broken().is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "\n{} broken plugin(s):", catalog.broken().len())?;
+    for broken in catalog.broken() {
+        writeln!(out, "  {}", broken.error)?;
+    }
+    Ok(ExitCode::FAILURE)
+}

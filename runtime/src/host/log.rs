@@ -1,0 +1,316 @@
+//! Guest logging: the `wasmjobs:job/log` import and the guest's stdout and
+//! stderr, routed into the host's `tracing` output.
+//!
+//! Every line is emitted inside the job's span, so it carries `jid`, `class`
+//! and the plugin version like any host log line. A [`LogSink`] is shared by
+//! the import and the two stdio streams of one job; it can also capture the
+//! lines (for `wasmjobs exec` and tests) and keeps the tail of stderr, which
+//! is where a Rust guest's panic message goes, so a trap can be explained.
+//!
+//! Guests are not trusted to be brief: each line is truncated to
+//! [`MAX_LINE_BYTES`], and capture stops after [`MAX_CAPTURE_BYTES`].
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+use crate::bindings::log::{Host, Level};
+use crate::sandbox::JobState;
+
+/// Longest log line kept; the rest is cut and marked.
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+/// Most bytes of log lines captured per job.
+pub const MAX_CAPTURE_BYTES: usize = 1024 * 1024;
+/// How much of the guest's stderr is kept to explain a trap.
+const STDERR_TAIL_BYTES: usize = 2 * 1024;
+
+/// Where a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The `wasmjobs:job/log` import.
+    Log,
+    /// The guest's stdout.
+    Stdout,
+    /// The guest's stderr.
+    Stderr,
+}
+
+/// One captured line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// Severity (stdout lines are `info`, stderr lines `warn`).
+    pub level: Level,
+    /// Where it came from.
+    pub source: Source,
+    /// The text, truncated to [`MAX_LINE_BYTES`].
+    pub message: String,
+}
+
+/// The per-job destination of guest output.
+#[derive(Clone, Default)]
+pub struct LogSink(Arc<Mutex<SinkState>>);
+
+#[derive(Default)]
+struct SinkState {
+    capture: Option<Vec<LogLine>>,
+    captured_bytes: usize,
+    stderr_tail: String,
+}
+
+impl LogSink {
+    /// A sink that only emits to `tracing`, or also captures lines.
+    pub fn new(capture: bool) -> Self {
+        let sink = Self::default();
+        if capture {
+            sink.lock().capture = Some(Vec::new());
+        }
+        sink
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SinkState> {
+        // A panic while holding this lock cannot leave it inconsistent.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Emits one line to `tracing` (in the current span) and captures it.
+    pub fn record(&self, level: Level, source: Source, message: &str) {
+        let message = truncate(message);
+        emit(level, source, &message);
+        let mut state = self.lock();
+        if source == Source::Stderr {
+            state.stderr_tail.push_str(&message);
+            state.stderr_tail.push('\n');
+            let excess = state.stderr_tail.len().saturating_sub(STDERR_TAIL_BYTES);
+            if excess > 0 {
+                let cut = (excess..=state.stderr_tail.len())
+                    .find(|&i| state.stderr_tail.is_char_boundary(i))
+                    .unwrap_or(state.stderr_tail.len());
+                state.stderr_tail.drain(..cut);
+            }
+        }
+        let captured = state.captured_bytes + message.len();
+        if captured <= MAX_CAPTURE_BYTES {
+            if let Some(lines) = &mut state.capture {
+                lines.push(LogLine { level, source, message });
+            }
+            state.captured_bytes = captured;
+        }
+    }
+
+    /// The captured lines so far (empty unless capturing).
+    pub fn lines(&self) -> Vec<LogLine> {
+        self.lock().capture.clone().unwrap_or_default()
+    }
+
+    /// The last lines the guest wrote to stderr, non-blank ones joined with
+    /// " | " so the result fits on one line of a log or a dead-set entry.
+    pub fn stderr_tail(&self) -> String {
+        let state = self.lock();
+        let lines: Vec<&str> = state
+            .stderr_tail
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        lines.join(" | ")
+    }
+
+    /// A stream for the guest's stdout or stderr.
+    pub fn stream(&self, source: Source) -> GuestOutput {
+        GuestOutput {
+            sink: self.clone(),
+            source,
+        }
+    }
+}
+
+/// The lowercase name of a level, as printed by `wasmjobs exec`.
+pub fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Trace => "trace",
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+        Level::Error => "error",
+    }
+}
+
+fn truncate(message: &str) -> String {
+    if message.len() <= MAX_LINE_BYTES {
+        return message.to_owned();
+    }
+    let cut = (0..=MAX_LINE_BYTES)
+        .rev()
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… [{} bytes cut]", &message[..cut], message.len() - cut)
+}
+
+fn emit(level: Level, source: Source, message: &str) {
+    let source = match source {
+        Source::Log => "log",
+        Source::Stdout => "stdout",
+        Source::Stderr => "stderr",
+    };
+    match level {
+        Level::Trace => tracing::trace!(target: "wasmjobs::guest", source, "{message}"),
+        Level::Debug => tracing::debug!(target: "wasmjobs::guest", source, "{message}"),
+        Level::Info => tracing::info!(target: "wasmjobs::guest", source, "{message}"),
+        Level::Warn => tracing::warn!(target: "wasmjobs::guest", source, "{message}"),
+        Level::Error => tracing::error!(target: "wasmjobs::guest", source, "{message}"),
+    }
+}
+
+impl Host for JobState {
+    fn log(&mut self, level: Level, message: String) {
+        self.log.record(level, Source::Log, &message);
+    }
+}
+
+/// The guest's stdout or stderr: each write is split into lines and
+/// recorded. Never blocks and never fails, so a chatty guest cannot stall or
+/// crash on `println!`.
+pub struct GuestOutput {
+    sink: LogSink,
+    source: Source,
+}
+
+impl GuestOutput {
+    fn level(&self) -> Level {
+        match self.source {
+            Source::Stderr => Level::Warn,
+            Source::Log | Source::Stdout => Level::Info,
+        }
+    }
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(GuestOutput {
+            sink: self.sink.clone(),
+            source: self.source,
+        })
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(GuestOutput {
+            sink: self.sink.clone(),
+            source: self.source,
+        })
+    }
+}
+
+impl GuestOutput {
+    fn write_bytes(&self, bytes: &[u8]) {
+        let text = String::from_utf8_lossy(bytes);
+        for line in text.trim_end_matches('\n').split('\n') {
+            self.sink.record(self.level(), self.source, line.trim_end_matches('\r'));
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        if !bytes.is_empty() {
+            self.write_bytes(&bytes);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for GuestOutput {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.write_bytes(buf);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_and_marked() {
+        let long = "x".repeat(MAX_LINE_BYTES + 10);
+        let cut = truncate(&long);
+        assert!(cut.starts_with(&"x".repeat(MAX_LINE_BYTES)));
+        assert!(cut.ends_with("[10 bytes cut]"), "{}", &cut[cut.len() - 30..]);
+    }
+
+    #[test]
+    fn sink_captures_lines_and_keeps_the_stderr_tail() {
+        let sink = LogSink::new(true);
+        sink.stream(Source::Stdout).write_bytes(b"one\ntwo\n");
+        sink.record(Level::Error, Source::Log, "three");
+        for i in 0..1000 {
+            sink.stream(Source::Stderr).write_bytes(format!("err {i}\n").as_bytes());
+        }
+        let lines = sink.lines();
+        assert_eq!(lines[0].message, "one");
+        assert_eq!(
+            lines[1],
+            LogLine {
+                level: Level::Info,
+                source: Source::Stdout,
+                message: "two".into()
+            }
+        );
+        assert_eq!(lines[2].level, Level::Error);
+        let tail = sink.stderr_tail();
+        assert!(tail.ends_with("err 998 | err 999"), "{tail}");
+        assert!(!tail.contains("err 10 |"), "old stderr lines are dropped: {tail}");
+        assert!(tail.len() < 2 * STDERR_TAIL_BYTES);
+    }
+
+    #[test]
+    fn capture_is_bounded() {
+        let sink = LogSink::new(true);
+        let line = "y".repeat(MAX_LINE_BYTES);
+        for _ in 0..(2 * MAX_CAPTURE_BYTES / MAX_LINE_BYTES) {
+            sink.record(Level::Info, Source::Log, &line);
+        }
+        let total: usize = sink.lines().iter().map(|l| l.message.len()).sum();
+        assert!(total <= MAX_CAPTURE_BYTES);
+        assert!(total > MAX_CAPTURE_BYTES / 2);
+    }
+}

@@ -1,0 +1,34 @@
+//! Host capabilities: what a guest can import, each in its own module.
+//!
+//! Every capability sees only its own slice of the per-job store state
+//! ([`crate::sandbox::JobState`]) through a narrow view, as wasmtime-wasi
+//! does: [`files`] builds the filesystem preopens a manifest grants, [`http`]
+//! is the outgoing-request policy, [`log`] routes guest log lines and stdio
+//! into `tracing`. [`link`] assembles them into the one [`Linker`] shared by
+//! every plugin.
+//!
+//! Nothing is granted by default: no preopens, no environment variables, no
+//! sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.
+
+pub mod files;
+pub mod http;
+pub mod log;
+
+use anyhow::Result;
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+
+use crate::sandbox::JobState;
+
+/// The linker with every import of the `wasmjobs:job/plugin` world.
+///
+/// Built once per engine; pre-linking each plugin against it
+/// (`Linker::instantiate_pre`) resolves imports at load time, so a job only
+/// pays for instantiation.
+pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
+    Ok(linker)
+}

@@ -1,0 +1,186 @@
+//! A job as the host sees it, and what became of it.
+//!
+//! [`Job`] is the host-side twin of the WIT `job` record: the fields a guest
+//! receives. The Redis layer (Sidekiq's payload format) converts to and from
+//! it; `wasmjobs exec` builds one from the command line. [`Outcome`] is the
+//! decision the sandbox reaches after running a job, which the outcome stage
+//! turns into ack, retry or dead.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+
+use crate::bindings::types as wit;
+
+/// One job to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// Job id, 24 lowercase hex characters (Sidekiq's format).
+    pub jid: String,
+    /// The class that selects the plugin.
+    pub class: String,
+    /// The queue it came from.
+    pub queue: String,
+    /// The arguments: a JSON array, as text, passed to the guest untouched.
+    pub args: String,
+    /// Retries before this run (0 on the first run).
+    pub retry_count: u32,
+    /// Enqueue time, milliseconds since the Unix epoch.
+    pub enqueued_at_ms: u64,
+}
+
+impl Job {
+    /// A new job for `class` with `args`, enqueued now on the `default` queue.
+    ///
+    /// Fails if `args` is not a JSON array: that is the one shape every
+    /// client (Sidekiq's included) agrees on, and catching it here gives a
+    /// clear error before anything runs.
+    pub fn new(class: &str, args: &str) -> Result<Self> {
+        validate_args(args)?;
+        Ok(Self {
+            jid: new_jid(),
+            class: class.to_owned(),
+            queue: "default".to_owned(),
+            args: args.to_owned(),
+            retry_count: 0,
+            enqueued_at_ms: now_ms(),
+        })
+    }
+
+    /// The WIT record handed to the guest.
+    pub(crate) fn to_wit(&self) -> wit::Job {
+        wit::Job {
+            jid: self.jid.clone(),
+            class: self.class.clone(),
+            queue: self.queue.clone(),
+            args: self.args.clone(),
+            retry_count: self.retry_count,
+            enqueued_at_ms: self.enqueued_at_ms,
+        }
+    }
+}
+
+/// Checks that `args` is a JSON array (of anything).
+pub fn validate_args(args: &str) -> Result<()> {
+    let value: serde_json::Value =
+        serde_json::from_str(args).with_context(|| format!("job args are not valid JSON: {}", preview(args)))?;
+    if !value.is_array() {
+        bail!("job args must be a JSON array, got {}", preview(args));
+    }
+    Ok(())
+}
+
+/// A fresh job id: 12 random bytes as 24 hex characters, like Sidekiq's.
+pub fn new_jid() -> String {
+    hex::encode(rand::random::<[u8; 12]>())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The first 200 characters of `text`, for error messages about user input.
+pub fn preview(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// What running a job decided.
+///
+/// Every failure carries a message meant for a person reading the dead set or
+/// the logs; it becomes Sidekiq's `error_message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// `perform` returned `ok`: acknowledge the job.
+    Success,
+    /// A transient failure (a `retry` error, a trap, a timeout): retry the
+    /// job following its retry policy.
+    Retry(String),
+    /// The guest asked for the job to be dropped.
+    Discard(String),
+    /// The job can never succeed: move it to the dead set.
+    Dead(String),
+}
+
+impl Outcome {
+    /// Whether the job succeeded.
+    pub fn is_success(&self) -> bool {
+        matches!(self, Outcome::Success)
+    }
+
+    /// A short name of the outcome: `ok`, `retry`, `discard` or `dead`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Success => "ok",
+            Outcome::Retry(_) => "retry",
+            Outcome::Discard(_) => "discard",
+            Outcome::Dead(_) => "dead",
+        }
+    }
+
+    /// The failure message, if the job failed.
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            Outcome::Success => None,
+            Outcome::Retry(m) | Outcome::Discard(m) | Outcome::Dead(m) => Some(m),
+        }
+    }
+}
+
+impl From<wit::JobError> for Outcome {
+    fn from(err: wit::JobError) -> Self {
+        match err {
+            wit::JobError::Retry(m) => Outcome::Retry(m),
+            wit::JobError::Discard(m) => Outcome::Discard(m),
+            wit::JobError::Dead(m) => Outcome::Dead(m),
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.message() {
+            None => f.write_str(self.kind()),
+            Some(m) => write!(f, "{}: {m}", self.kind()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_must_be_a_json_array() {
+        assert!(validate_args("[1, \"a\", {\"k\": null}]").is_ok());
+        assert!(validate_args("[]").is_ok());
+        let err = validate_args("{\"a\": 1}").unwrap_err().to_string();
+        assert!(err.contains("must be a JSON array"), "{err}");
+        let err = validate_args("[1,").unwrap_err().to_string();
+        assert!(err.contains("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn jids_look_like_sidekiqs() {
+        let jid = new_jid();
+        assert_eq!(jid.len(), 24);
+        assert!(jid.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(jid, new_jid());
+    }
+
+    #[test]
+    fn preview_cuts_long_text_on_a_char_boundary() {
+        let long = "é".repeat(300);
+        let p = preview(&long);
+        assert_eq!(p.chars().count(), 201);
+        assert_eq!(preview("short"), "short");
+    }
+}

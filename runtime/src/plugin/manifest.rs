@@ -1,0 +1,283 @@
+//! The plugin manifest, `wasmjobs.toml`, that sits beside each component.
+//!
+//! A plugin's permissions are declared here, next to the plugin, not in the
+//! runner's code or flags (as in Spin): which job classes it serves and which
+//! host directories it sees. Anything not granted is denied; unknown keys are
+//! rejected so a typo never silently grants or drops a permission.
+//!
+//! ```toml
+//! component = "file_append_job.wasm"   # relative to this file
+//! classes = ["FileAppendJob"]
+//!
+//! [[files]]
+//! host = "data"      # relative to this file; must stay inside the plugin directory
+//! guest = "/data"    # the path the guest opens
+//! mode = "rw"        # "ro" or "rw"
+//! ```
+//!
+//! Every error names the manifest file and, where it can, the line.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The file name the plugin catalog looks for.
+pub const MANIFEST_FILE: &str = "wasmjobs.toml";
+
+/// A parsed, validated manifest with paths resolved against its directory.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// The manifest file itself.
+    pub path: PathBuf,
+    /// The plugin root: the directory holding the manifest. Host paths may
+    /// not leave it.
+    pub root: PathBuf,
+    /// The component file (absolute).
+    pub component: PathBuf,
+    /// The job classes this plugin serves.
+    pub classes: Vec<String>,
+    /// Directories preopened for the guest.
+    pub files: Vec<Preopen>,
+}
+
+/// One directory made visible to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// The host directory (absolute, inside the plugin root).
+    pub host: PathBuf,
+    /// The path the guest sees (absolute, e.g. `/data`).
+    pub guest: String,
+    /// Read-only or read-write.
+    pub mode: Mode,
+}
+
+/// Access mode of a preopened directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Mode {
+    /// The guest may list and read, never create, write or delete.
+    #[serde(rename = "ro")]
+    ReadOnly,
+    /// The guest may also create, write and delete inside the directory.
+    #[serde(rename = "rw")]
+    ReadWrite,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    component: Spanned<String>,
+    classes: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    files: Vec<Spanned<RawPreopen>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPreopen {
+    host: Spanned<String>,
+    guest: Spanned<String>,
+    mode: Mode,
+}
+
+impl Manifest {
+    /// Reads and validates the manifest at `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("{}: cannot read manifest", path.display()))?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates manifest `text` as if read from `path` (used for messages and
+    /// to resolve relative paths).
+    pub fn parse(path: &Path, text: &str) -> Result<Self> {
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|e| anyhow!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        let root = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let at = |span: Range<usize>| format!("{}:{}", path.display(), line_of(text, span.start));
+
+        let component = inside_root(&root, raw.component.get_ref())
+            .map_err(|e| anyhow!("{}: component: {e}", at(raw.component.span())))?;
+
+        if raw.classes.get_ref().is_empty() {
+            bail!("{}: classes: list at least one job class", at(raw.classes.span()));
+        }
+        let mut classes = Vec::new();
+        for class in raw.classes.get_ref() {
+            let name = class.get_ref();
+            if !valid_class(name) {
+                bail!(
+                    "{}: classes: {name:?} is not a valid job class name (letters, digits, '_', ':', '.', '-')",
+                    at(class.span())
+                );
+            }
+            if classes.contains(name) {
+                bail!("{}: classes: {name:?} is listed twice", at(class.span()));
+            }
+            classes.push(name.clone());
+        }
+
+        let mut files = Vec::new();
+        let mut guests = HashSet::new();
+        for entry in &raw.files {
+            let raw_preopen = entry.get_ref();
+            let host = inside_root(&root, raw_preopen.host.get_ref())
+                .map_err(|e| anyhow!("{}: files.host: {e}", at(raw_preopen.host.span())))?;
+            let guest = raw_preopen.guest.get_ref();
+            if !guest.starts_with('/') || Path::new(guest).components().any(|c| c == Component::ParentDir) {
+                bail!(
+                    "{}: files.guest: {guest:?} must be an absolute guest path without '..'",
+                    at(raw_preopen.guest.span())
+                );
+            }
+            if !guests.insert(guest.clone()) {
+                bail!(
+                    "{}: files.guest: {guest:?} is preopened twice",
+                    at(raw_preopen.guest.span())
+                );
+            }
+            files.push(Preopen {
+                host,
+                guest: guest.clone(),
+                mode: raw_preopen.mode,
+            });
+        }
+
+        Ok(Self {
+            path: path.to_path_buf(),
+            root,
+            component,
+            classes,
+            files,
+        })
+    }
+}
+
+/// Resolves `relative` against `root`, refusing absolute paths and `..`, so a
+/// manifest can only grant what lies inside its own plugin directory.
+fn inside_root(root: &Path, relative: &str) -> Result<PathBuf> {
+    let p = Path::new(relative);
+    if relative.is_empty() {
+        bail!("empty path");
+    }
+    if p.is_absolute() {
+        bail!("{relative:?} is absolute; paths are relative to the manifest's directory");
+    }
+    if p.components()
+        .any(|c| matches!(c, Component::ParentDir | Component::Prefix(_)))
+    {
+        bail!("{relative:?} leaves the plugin directory ('..' is not allowed)");
+    }
+    Ok(root.join(p))
+}
+
+fn valid_class(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '.' | '-'))
+}
+
+/// 1-based line number of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest> {
+        Manifest::parse(Path::new("/p/x/wasmjobs.toml"), text)
+    }
+
+    #[test]
+    fn parses_a_full_manifest() {
+        let m = parse(
+            r#"
+component = "x.wasm"
+classes = ["XJob", "Other::Job"]
+[[files]]
+host = "data/in"
+guest = "/in"
+mode = "ro"
+[[files]]
+host = "out"
+guest = "/out"
+mode = "rw"
+"#,
+        )
+        .unwrap();
+        assert_eq!(m.component, PathBuf::from("/p/x/x.wasm"));
+        assert_eq!(m.classes, ["XJob", "Other::Job"]);
+        assert_eq!(
+            m.files[0],
+            Preopen {
+                host: "/p/x/data/in".into(),
+                guest: "/in".into(),
+                mode: Mode::ReadOnly
+            }
+        );
+        assert_eq!(m.files[1].mode, Mode::ReadWrite);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\n[[files]]\nhost = \"../etc\"\nguest = \"/etc\"\nmode = \"ro\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:4: files.host"), "{err}");
+        assert!(err.contains("leaves the plugin directory"), "{err}");
+
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nhttp = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("/p/x/wasmjobs.toml") && err.contains("line 3") && err.contains("unknown field"),
+            "{err}"
+        );
+
+        let err = parse("component = \"/abs.wasm\"\nclasses = [\"A\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:1: component"), "{err}");
+
+        let err = parse("component = \"x.wasm\"\nclasses = []\n").unwrap_err().to_string();
+        assert!(err.contains(":2: classes"), "{err}");
+
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A B\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a valid job class"), "{err}");
+
+        let err = parse(
+            "component = \"x.wasm\"\nclasses = [\"A\"]\n[[files]]\nhost = \"d\"\nguest = \"/d\"\nmode = \"rwx\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("line 6"), "{err}");
+
+        let err =
+            parse("component = \"x.wasm\"\nclasses = [\"A\"]\n[[files]]\nhost = \"d\"\nguest = \"d\"\nmode = \"ro\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains(":5: files.guest"), "{err}");
+    }
+
+    #[test]
+    fn missing_keys_are_reported() {
+        let err = parse("classes = [\"A\"]\n").unwrap_err().to_string();
+        assert!(err.contains("missing field `component`"), "{err}");
+    }
+}

@@ -1,0 +1,16 @@
+//! Plugins on disk: a component plus the manifest beside it.
+//!
+//! A plugin directory holds `wasmjobs.toml` ([`manifest`]) and the component
+//! it names. Loading a plugin reads both, compiles the component (or takes it
+//! from the [`cache`]), checks that it implements the job world and that its
+//! grants are usable, and pre-links it once so that each job only has to
+//! instantiate. The [`Catalog`] maps job classes to loaded plugins and keeps
+//! the reasons broken plugins were refused.
+
+pub mod cache;
+pub mod catalog;
+pub mod manifest;
+
+pub use cache::{CacheUse, CompileCache};
+pub use catalog::{Broken, Catalog, Plugin};
+pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};

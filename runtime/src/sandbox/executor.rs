@@ -1,0 +1,252 @@
+//! The executor: runs one job in a fresh, limited instance of its plugin.
+//!
+//! For each job: take a slot, build the store state, instantiate the
+//! plugin's pre-linked component, call `perform` asynchronously, map what
+//! came back to an [`Outcome`], drop the store. Guest code waiting on a host
+//! call (HTTP, a clock sleep) is a suspended fiber, not a blocked thread, so
+//! thousands of jobs wait concurrently on a couple of threads.
+//!
+//! Failures are contained and explained:
+//! - an error returned by the guest maps to retry / discard / dead as it asked;
+//! - a trap (panic, `unreachable`, out-of-bounds access, stack overflow) is a
+//!   retryable failure whose message carries the trap and the tail of the
+//!   guest's stderr (where a Rust panic message lands);
+//! - growing memory past the limit traps with "memory limit … exceeded";
+//! - running past the timeout is a retryable "timed out" failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Engine, Store, Trap, WasmBacktrace};
+
+use super::engine::{self, EngineConfig, Limits, TICK};
+use super::state::{JobState, mib};
+use crate::bindings::{PluginPre, WORLD};
+use crate::host::log::{LogLine, LogSink};
+use crate::job::{Job, Outcome};
+use crate::plugin::Plugin;
+
+/// How to run one job.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// Keep the job's log lines in [`Execution::logs`] (they always go to
+    /// `tracing` as well).
+    pub capture_logs: bool,
+}
+
+/// What happened when a job ran.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// The decision: ack, retry, discard or dead.
+    pub outcome: Outcome,
+    /// Wall time from instantiation to the end of `perform`.
+    pub duration: Duration,
+    /// The guest's log lines, if captured.
+    pub logs: Vec<LogLine>,
+    /// The guest's wasm backtrace, for a trap.
+    pub backtrace: Option<String>,
+    /// The version of the plugin that ran the job.
+    pub plugin_version: String,
+}
+
+/// Runs jobs. One per process, shared by every worker.
+pub struct Executor {
+    engine: Engine,
+    linker: Linker<JobState>,
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    ticker: EpochTicker,
+}
+
+impl Executor {
+    /// An executor sized for `config.concurrency` jobs at once.
+    pub fn new(config: &EngineConfig) -> Result<Self> {
+        let engine = engine::build(config).context("cannot configure the Wasmtime engine")?;
+        let linker = crate::host::link(&engine).context("cannot link host capabilities")?;
+        let ticker = EpochTicker::start(engine.clone())?;
+        Ok(Self {
+            engine,
+            linker,
+            limits: config.limits,
+            slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
+            ticker,
+        })
+    }
+
+    /// The engine components must be compiled for.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The default per-job limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Links `component` against the host's imports and checks that it
+    /// exports the job world's `perform`: the "WIT world check".
+    pub(crate) fn prepare(&self, component: &Component) -> Result<PluginPre<JobState>> {
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("not a wasmjobs plugin: it imports something the {WORLD} world does not offer"))?;
+        PluginPre::new(pre)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("not a wasmjobs plugin: it does not implement the {WORLD} world"))
+    }
+
+    /// Runs `job` on a fresh instance of `plugin`. Never fails: every
+    /// problem is an [`Outcome`].
+    pub async fn execute(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
+        let span = tracing::info_span!("job", jid = %job.jid, class = %job.class, plugin = %plugin.name, version = %plugin.version);
+        self.execute_in_span(plugin, job, options).instrument(span).await
+    }
+
+    async fn execute_in_span(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
+        let _slot = self.slots.acquire().await;
+        let _running = self.ticker.enter();
+        let started = Instant::now();
+        let sink = LogSink::new(options.capture_logs);
+        let done = |outcome: Outcome, backtrace: Option<String>| Execution {
+            outcome,
+            duration: started.elapsed(),
+            logs: sink.lines(),
+            backtrace,
+            plugin_version: plugin.version.clone(),
+        };
+
+        let state = match JobState::new(&plugin.manifest, sink.clone(), self.limits.memory) {
+            Ok(state) => state,
+            Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_async_yield_and_update(1);
+
+        let wit_job = job.to_wit();
+        let run = async {
+            let instance = plugin.pre.instantiate_async(&mut store).await?;
+            instance.call_perform(&mut store, &wit_job).await
+        };
+        let result = tokio::time::timeout(self.limits.timeout, run).await;
+        let execution = match result {
+            Err(_) => done(
+                Outcome::Retry(format!("timed out after {:?}", self.limits.timeout)),
+                None,
+            ),
+            Ok(Ok(Ok(()))) => done(Outcome::Success, None),
+            Ok(Ok(Err(job_error))) => done(job_error.into(), None),
+            Ok(Err(err)) => {
+                let backtrace = err.downcast_ref::<WasmBacktrace>().map(|bt| bt.to_string());
+                done(Outcome::Retry(describe_trap(&err, store.data())), backtrace)
+            }
+        };
+        match &execution.outcome {
+            Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
+            failed => tracing::warn!(
+                elapsed_us = execution.duration.as_micros() as u64,
+                "job failed: {failed}"
+            ),
+        }
+        execution
+    }
+}
+
+/// A one-line explanation of why the guest stopped.
+fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
+    let mut message = if let Some(asked) = state.limiter.refused {
+        format!(
+            "memory limit of {} exceeded: the guest asked for {}",
+            mib(state.limiter.limit()),
+            mib(asked)
+        )
+    } else if let Some(trap) = err.downcast_ref::<Trap>() {
+        match trap {
+            Trap::StackOverflow => "stack overflow (wasm trap: call stack exhausted)".to_owned(),
+            trap => trap.to_string(),
+        }
+    } else {
+        err.root_cause().to_string()
+    };
+    let stderr = state.log.stderr_tail();
+    if !stderr.is_empty() {
+        message.push_str("; guest stderr: ");
+        message.push_str(&stderr);
+    }
+    message
+}
+
+/// Advances the engine's epoch every [`TICK`] while any job runs, and sleeps
+/// (parked, no wake-ups) while none does, so an idle process costs no CPU.
+struct EpochTicker {
+    shared: Arc<TickerShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct TickerShared {
+    running: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// Marks one job as running for the ticker; dropping it unmarks.
+struct Running<'a>(&'a TickerShared);
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Result<Self> {
+        let shared = Arc::new(TickerShared {
+            running: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let state = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("wasmjobs-epoch".into())
+            .spawn(move || {
+                while !state.stop.load(Ordering::Acquire) {
+                    if state.running.load(Ordering::Acquire) == 0 {
+                        std::thread::park();
+                        continue;
+                    }
+                    std::thread::sleep(TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .context("cannot start the epoch ticker thread")?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn enter(&self) -> Running<'_> {
+        if self.shared.running.fetch_add(1, Ordering::AcqRel) == 0
+            && let Some(thread) = &self.thread
+        {
+            thread.thread().unpark();
+        }
+        Running(&self.shared)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}

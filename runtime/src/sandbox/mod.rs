@@ -1,0 +1,16 @@
+//! The sandbox: where a job's code runs.
+//!
+//! One Wasmtime [`Engine`](wasmtime::Engine) per process ([`engine`]), one
+//! pre-linked `InstancePre` per plugin, and a fresh instance per job
+//! ([`Executor`]): instantiate, call `perform`, map the result to an
+//! [`Outcome`](crate::job::Outcome), drop the store. Nothing survives from one
+//! job to the next, so a job cannot see or corrupt another's memory, and a
+//! trap, a runaway loop or a memory bomb ends that job only.
+
+pub mod engine;
+pub mod executor;
+pub mod state;
+
+pub use engine::{EngineConfig, Limits};
+pub use executor::{ExecOptions, Execution, Executor};
+pub use state::JobState;

@@ -1,0 +1,117 @@
+//! The per-job store state, and the narrow views host capabilities get of it.
+//!
+//! A [`JobState`] is built for one job and dropped with its store. Each
+//! capability sees only its part: wasmtime-wasi through [`WasiView`] (WASI
+//! context + resource table), wasmtime-wasi-http through [`WasiHttpView`]
+//! (HTTP context + policy hook + table), the `log` import through the
+//! [`LogSink`], and Wasmtime's resource accounting through [`MemoryLimiter`].
+
+use anyhow::Result;
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::host::files;
+use crate::host::http::HttpPolicy;
+use crate::host::log::{LogSink, Source};
+use crate::plugin::Manifest;
+
+/// Everything a job's store holds.
+pub struct JobState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    http: WasiHttpCtx,
+    http_policy: HttpPolicy,
+    pub(crate) log: LogSink,
+    pub(crate) limiter: MemoryLimiter,
+}
+
+impl JobState {
+    /// State for one job of the plugin described by `manifest`: its
+    /// preopens, no environment, no arguments, stdin closed, stdout/stderr
+    /// into `log`.
+    pub fn new(manifest: &Manifest, log: LogSink, memory_limit: usize) -> Result<Self> {
+        let mut builder = WasiCtxBuilder::new();
+        builder
+            .stdout(log.stream(Source::Stdout))
+            .stderr(log.stream(Source::Stderr));
+        files::preopen(&mut builder, manifest)?;
+        Ok(Self {
+            wasi: builder.build(),
+            table: ResourceTable::new(),
+            http: WasiHttpCtx::new(),
+            http_policy: HttpPolicy::default(),
+            log,
+            limiter: MemoryLimiter::new(memory_limit),
+        })
+    }
+}
+
+impl WasiView for JobState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for JobState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.http_policy,
+        }
+    }
+}
+
+/// Caps a job's linear memory and tables, and remembers when it refused, so
+/// the job fails with "memory limit exceeded" rather than a bare trap.
+pub struct MemoryLimiter {
+    limit: usize,
+    /// The size a refused growth asked for.
+    pub(crate) refused: Option<usize>,
+}
+
+/// Most table elements per table: generous for any real guest, small enough
+/// that a table bomb cannot hurt the host.
+const MAX_TABLE_ELEMENTS: usize = 1_000_000;
+
+impl MemoryLimiter {
+    fn new(limit: usize) -> Self {
+        Self { limit, refused: None }
+    }
+
+    /// The memory limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.refused = Some(desired);
+            wasmtime::bail!(
+                "memory limit of {} exceeded: the guest asked for {}",
+                mib(self.limit),
+                mib(desired)
+            );
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            wasmtime::bail!("table limit of {MAX_TABLE_ELEMENTS} elements exceeded: the guest asked for {desired}");
+        }
+        Ok(true)
+    }
+}
+
+/// Bytes as MiB with one decimal, for messages.
+pub fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
