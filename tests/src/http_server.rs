@@ -1,0 +1,84 @@
+//! A small HTTP/1.1 server on loopback for jobs to call.
+//!
+//! Routes: `/ok` answers 200 `hello`; `/status/NNN` answers that status;
+//! `/sleep` waits the configured delay, then answers 200 (the seed
+//! benchmark's 200 ms endpoint). Every request is counted.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// A running server; stops when the runtime that started it stops.
+pub struct HttpServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+}
+
+impl HttpServer {
+    /// Starts a server whose `/sleep` route waits `delay`.
+    pub async fn start(delay: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let counter = counter.clone();
+                        async move {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            Ok::<_, Infallible>(respond(req.uri().path(), delay).await)
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, hits }
+    }
+
+    /// The URL of `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Requests served so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::Relaxed)
+    }
+}
+
+async fn respond(path: &str, delay: Duration) -> Response<Full<Bytes>> {
+    let (status, body) = if path == "/ok" {
+        (StatusCode::OK, "hello")
+    } else if path == "/sleep" {
+        tokio::time::sleep(delay).await;
+        (StatusCode::OK, "slept")
+    } else if let Some(code) = path.strip_prefix("/status/").and_then(|c| c.parse::<u16>().ok()) {
+        (StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST), "status")
+    } else {
+        (StatusCode::NOT_FOUND, "not found")
+    };
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+}

@@ -1,0 +1,84 @@
+//! Support for the end-to-end tests in `tests/tests/`.
+//!
+//! Everything here is real: components built from the repo's guest sources
+//! by `scripts/build-plugins.sh`, the real executor, real HTTP servers on
+//! loopback. Nothing is mocked.
+
+pub mod guests;
+pub mod http_server;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wasmjobs::job::Job;
+use wasmjobs::plugin::{Catalog, CompileCache};
+use wasmjobs::sandbox::{EngineConfig, ExecOptions, Execution, Executor, Limits};
+
+pub use guests::{plugins_dir, repo_root, test_guests_dir};
+
+/// A shared compilation cache for tests, so each component compiles once
+/// per machine rather than once per test.
+pub fn cache() -> CompileCache {
+    CompileCache::new(repo_root().join("target/wasmjobs-test-cache"))
+}
+
+/// An executor for `concurrency` jobs with the given timeout and memory limit.
+pub fn executor_with(concurrency: u32, timeout: Duration, memory: usize) -> Executor {
+    Executor::new(&EngineConfig {
+        concurrency,
+        limits: Limits { memory, timeout },
+    })
+    .expect("executor")
+}
+
+/// An executor with default limits.
+pub fn executor(concurrency: u32) -> Executor {
+    Executor::new(&EngineConfig {
+        concurrency,
+        limits: Limits::default(),
+    })
+    .expect("executor")
+}
+
+/// Loads `dir` and asserts that nothing in it is broken.
+pub fn catalog(dir: &Path, executor: &Executor) -> Catalog {
+    let catalog = Catalog::load(dir, executor, &cache()).expect("catalog");
+    assert!(
+        catalog.broken().is_empty(),
+        "broken plugins in {}: {:?}",
+        dir.display(),
+        catalog.broken()
+    );
+    catalog
+}
+
+/// Runs one job of `class` with `args`, capturing its logs.
+pub async fn run(executor: &Executor, catalog: &Catalog, class: &str, args: &str) -> Execution {
+    let plugin = catalog.get(class).unwrap_or_else(|| panic!("no plugin for {class}"));
+    let job = Job::new(class, args).expect("valid job");
+    executor
+        .execute(plugin, &job, &ExecOptions { capture_logs: true })
+        .await
+}
+
+/// The captured log messages of an execution.
+pub fn messages(execution: &Execution) -> Vec<String> {
+    execution.logs.iter().map(|l| l.message.clone()).collect()
+}
+
+/// Copies a built plugin (manifest + component) into `dest/<name>`, so a
+/// test can give it a private data directory or edit its manifest.
+pub fn copy_plugin(src: &Path, dest: &Path) -> PathBuf {
+    let name = src.file_name().expect("plugin dir name");
+    let target = dest.join(name);
+    std::fs::create_dir_all(&target).expect("create plugin copy");
+    for entry in std::fs::read_dir(src).expect("read plugin dir") {
+        let path = entry.expect("dir entry").path();
+        let keep =
+            path.file_name().is_some_and(|n| n == "wasmjobs.toml") || path.extension().is_some_and(|e| e == "wasm");
+        if keep {
+            std::fs::copy(&path, target.join(path.file_name().expect("file name"))).expect("copy plugin file");
+        }
+    }
+    target
+}

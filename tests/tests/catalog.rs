@@ -1,0 +1,96 @@
+//! Loading plugin directories: good plugins load, broken ones are refused
+//! with a reason naming the file, and never take the others down.
+
+use wasmjobs::plugin::{CacheUse, Catalog, CompileCache};
+use wasmjobs_e2e::{cache, copy_plugin, executor, plugins_dir, test_guests_dir};
+
+#[test]
+fn the_example_plugins_all_load() {
+    let executor = executor(1);
+    let catalog = Catalog::load(&plugins_dir(), &executor, &cache()).expect("catalog");
+    assert!(catalog.broken().is_empty(), "{:?}", catalog.broken());
+    let classes: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
+    assert_eq!(classes, ["EchoJob", "FibJob", "FileAppendJob", "HttpGetJob", "NoopJob"]);
+}
+
+#[test]
+fn broken_plugins_are_refused_and_the_rest_still_load() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let root = temp.path();
+    copy_plugin(&plugins_dir().join("noop"), root);
+
+    // Garbage bytes where the component should be.
+    let garbage = copy_plugin(&plugins_dir().join("echo"), root);
+    std::fs::write(garbage.join("echo_job.wasm"), b"definitely not wasm").expect("write garbage");
+
+    // A component of another world (a wasi:cli command).
+    copy_plugin(&test_guests_dir().join("not-a-job"), root);
+
+    // A manifest with an unknown key.
+    let bad_manifest = copy_plugin(&plugins_dir().join("fib"), root);
+    let text = std::fs::read_to_string(bad_manifest.join("wasmjobs.toml")).expect("manifest");
+    std::fs::write(bad_manifest.join("wasmjobs.toml"), format!("{text}\nthreads = 4\n")).expect("edit manifest");
+
+    // A manifest naming a missing component.
+    let missing = root.join("missing");
+    std::fs::create_dir_all(&missing).expect("mkdir");
+    std::fs::write(
+        missing.join("wasmjobs.toml"),
+        "component = \"gone.wasm\"\nclasses = [\"GoneJob\"]\n",
+    )
+    .expect("write");
+
+    // A second plugin claiming an already served class.
+    let twin = root.join("zz-twin");
+    std::fs::create_dir_all(&twin).expect("mkdir");
+    std::fs::copy(plugins_dir().join("noop/noop_job.wasm"), twin.join("noop_job.wasm")).expect("copy");
+    std::fs::write(
+        twin.join("wasmjobs.toml"),
+        "component = \"noop_job.wasm\"\nclasses = [\"NoopJob\"]\n",
+    )
+    .expect("write");
+
+    let executor = executor(1);
+    let catalog = Catalog::load(root, &executor, &CompileCache::disabled()).expect("catalog");
+    let classes: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
+    assert_eq!(classes, ["NoopJob"]);
+
+    let errors: Vec<&str> = catalog.broken().iter().map(|b| b.error.as_str()).collect();
+    assert_eq!(errors.len(), 5, "{errors:#?}");
+    let find = |needle: &str| errors.iter().find(|e| e.contains(needle)).copied();
+    let echo = find("echo").expect("garbage echo refused");
+    assert!(echo.contains("is not a WebAssembly component"), "{echo}");
+    let world = find("not-a-job").expect("other world refused");
+    assert!(world.contains("does not implement the wasmjobs:job/plugin"), "{world}");
+    let manifest = find("fib").expect("bad manifest refused");
+    assert!(
+        manifest.contains("wasmjobs.toml") && manifest.contains("unknown field") && manifest.contains("threads"),
+        "{manifest}"
+    );
+    let gone = find("gone.wasm").expect("missing component refused");
+    assert!(gone.contains("cannot read component"), "{gone}");
+    let twin = find("zz-twin").expect("duplicate class refused");
+    assert!(twin.contains("already served"), "{twin}");
+}
+
+#[test]
+fn compiled_components_are_cached_on_disk() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let cache = CompileCache::new(temp.path().join("cache"));
+    let executor = executor(1);
+    let first = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
+    let artifacts = std::fs::read_dir(temp.path().join("cache")).expect("cache dir").count();
+    assert_eq!(artifacts, 1);
+
+    let second = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(second.plugins()[0].cache, CacheUse::Hit);
+    assert_eq!(second.plugins()[0].version, first.plugins()[0].version);
+
+    // A corrupt artifact is recompiled, not trusted.
+    for entry in std::fs::read_dir(temp.path().join("cache")).expect("cache dir") {
+        std::fs::write(entry.expect("entry").path(), b"corrupt").expect("corrupt");
+    }
+    let third = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(third.plugins()[0].cache, CacheUse::Compiled);
+}
