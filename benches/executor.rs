@@ -116,10 +116,10 @@ async fn fib_wasm(executor: &Executor, catalog: &Catalog, runs: usize) -> anyhow
     Ok(median(times))
 }
 
-/// The seed's fib, natively: fib(n) = 1 for n <= 1, else fib(n-1) + fib(n-2).
+/// The seed's fib, natively: the same source as `plugins/fib/src/lib.rs`.
 #[inline(never)]
-fn fib(n: u64) -> u64 {
-    if n <= 1 { 1 } else { fib(n - 1) + fib(n - 2) }
+fn fib(n: u32) -> u64 {
+    if n <= 1 { 1 } else { fib(n - 1).wrapping_add(fib(n - 2)) }
 }
 
 fn fib_native(runs: usize) -> Duration {

@@ -384,6 +384,7 @@ pub fn __perform<J: Job>(job: wit::Job) -> Result<(), wit::JobError> {
 /// that serves several classes exports one type and dispatches on
 /// [`JobInfo::class`] inside it.
 #[macro_export]
+#[rustfmt::skip] // rustfmt is not idempotent on this macro body.
 macro_rules! export_job {
     ($job:ty) => {
         const _: () = {
@@ -399,7 +400,7 @@ macro_rules! export_job {
             }
 
             $crate::bindings::__export_plugin!(__WasmjobsExport with_types_in $crate::bindings);
-};
+        };
     };
 }
 
