@@ -13,6 +13,8 @@
 //! | [`plugin`] | plugins on disk: manifest, compilation (with an on-disk cache), the class → plugin [`plugin::Catalog`] |
 //! | [`sandbox`] | the Wasmtime engine and the [`sandbox::Executor`]: a fresh, limited instance per job, outcome mapping |
 //! | [`host`] | the capabilities a guest may import (WASI, HTTP, logging), each behind a narrow view of the store state |
+//! | [`redis`] | Redis in Sidekiq's format: connection, embedded server, payloads, client (push) and api (read side) |
+//! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat |
 //! | [`cli`] | the `wasmjobs` command line |
 //!
 //! Design notes for newcomers live in `docs/`.
@@ -22,5 +24,7 @@ pub mod cli;
 pub mod host;
 pub mod job;
 pub mod plugin;
+pub mod redis;
+pub mod runner;
 pub mod sandbox;
 pub mod telemetry;

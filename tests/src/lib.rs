@@ -6,6 +6,8 @@
 
 pub mod guests;
 pub mod http_server;
+pub mod redis_server;
+pub mod runner;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

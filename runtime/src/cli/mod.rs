@@ -1,5 +1,8 @@
 //! The `wasmjobs` command line.
 //!
+//! - `wasmjobs run --plugins DIR`: the job runner ([`run`]).
+//! - `wasmjobs enqueue CLASS [ARGS_JSON]` / `wasmjobs stats`: push jobs and
+//!   read the state, Sidekiq-compatible ([`enqueue`], [`stats`]).
 //! - `wasmjobs exec --plugins DIR CLASS [ARGS_JSON]`: run one job through
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
@@ -8,8 +11,11 @@
 //! Exit status: 0 on success, 1 when a job failed or a plugin is broken,
 //! 2 on a usage or setup error.
 
+pub mod enqueue;
 pub mod exec;
 pub mod plugins;
+pub mod run;
+pub mod stats;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,10 +49,33 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run jobs from Redis (Sidekiq format) until stopped.
+    Run(run::RunArgs),
     /// Run one job through the sandbox and print its logs and outcome.
     Exec(exec::ExecArgs),
     /// List the plugins in a directory and check each one.
     Plugins(plugins::PluginsArgs),
+    /// Push jobs into Redis, in Sidekiq's format.
+    Enqueue(enqueue::EnqueueArgs),
+    /// Show queues, counters and live processes (of wasmjobs or Sidekiq).
+    Stats(stats::StatsArgs),
+}
+
+/// Where Redis is; shared by every command that talks to it.
+#[derive(Debug, Clone, Args)]
+pub struct RedisArgs {
+    /// Redis URL (`redis://host:6379/0`, `unix:///path/redis.sock`). Without
+    /// it, wasmjobs uses (and if needed starts) its private redis-server in
+    /// the data directory.
+    #[arg(long = "redis", env = "REDIS_URL")]
+    pub url: Option<String>,
+}
+
+impl RedisArgs {
+    /// The Redis target these options select.
+    pub fn target(&self, data_dir: &std::path::Path) -> crate::redis::Target {
+        crate::redis::Target::from_options(self.url.as_deref(), data_dir)
+    }
 }
 
 /// Where plugins come from; shared by the commands that load them.
@@ -85,12 +114,16 @@ pub fn main() -> ExitCode {
     let default_filter = match cli.command {
         // `exec` prints the job's log lines and outcome itself.
         Command::Exec(_) => "warn,wasmjobs::guest=off,wasmjobs::sandbox=error",
-        Command::Plugins(_) => "warn",
+        Command::Run(_) => "info",
+        Command::Plugins(_) | Command::Enqueue(_) | Command::Stats(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
+        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(&cli, args))),
         Command::Exec(args) => runtime().and_then(|rt| rt.block_on(exec::run(&cli, args))),
         Command::Plugins(args) => plugins::run(&cli, args),
+        Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
+        Command::Stats(args) => runtime().and_then(|rt| rt.block_on(stats::run(&cli, args))),
     };
     match result {
         Ok(code) => code,

@@ -22,6 +22,8 @@
 //! | `["env", name]` | log `env NAME=value` or `env NAME=<unset>` |
 //! | `["stdout", text]` | `println!("{text}")` |
 //! | `["big-log", bytes]` | log one message of `bytes` bytes |
+//! | `["fail-times", n]` | retry error while the job has been retried fewer than `n` times, then succeed |
+//! | `["slow-append", file, line, ms]` | sleep `ms`, then append `line\n` to `/data/<file>` (one write) |
 //!
 //! Anything else is a dead error starting with "unknown chaos mode".
 
@@ -37,7 +39,7 @@ pub struct ChaosJob;
 impl Job for ChaosJob {
     type Args = Vec<Value>;
 
-    fn perform(_job: &JobInfo, args: Vec<Value>) -> Result<(), JobError> {
+    fn perform(job: &JobInfo, args: Vec<Value>) -> Result<(), JobError> {
         let args = Args(&args);
         let mode = args.str(0)?;
         match mode {
@@ -61,6 +63,33 @@ impl Job for ChaosJob {
             }
             "sleep" => {
                 std::thread::sleep(Duration::from_millis(args.u64(1)?));
+                Ok(())
+            }
+            "fail-times" => {
+                let times = args.u64(1)?;
+                if u64::from(job.retry_count) < times {
+                    return Err(JobError::retry(format!("failing on purpose, attempt {}", job.retry_count + 1)));
+                }
+                log::info!("succeeded after {} retries", job.retry_count);
+                Ok(())
+            }
+            "slow-append" => {
+                let file = args.str(1)?;
+                if file.contains('/') || file.contains("..") {
+                    return Err(JobError::dead(format!("bad file name {file:?}")));
+                }
+                std::thread::sleep(Duration::from_millis(args.u64(3)?));
+                let line = match args.get(2)? {
+                    Value::String(text) => format!("{text}\n"),
+                    other => format!("{other}\n"),
+                };
+                let mut out = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(format!("/data/{file}"))
+                    .map_err(|error| JobError::retry(format!("open /data/{file}: {error}")))?;
+                std::io::Write::write_all(&mut out, line.as_bytes())
+                    .map_err(|error| JobError::retry(format!("append to /data/{file}: {error}")))?;
                 Ok(())
             }
             "read" => {

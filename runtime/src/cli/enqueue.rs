@@ -1,0 +1,184 @@
+//! `wasmjobs enqueue`: push jobs from the shell, in Sidekiq's format.
+//!
+//! For scripts, demos and load tests: the jobs are exactly what
+//! `Sidekiq::Client.push` would write, so wasmjobs or Sidekiq workers can
+//! take them. `--count` pushes many copies (distinct jids) in bulk, fast
+//! enough to fill a queue with a million jobs in a few seconds.
+
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use serde_json::Value;
+
+use super::{Cli, RedisArgs};
+use crate::job::validate_args;
+use crate::redis::payload::Payload;
+use crate::redis::{client, now_f64};
+
+/// Payloads built and pushed per batch, so `--count` needs little memory.
+const BATCH: u64 = 10 * client::CHUNK as u64;
+/// The last second of year 9999: RFC 3339 has four-digit years.
+const LATEST: f64 = 253_402_300_799.0;
+
+/// Arguments of `wasmjobs enqueue`.
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// The queue to push to.
+    #[arg(long, short, default_value = "default")]
+    pub queue: String,
+    /// Run the job this many seconds from now (scheduled).
+    #[arg(long = "in", value_name = "SECS", conflicts_with = "at", value_parser = parse_delay)]
+    pub in_secs: Option<f64>,
+    /// Run the job at this time: RFC 3339 in UTC (`2026-11-30T12:00:00Z`)
+    /// or epoch seconds. A time in the past enqueues now.
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub at: Option<f64>,
+    /// How many copies to push (each with its own jid).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: u64,
+    /// Sidekiq's retry option: `true` (default retries), `false` (never
+    /// retry), or the most retries.
+    #[arg(long, value_name = "true|false|N", value_parser = parse_retry)]
+    pub retry: Option<Value>,
+    /// The job class.
+    pub class: String,
+    /// The job's arguments, a JSON array.
+    #[arg(default_value = "[]")]
+    pub args: String,
+}
+
+/// Runs the command.
+pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
+    if args.class.trim().is_empty() {
+        bail!("the job class must not be empty");
+    }
+    if args.queue.trim().is_empty() {
+        bail!("--queue must not be empty");
+    }
+    validate_args(&args.args)?;
+    let job_args: Vec<Value> = serde_json::from_str(&args.args).context("job args are not a JSON array")?;
+    let now = now_f64();
+    let at = args.at.or(args.in_secs.map(|secs| now + secs)).filter(|at| *at > now);
+
+    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let mut conn = redis.conn();
+    let mut pushed = 0;
+    let mut last_jid = String::new();
+    while pushed < args.count {
+        let batch = BATCH.min(args.count - pushed);
+        let mut payloads: Vec<Payload> = (0..batch)
+            .map(|_| {
+                let mut payload = Payload::new(&args.class, job_args.clone(), &args.queue, now);
+                if let Some(retry) = &args.retry {
+                    payload.set("retry", retry.clone());
+                }
+                payload
+            })
+            .collect();
+        match at {
+            Some(at) => client::schedule_bulk(&mut conn, &mut payloads, at).await?,
+            None => client::push_bulk(&mut conn, &mut payloads).await?,
+        }
+        pushed += batch;
+        if let Some(payload) = payloads.last() {
+            last_jid = payload.jid().to_owned();
+        }
+    }
+    redis.close().await?;
+
+    let jobs = if args.count == 1 {
+        "job".to_owned()
+    } else {
+        format!("{} jobs", args.count)
+    };
+    let mut line = match at {
+        Some(at) => format!(
+            "scheduled {jobs} {} on queue {} for {} (in {})",
+            args.class,
+            args.queue,
+            rfc3339(at),
+            humantime::format_duration(Duration::from_secs((at - now).round() as u64))
+        ),
+        None => format!("enqueued {jobs} {} on queue {}", args.class, args.queue),
+    };
+    if args.count == 1 {
+        line.push_str(&format!(" (jid {last_jid})"));
+    }
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `at` (epoch seconds, checked to be in range) as RFC 3339.
+fn rfc3339(at: f64) -> String {
+    match Duration::try_from_secs_f64(at)
+        .ok()
+        .and_then(|d| UNIX_EPOCH.checked_add(d))
+    {
+        Some(time) => humantime::format_rfc3339_seconds(time).to_string(),
+        None => format!("{at} (epoch seconds)"),
+    }
+}
+
+/// `--in`: a non-negative number of seconds.
+fn parse_delay(text: &str) -> Result<f64> {
+    match text.trim().parse::<f64>() {
+        Ok(secs) if (0.0..1e10).contains(&secs) => Ok(secs),
+        _ => Err(anyhow!("expected a number of seconds, like 60 or 1.5")),
+    }
+}
+
+/// `--at`: epoch seconds, or RFC 3339 (UTC) as `humantime` reads it.
+fn parse_time(text: &str) -> Result<f64> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if (0.0..=LATEST).contains(&secs) {
+            return Ok(secs);
+        }
+        bail!("epoch seconds must be between 0 and {LATEST}");
+    }
+    let time = humantime::parse_rfc3339_weak(text)
+        .map_err(|e| anyhow!("expected RFC 3339 in UTC (2026-11-30T12:00:00Z) or epoch seconds ({e})"))?;
+    let since = time
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| anyhow!("the time is before 1970"))?;
+    Ok(since.as_secs_f64())
+}
+
+/// `--retry`: `true`, `false` or a count, as Sidekiq's `retry` option.
+fn parse_retry(text: &str) -> Result<Value> {
+    match text.trim() {
+        "true" => Ok(Value::Bool(true)),
+        "false" => Ok(Value::Bool(false)),
+        n => n
+            .parse::<u64>()
+            .map(Value::from)
+            .map_err(|_| anyhow!("expected true, false or a number of retries")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_in_both_forms() {
+        assert_eq!(parse_time("1764504000").expect("epoch"), 1_764_504_000.0);
+        assert_eq!(parse_time("2025-11-30T12:00:00Z").expect("rfc3339"), 1_764_504_000.0);
+        assert_eq!(parse_time("2025-11-30 12:00:00.5").expect("weak"), 1_764_504_000.5);
+        assert!(parse_time("tomorrow").is_err());
+        assert!(parse_delay("-1").is_err());
+        assert_eq!(parse_delay("1.5").expect("delay"), 1.5);
+    }
+
+    #[test]
+    fn retry_takes_sidekiqs_values() {
+        assert_eq!(parse_retry("true").expect("true"), Value::Bool(true));
+        assert_eq!(parse_retry("false").expect("false"), Value::Bool(false));
+        assert_eq!(parse_retry("3").expect("3"), Value::from(3));
+        assert!(parse_retry("maybe").is_err());
+    }
+}

@@ -1,0 +1,93 @@
+//! `wasmjobs run`: the job runner.
+//!
+//! Fetches jobs from Redis (Sidekiq's format) and runs each in a fresh
+//! sandboxed instance of its plugin, up to `--concurrency` at once, until
+//! SIGTERM/SIGINT (graceful: in-flight jobs get `--timeout` seconds, the
+//! rest go back to their queues). With no `--redis` and no `REDIS_URL` it
+//! starts (or joins) a private redis-server in the data directory.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow};
+use clap::Args;
+
+use super::{Cli, PluginSource, RedisArgs};
+use crate::runner::{self, FetchMode, Queues, RunOptions};
+use crate::sandbox::Limits;
+use crate::sandbox::engine::parse_size;
+
+/// Arguments of `wasmjobs run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: PluginSource,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// Queues to serve: `a,b` in strict order, or `a:3,b:1` weighted.
+    #[arg(long, short = 'q', default_value = "default")]
+    pub queues: Queues,
+    /// Most jobs in flight at once.
+    #[arg(long, short = 'c', default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: u32,
+    /// Seconds a graceful shutdown waits for jobs in flight before requeueing them.
+    #[arg(long, short = 't', default_value_t = 25.0)]
+    pub timeout: f64,
+    /// reliable: at-least-once (jobs survive a crash); basic: at-most-once, fastest.
+    #[arg(long, value_enum, default_value_t)]
+    pub fetch: FetchMode,
+    /// A label for this process in `wasmjobs stats` and the Sidekiq Web UI.
+    #[arg(long, default_value = "")]
+    pub tag: String,
+    /// Wall-clock limit per job, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub job_timeout: f64,
+    /// Most linear memory per job (e.g. 64MiB).
+    #[arg(long, default_value = "128MiB", value_parser = parse_size)]
+    pub memory: usize,
+    /// Average seconds between polls of the schedule and retry sets (per process).
+    #[arg(long, default_value_t = 5.0)]
+    pub poll_interval: f64,
+    /// Recoveries from dead processes after which a job is a poison pill (sent to dead).
+    #[arg(long, default_value_t = 3)]
+    pub max_recoveries: u64,
+}
+
+fn seconds(value: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| anyhow!("{flag} must be a non-negative number of seconds"))
+}
+
+/// Runs the command.
+pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
+    let options = RunOptions {
+        redis: args.redis.target(&cli.data_dir),
+        plugins: args.source.plugins.clone(),
+        data_dir: cli.data_dir.clone(),
+        no_cache: args.source.no_cache,
+        queues: args.queues.clone(),
+        concurrency: args.concurrency,
+        shutdown_timeout: seconds(args.timeout, "--timeout")?,
+        fetch: args.fetch,
+        tag: args.tag.clone(),
+        limits: Limits {
+            memory: args.memory,
+            timeout: seconds(args.job_timeout, "--job-timeout")?,
+        },
+        poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
+        max_recoveries: args.max_recoveries,
+    };
+    let summary = runner::run(options).await?;
+    let rate = summary.processed as f64 / summary.wall.as_secs_f64().max(1e-9);
+    eprintln!(
+        "wasmjobs: {} jobs processed ({} failed: {} retry, {} dead; {} discarded; {} requeued) in {:.2} s, {:.0} jobs/s",
+        summary.processed,
+        summary.failed,
+        summary.retried,
+        summary.dead,
+        summary.discarded,
+        summary.requeued,
+        summary.wall.as_secs_f64(),
+        rate
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,210 @@
+//! `wasmjobs stats`: counters, queues and live processes at a glance.
+//!
+//! The terminal's answer to "is anything stuck?", without the Web UI: the
+//! same numbers as Sidekiq's dashboard, read the way Sidekiq reads them (so
+//! it works on a plain Sidekiq deployment too). `--json` for scripts,
+//! `--watch` to keep it on screen like `top`.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use clap::Args;
+
+use super::{Cli, RedisArgs};
+use crate::redis::api::{self, Stats};
+use crate::redis::now_f64;
+
+/// Clears the terminal and homes the cursor, for `--watch`.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// Arguments of `wasmjobs stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// Print the stats as JSON (one line per refresh with --watch).
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds (default 2) until Ctrl-C.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = parse_interval)]
+    pub watch: Option<f64>,
+}
+
+/// Runs the command.
+pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
+    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let mut conn = redis.conn();
+    let result = async {
+        loop {
+            let stats = api::stats(&mut conn).await?;
+            let text = match (args.json, args.watch) {
+                (true, None) => serde_json::to_string_pretty(&stats).context("cannot serialise the stats")? + "\n",
+                (true, Some(_)) => serde_json::to_string(&stats).context("cannot serialise the stats")? + "\n",
+                (false, None) => render(&stats, &redis.location, now_f64()),
+                (false, Some(_)) => format!("{CLEAR}{}", render(&stats, &redis.location, now_f64())),
+            };
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).context("cannot write to stdout")?;
+            out.flush().context("cannot write to stdout")?;
+            drop(out);
+            let Some(every) = args.watch else {
+                return Ok::<_, anyhow::Error>(());
+            };
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
+                signal = tokio::signal::ctrl_c() => {
+                    signal.context("cannot listen for Ctrl-C")?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    .await;
+    redis.close().await?;
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+/// `--watch`: a positive number of seconds.
+fn parse_interval(text: &str) -> Result<f64> {
+    match text.trim().parse::<f64>() {
+        Ok(secs) if (0.05..=86_400.0).contains(&secs) => Ok(secs),
+        _ => Err(anyhow!("expected a number of seconds between 0.05 and 86400")),
+    }
+}
+
+/// The human report.
+fn render(stats: &Stats, location: &str, now: f64) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(out, "Redis: {location}");
+    let _ = writeln!(
+        out,
+        "processed {}   failed {}   discarded {}",
+        stats.processed, stats.failed, stats.discarded
+    );
+    let _ = writeln!(
+        out,
+        "enqueued {}   scheduled {}   retry {}   dead {}",
+        stats.enqueued, stats.scheduled, stats.retries, stats.dead
+    );
+
+    out.push('\n');
+    if stats.queues.is_empty() {
+        out.push_str("no queues\n");
+    } else {
+        let width = stats.queues.iter().map(|q| q.name.len()).max().unwrap_or(0).max(5);
+        let _ = writeln!(out, "{:<width$}  {:>10}  {:>9}", "QUEUE", "SIZE", "LATENCY");
+        for queue in &stats.queues {
+            let latency = if queue.size == 0 {
+                "-".to_owned()
+            } else {
+                age(queue.latency_secs)
+            };
+            let _ = writeln!(out, "{:<width$}  {:>10}  {:>9}", queue.name, queue.size, latency);
+        }
+    }
+
+    out.push('\n');
+    if stats.processes.is_empty() {
+        out.push_str("no live processes\n");
+    } else {
+        let width = stats
+            .processes
+            .iter()
+            .map(|p| p.identity.len())
+            .max()
+            .unwrap_or(0)
+            .max(7);
+        let tag_width = stats.processes.iter().map(|p| p.tag.len()).max().unwrap_or(0).max(3);
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<tag_width$}  {:>9}  {:>8}  {:<5}  {:>9}",
+            "PROCESS", "TAG", "BUSY", "RSS MB", "QUIET", "LAST BEAT"
+        );
+        for p in &stats.processes {
+            let busy = format!("{}/{}", p.busy, p.concurrency);
+            let rss = format!("{:.1}", p.rss_kb as f64 / 1024.0);
+            let quiet = if p.quiet { "yes" } else { "no" };
+            let beat = format!("{} ago", age(now - p.beat));
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:<tag_width$}  {busy:>9}  {rss:>8}  {quiet:<5}  {beat:>9}",
+                p.identity, p.tag
+            );
+        }
+    }
+    out
+}
+
+/// A duration for people: `4.2s`, `3m 05s`, `2h 10m`, `3d 4h`.
+fn age(secs: f64) -> String {
+    let secs = secs.max(0.0);
+    if secs < 60.0 {
+        return format!("{secs:.1}s");
+    }
+    let whole = secs as u64;
+    match whole {
+        0..3_600 => format!("{}m {:02}s", whole / 60, whole % 60),
+        3_600..86_400 => format!("{}h {:02}m", whole / 3_600, whole % 3_600 / 60),
+        _ => format!("{}d {}h", whole / 86_400, whole % 86_400 / 3_600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::api::{ProcessInfo, QueueStats};
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(age(4.25), "4.2s");
+        assert_eq!(age(185.0), "3m 05s");
+        assert_eq!(age(7_800.0), "2h 10m");
+        assert_eq!(age(3.0 * 86_400.0 + 4.0 * 3_600.0), "3d 4h");
+        assert_eq!(age(-1.0), "0.0s");
+    }
+
+    #[test]
+    fn the_report_shows_queues_and_processes() {
+        let stats = Stats {
+            processed: 10,
+            failed: 2,
+            discarded: 1,
+            scheduled: 3,
+            retries: 4,
+            dead: 5,
+            enqueued: 7,
+            queues: vec![QueueStats {
+                name: "default".into(),
+                size: 7,
+                latency_secs: 12.5,
+            }],
+            processes: vec![ProcessInfo {
+                identity: "host:1:abc".into(),
+                hostname: "host".into(),
+                pid: 1,
+                tag: "app".into(),
+                concurrency: 10,
+                queues: vec!["default".into()],
+                started_at: 90.0,
+                busy: 3,
+                beat: 95.0,
+                quiet: false,
+                rss_kb: 2048,
+                rtt_us: 100,
+                version: None,
+            }],
+        };
+        let text = render(&stats, "redis://x", 100.0);
+        assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
+        assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
+        assert!(text.contains("default           7      12.5s"), "{text}");
+        assert!(
+            text.contains("host:1:abc  app       3/10       2.0  no      5.0s ago"),
+            "{text}"
+        );
+    }
+}

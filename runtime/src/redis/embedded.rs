@@ -1,0 +1,481 @@
+//! The private `redis-server` used when no Redis URL is given.
+//!
+//! Like Faktory, wasmjobs works out of the box on one machine: with no
+//! `--redis` / `REDIS_URL`, every command uses a `redis-server` of its own
+//! under `<data-dir>/redis/`, started on demand and shared by every wasmjobs
+//! process using that data directory.
+//!
+//! - **Unix socket only** (`--port 0`, mode 700): nothing listens on the
+//!   network, and only this user can connect.
+//! - **Append-only file** (`appendfsync everysec`): queued jobs survive the
+//!   server stopping between commands, or a crash.
+//! - **Its own process group**: a Ctrl-C in the terminal reaches wasmjobs
+//!   but not Redis, so wasmjobs can still push unfinished jobs back to their
+//!   queues while shutting down.
+//!
+//! Sharing uses two `flock` files in that directory. `start.lock`
+//! (exclusive) serialises starting and stopping. Each user holds a shared
+//! lock on `users.lock` while it uses the server; the one leaving last (its
+//! exclusive `try_lock` succeeds) shuts the server down and waits for it to
+//! exit. The kernel drops a killed process's locks, so a server left behind
+//! by `kill -9` is found by `PING` and reused, and stopped by its next last
+//! user; a socket with no server behind it is removed.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tracing::{debug, info, warn};
+
+/// The error when the binary is missing: one line, saying what to do.
+const NOT_INSTALLED: &str =
+    "redis-server is not installed: install it (apt-get install redis-server) or pass --redis URL";
+/// How long a new server may take to answer `PING`.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`EmbeddedRedis::release`] waits for the server to exit.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `Drop` waits: it may run on an async thread.
+const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// `sun_path` holds 108 bytes, including the terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// A use of the private server; the server lives while any process holds one.
+#[derive(Debug)]
+pub struct EmbeddedRedis {
+    dir: PathBuf,
+    socket: PathBuf,
+    /// Our shared lock on `users.lock`; `None` once we left.
+    users: Option<File>,
+}
+
+impl EmbeddedRedis {
+    /// Starts the server for `data_dir`, or joins the one already running there.
+    pub async fn acquire(data_dir: &Path) -> Result<Self> {
+        let data_dir = data_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::acquire_blocking(&data_dir))
+            .await
+            .context("the task starting redis-server failed")?
+    }
+
+    /// URL for redis-rs: `unix:///abs/path/redis.sock`, percent-encoded.
+    pub fn url(&self) -> String {
+        let mut url = String::from("unix://");
+        for &byte in self.socket.as_os_str().as_bytes() {
+            if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
+                url.push(char::from(byte));
+            } else {
+                url.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        url
+    }
+
+    /// The server's unix socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Leaves the server; if no other wasmjobs process still uses it, shuts
+    /// it down cleanly (`SHUTDOWN`, AOF flushed) and waits for it to exit.
+    pub async fn release(mut self) -> Result<()> {
+        tokio::task::spawn_blocking(move || self.leave(STOP_TIMEOUT, true))
+            .await
+            .context("the task stopping redis-server failed")?
+    }
+
+    fn acquire_blocking(data_dir: &Path) -> Result<Self> {
+        let dir = data_dir.join("redis");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("cannot resolve {}", dir.display()))?;
+        let socket = dir.join("redis.sock");
+        let length = socket.as_os_str().len();
+        if length > MAX_SOCKET_PATH {
+            bail!(
+                "the embedded Redis socket path {} is {length} bytes, over the {MAX_SOCKET_PATH} a unix socket allows: use a shorter --data-dir",
+                socket.display()
+            );
+        }
+
+        let start = lock_file(&dir, "start.lock")?;
+        start.lock().context("cannot lock start.lock of the embedded Redis")?;
+        let users = lock_file(&dir, "users.lock")?;
+        users
+            .lock_shared()
+            .context("cannot lock users.lock of the embedded Redis")?;
+        match probe(&socket)? {
+            Probe::Pong => debug!(socket = %socket.display(), "joined the running embedded redis-server"),
+            Probe::Other(reply) => {
+                debug!(%reply, "embedded redis-server is up but not ready yet");
+                wait_ready(&dir, &socket, None)?;
+            }
+            Probe::Down => start_server(&dir, &socket)?,
+        }
+        drop(start);
+        Ok(Self {
+            dir,
+            socket,
+            users: Some(users),
+        })
+    }
+
+    /// Drops our shared lock; stops the server if we were its last user.
+    /// With `wait_turn` false, gives up at once if another process is
+    /// starting or stopping it (that process then sees we are gone).
+    fn leave(&mut self, stop_timeout: Duration, wait_turn: bool) -> Result<()> {
+        let Some(users) = self.users.take() else {
+            return Ok(());
+        };
+        drop(users);
+        let start = lock_file(&self.dir, "start.lock")?;
+        if wait_turn {
+            start.lock().context("cannot lock start.lock of the embedded Redis")?;
+        } else if !try_lock(&start)? {
+            return Ok(());
+        }
+        let users = lock_file(&self.dir, "users.lock")?;
+        if !try_lock(&users)? {
+            debug!("embedded redis-server still in use by another wasmjobs process");
+            return Ok(());
+        }
+        stop_server(&self.dir, &self.socket, stop_timeout)
+    }
+}
+
+impl Drop for EmbeddedRedis {
+    fn drop(&mut self) {
+        if let Err(err) = self.leave(DROP_STOP_TIMEOUT, false) {
+            warn!("cannot stop the embedded redis-server: {err:#}");
+        }
+    }
+}
+
+/// Opens (creating) a lock file in `dir`.
+fn lock_file(dir: &Path, name: &str) -> Result<File> {
+    let path = dir.join(name);
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))
+}
+
+/// Takes `file`'s exclusive lock if nobody holds any lock on it.
+fn try_lock(file: &File) -> Result<bool> {
+    match file.try_lock() {
+        Ok(()) => Ok(true),
+        Err(TryLockError::WouldBlock) => Ok(false),
+        Err(TryLockError::Error(err)) => Err(err).context("cannot lock a file of the embedded Redis"),
+    }
+}
+
+/// What is behind the socket.
+enum Probe {
+    /// Nothing: no socket, or a stale one.
+    Down,
+    /// A server answering `PING`.
+    Pong,
+    /// A server answering something else (e.g. `-LOADING`) or not at all.
+    Other(String),
+}
+
+/// Sends `PING` on the socket, speaking RESP by hand (this runs in `Drop`
+/// too, where no async connection can be made).
+fn probe(socket: &Path) -> Result<Probe> {
+    let mut stream = match UnixStream::connect(socket) {
+        Ok(stream) => stream,
+        Err(err)
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            return Ok(Probe::Down);
+        }
+        Err(err) => return Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
+    };
+    let reply = request(&mut stream, b"*1\r\n$4\r\nPING\r\n", Duration::from_secs(1));
+    Ok(match reply {
+        Ok(line) if line == "+PONG" => Probe::Pong,
+        Ok(line) => Probe::Other(line),
+        Err(err) => Probe::Other(err.to_string()),
+    })
+}
+
+/// Writes `command` and reads the first reply line ("" at end of stream).
+fn request(stream: &mut UnixStream, command: &[u8], timeout: Duration) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(command)?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    Ok(line.trim_end().to_owned())
+}
+
+/// Starts `redis-server` in `dir` and waits until it answers.
+fn start_server(dir: &Path, socket: &Path) -> Result<()> {
+    if socket.exists() {
+        debug!(socket = %socket.display(), "removing a stale socket");
+        std::fs::remove_file(socket).with_context(|| format!("cannot remove the stale socket {}", socket.display()))?;
+    }
+    let log_path = dir.join("redis.log");
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let log_err = log.try_clone().context("cannot share the redis log file")?;
+    let mut command = Command::new("redis-server");
+    command
+        .arg("--port")
+        .arg("0")
+        .arg("--unixsocket")
+        .arg(socket)
+        .args(["--unixsocketperm", "700", "--daemonize", "no"])
+        .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(&log_path)
+        .arg("--pidfile")
+        .arg(dir.join("redis.pid"))
+        .stdin(Stdio::null())
+        // Errors before the log file opens (bad options) go to stdout/stderr.
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Err(anyhow!(NOT_INSTALLED)),
+        Err(err) => return Err(err).context("cannot start redis-server"),
+    };
+    if let Err(err) = wait_ready(dir, socket, Some(&mut child)) {
+        // Do not leave a half-started server holding the data directory.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(err);
+    }
+    info!(pid = child.id(), socket = %socket.display(), "started the embedded redis-server");
+    Ok(())
+}
+
+/// Waits for `PING` to answer `PONG`; `child` (if we started the server)
+/// is watched for an early exit. A server still loading a large AOF
+/// (`-LOADING`) is making progress, so it may take longer than the timeout.
+fn wait_ready(dir: &Path, socket: &Path, mut child: Option<&mut Child>) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let mut loading_logged = false;
+    loop {
+        if let Some(child) = child.as_deref_mut()
+            && let Some(status) = child.try_wait().context("cannot check on redis-server")?
+        {
+            bail!("redis-server exited during startup ({status}); {}", log_tail(dir));
+        }
+        match probe(socket)? {
+            Probe::Pong => return Ok(()),
+            Probe::Other(reply) if reply.starts_with("-LOADING") => {
+                if !loading_logged {
+                    info!("the embedded redis-server is loading its data");
+                    loading_logged = true;
+                }
+            }
+            Probe::Down | Probe::Other(_) if Instant::now() < deadline => {}
+            Probe::Down | Probe::Other(_) => bail!(
+                "redis-server did not answer on {} within {} s; {}",
+                socket.display(),
+                START_TIMEOUT.as_secs(),
+                log_tail(dir)
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `SHUTDOWN` (Redis fsyncs the AOF first) and waits for the process
+/// to exit. The caller holds both locks, so nobody joins meanwhile.
+fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
+    let pid = std::fs::read_to_string(dir.join("redis.pid"))
+        .ok()
+        .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
+        .filter(|pid| *pid > 0);
+    let mut stream = match UnixStream::connect(socket) {
+        Ok(stream) => stream,
+        Err(err)
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            debug!("the embedded redis-server is already gone");
+            let _ = std::fs::remove_file(socket);
+            return Ok(());
+        }
+        Err(err) => return Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
+    };
+    // A successful SHUTDOWN closes the connection without a reply.
+    match request(&mut stream, b"*1\r\n$8\r\nSHUTDOWN\r\n", timeout) {
+        Ok(line) if line.starts_with('-') => bail!("redis-server refused to shut down: {line}; {}", log_tail(dir)),
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(err) => return Err(err).context("cannot send SHUTDOWN to the embedded redis-server"),
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let running = match pid {
+            Some(pid) => process_running(pid),
+            None => !matches!(probe(socket)?, Probe::Down),
+        };
+        if !running {
+            info!(socket = %socket.display(), "stopped the embedded redis-server");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the embedded redis-server did not exit within {} s of SHUTDOWN; {}",
+                timeout.as_secs(),
+                log_tail(dir)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether `pid` still runs. Reaps it first if it is our exited child (we
+/// may have started it), so a zombie does not count as running.
+fn process_running(pid: libc::pid_t) -> bool {
+    // SAFETY: plain syscalls on an integer pid; a null status pointer is allowed.
+    unsafe {
+        if libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) == pid {
+            return false;
+        }
+        libc::kill(pid, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+}
+
+/// The end of the server's log, for error messages.
+fn log_tail(dir: &Path) -> String {
+    let path = dir.join("redis.log");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+            format!("last lines of {}:\n{tail}", path.display())
+        }
+        Err(err) => format!("cannot read {}: {err}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pid(dir: &Path) -> libc::pid_t {
+        let text = std::fs::read_to_string(dir.join("redis/redis.pid")).expect("pid file");
+        text.trim().parse().expect("pid")
+    }
+
+    async fn set_and_get(url: &str, write: Option<&str>) -> Option<String> {
+        let client = redis::Client::open(url).expect("url accepted by redis-rs");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        if let Some(value) = write {
+            let () = redis::cmd("SET")
+                .arg("k")
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .expect("SET");
+        }
+        redis::cmd("GET").arg("k").query_async(&mut conn).await.expect("GET")
+    }
+
+    #[tokio::test]
+    async fn second_user_joins_and_last_user_stops_the_server() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let first = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        assert!(first.url().starts_with("unix:///"), "{}", first.url());
+        let server = pid(data.path());
+        let second = EmbeddedRedis::acquire(data.path()).await.expect("join");
+        assert_eq!(pid(data.path()), server, "the second user must reuse the server");
+        first.release().await.expect("first release");
+        assert!(process_running(server), "still in use by the second user");
+        assert_eq!(set_and_get(&second.url(), Some("v")).await.as_deref(), Some("v"));
+        let socket = second.socket().to_path_buf();
+        second.release().await.expect("last release");
+        assert!(!process_running(server), "the last user must stop the server");
+        assert!(!socket.exists(), "socket left behind");
+    }
+
+    #[tokio::test]
+    async fn data_survives_a_restart() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        set_and_get(&redis.url(), Some("kept")).await;
+        redis.release().await.expect("stop");
+        let redis = EmbeddedRedis::acquire(data.path()).await.expect("restart");
+        assert_eq!(set_and_get(&redis.url(), None).await.as_deref(), Some("kept"));
+        let server = pid(data.path());
+        drop(redis);
+        assert!(!process_running(server), "dropping the last user stops the server too");
+    }
+
+    #[tokio::test]
+    async fn a_server_left_running_is_reused_and_a_stale_socket_replaced() {
+        let data = tempfile::tempdir().expect("tempdir");
+        // A wasmjobs killed with -9: the kernel drops its lock, the server runs on.
+        let mut orphaned = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        drop(orphaned.users.take());
+        drop(orphaned);
+        let server = pid(data.path());
+        let redis = EmbeddedRedis::acquire(data.path()).await.expect("join the orphan");
+        assert_eq!(pid(data.path()), server);
+        // The server itself killed with -9: its socket file stays behind.
+        // SAFETY: signalling the redis-server this test started.
+        assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+        while process_running(server) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(redis.socket().exists());
+        let again = EmbeddedRedis::acquire(data.path())
+            .await
+            .expect("replace the stale socket");
+        assert_ne!(pid(data.path()), server);
+        redis.release().await.expect("release");
+        let replacement = pid(data.path());
+        again.release().await.expect("release");
+        assert!(!process_running(replacement));
+    }
+
+    #[test]
+    fn the_url_survives_odd_characters() {
+        let redis = EmbeddedRedis {
+            dir: PathBuf::from("/data dir/50%"),
+            socket: PathBuf::from("/data dir/50%/redis.sock"),
+            users: None,
+        };
+        assert_eq!(redis.url(), "unix:///data%20dir/50%25/redis.sock");
+        let client = redis::Client::open(redis.url()).expect("redis-rs accepts the URL");
+        let addr = client.get_connection_info().addr();
+        assert_eq!(addr, &redis::ConnectionAddr::Unix(redis.socket.clone()));
+    }
+
+    #[tokio::test]
+    async fn a_too_long_socket_path_is_explained() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let deep = data.path().join("d".repeat(120));
+        let err = EmbeddedRedis::acquire(&deep).await.expect_err("path too long");
+        assert!(err.to_string().contains("use a shorter --data-dir"), "{err:#}");
+    }
+}

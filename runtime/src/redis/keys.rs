@@ -1,0 +1,62 @@
+//! Every Redis key wasmjobs reads or writes.
+//!
+//! Sidekiq's own keys keep Sidekiq's names (so its clients, API and Web UI
+//! see our state); keys only wasmjobs uses live under `wasmjobs:`.
+
+/// SET of known queue names.
+pub const QUEUES: &str = "queues";
+/// ZSET of jobs to run later (score: epoch seconds).
+pub const SCHEDULE: &str = "schedule";
+/// ZSET of failed jobs awaiting a retry (score: retry time).
+pub const RETRY: &str = "retry";
+/// ZSET of jobs out of retries (score: death time).
+pub const DEAD: &str = "dead";
+/// SET of live process identities.
+pub const PROCESSES: &str = "processes";
+/// Total processed jobs (Sidekiq counts failures as processed too).
+pub const STAT_PROCESSED: &str = "stat:processed";
+/// Total failed jobs.
+pub const STAT_FAILED: &str = "stat:failed";
+/// Jobs discarded at the guest's request (wasmjobs only).
+pub const STAT_DISCARDED: &str = "wasmjobs:stat:discarded";
+/// SET of identities that have (or had) an in-progress list, for orphan recovery.
+pub const INPROGRESS_OWNERS: &str = "wasmjobs:inprogress";
+
+/// Dead set caps, as Sidekiq's defaults.
+pub const DEAD_MAX_JOBS: isize = 10_000;
+/// Jobs older than this leave the dead set.
+pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
+/// Daily stat keys live five years, as Sidekiq's.
+pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
+/// Heartbeat keys expire after this many seconds without a beat.
+pub const HEARTBEAT_TTL_SECS: i64 = 60;
+
+/// The pending list of `queue`.
+pub fn queue(queue: &str) -> String {
+    format!("queue:{queue}")
+}
+
+/// A daily stat key, e.g. `stat:processed:2026-11-30`.
+pub fn daily(stat: &str, date: &str) -> String {
+    format!("{stat}:{date}")
+}
+
+/// The in-progress list of the process `identity` (reliable fetch).
+pub fn inprogress(identity: &str) -> String {
+    format!("wasmjobs:inprogress:{identity}")
+}
+
+/// The hash of jobs being worked on by `identity`, as Sidekiq ≥ 7 names it.
+pub fn work(identity: &str) -> String {
+    format!("{identity}:work")
+}
+
+/// The same, as Sidekiq 6 names it (its Web UI and `Sidekiq::Workers` read this).
+pub fn workers(identity: &str) -> String {
+    format!("{identity}:workers")
+}
+
+/// The list the Web UI pushes `TSTP` / `TERM` into for `identity`.
+pub fn signals(identity: &str) -> String {
+    format!("{identity}-signals")
+}

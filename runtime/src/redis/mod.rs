@@ -1,0 +1,215 @@
+//! Redis, spoken in Sidekiq's format.
+//!
+//! wasmjobs keeps all shared state in Redis (or Valkey), laid out exactly as
+//! Sidekiq lays it out (`../shared/reference/sidekiq-wire-format.md`), so
+//! Sidekiq clients can enqueue, the Sidekiq Web UI can watch, and several
+//! wasmjobs processes on several machines share one Redis with no cluster of
+//! their own.
+//!
+//! - [`keys`]: every key name in one place.
+//! - [`payload`]: the job payload (JSON), parsed without losing unknown keys.
+//! - [`embedded`]: the private `redis-server` used when no URL is given.
+//! - [`client`]: the write side for producers (`push`, `push_bulk`, scheduling).
+//! - [`api`]: the read side (`wasmjobs stats`).
+//!
+//! [`connect`] opens the shared, self-reconnecting connection every
+//! component uses for ordinary commands; blocking commands (`BRPOP`,
+//! `BRPOPLPUSH`) get dedicated connections from [`Redis::dedicated`] so they
+//! never stall the shared one.
+
+pub mod api;
+pub mod client;
+pub mod embedded;
+pub mod keys;
+pub mod payload;
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client};
+
+use self::embedded::EmbeddedRedis;
+
+/// How long an ordinary command may take before it counts as failed.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where Redis is: a URL, or the embedded private server in a data directory.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// `redis://host:port/db`, `rediss://…`, `unix:///path/to/sock`.
+    Url(String),
+    /// The private `redis-server` under this data directory (started on
+    /// demand, shared by every wasmjobs command using the same directory).
+    Embedded(std::path::PathBuf),
+}
+
+impl Target {
+    /// `--redis` / `REDIS_URL` if given, else the embedded server in `data_dir`.
+    pub fn from_options(url: Option<&str>, data_dir: &Path) -> Self {
+        match url {
+            Some(url) if !url.trim().is_empty() => Target::Url(url.trim().to_owned()),
+            _ => Target::Embedded(data_dir.to_path_buf()),
+        }
+    }
+}
+
+/// An open connection to Redis, plus the embedded server if we use one.
+///
+/// Cloning is cheap and shares the connection. Dropping the last clone of an
+/// embedded handle lets the private server stop when no other wasmjobs
+/// process uses it (see [`embedded`]).
+#[derive(Clone)]
+pub struct Redis {
+    client: Client,
+    conn: ConnectionManager,
+    /// Human-readable location, for logs (no password).
+    pub location: String,
+    embedded: Option<std::sync::Arc<EmbeddedRedis>>,
+}
+
+impl Redis {
+    /// The shared connection: multiplexed, reconnects by itself after errors.
+    pub fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// A new connection of its own, for blocking commands. `block` is the
+    /// longest the caller will block server-side; the response timeout is
+    /// set above it.
+    pub async fn dedicated(&self, block: Duration) -> Result<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+            .set_response_timeout(Some(block + RESPONSE_TIMEOUT));
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", self.location))
+    }
+
+    /// Whether this is the embedded server.
+    pub fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// Stops the embedded server if this was its last user; a no-op for a
+    /// Redis given by URL. Called on orderly shutdown (dropping has the same
+    /// effect, but this waits and reports errors).
+    pub async fn close(self) -> Result<()> {
+        let Redis { embedded, conn, .. } = self;
+        drop(conn);
+        if let Some(embedded) = embedded
+            && let Ok(embedded) = std::sync::Arc::try_unwrap(embedded)
+        {
+            embedded.release().await?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens Redis at `target`, starting the embedded server if needed.
+pub async fn connect(target: &Target) -> Result<Redis> {
+    let (url, location, embedded) = match target {
+        Target::Url(url) => (url.clone(), redact(url), None),
+        Target::Embedded(data_dir) => {
+            let server = EmbeddedRedis::acquire(data_dir).await?;
+            let url = server.url();
+            let location = format!("embedded redis-server ({})", server.socket().display());
+            (url, location, Some(std::sync::Arc::new(server)))
+        }
+    };
+    let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_secs(2))
+        .set_number_of_retries(3);
+    let conn = ConnectionManager::new_with_config(client.clone(), config)
+        .await
+        .with_context(|| format!("cannot connect to Redis at {location}"))?;
+    Ok(Redis {
+        client,
+        conn,
+        location,
+        embedded,
+    })
+}
+
+/// `url` without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!(
+                "{}{}{}",
+                &url[..scheme + 3],
+                if user.is_empty() { "" } else { user },
+                &url[at..]
+            )
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Seconds since the Unix epoch, as a float (Sidekiq ≤ 7's timestamps).
+pub fn now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Today's date in UTC as `YYYY-MM-DD` (the suffix of Sidekiq's daily stat keys).
+pub fn utc_date(epoch_secs: f64) -> String {
+    let days = (epoch_secs / 86_400.0).floor() as i64;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_utc_calendar_days() {
+        assert_eq!(utc_date(0.0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400.0), "2000-02-29");
+        assert_eq!(utc_date(1_796_083_199.0), "2026-11-30");
+        assert_eq!(utc_date(1_796_083_200.0), "2026-12-01");
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact("redis://:secret@host:6379/0"), "redis://@host:6379/0");
+        assert_eq!(redact("redis://user:secret@host"), "redis://user@host");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn no_url_means_embedded() {
+        assert!(matches!(
+            Target::from_options(None, Path::new("d")),
+            Target::Embedded(_)
+        ));
+        assert!(matches!(
+            Target::from_options(Some(" "), Path::new("d")),
+            Target::Embedded(_)
+        ));
+        assert!(matches!(
+            Target::from_options(Some("redis://x"), Path::new("d")),
+            Target::Url(_)
+        ));
+    }
+}

@@ -1,0 +1,314 @@
+//! The Sidekiq job payload: a JSON object in a Redis list or sorted set.
+//!
+//! Parsed into an ordered map so that every key a client put there — ours,
+//! Sidekiq's, or the client's own — survives a retry or a requeue untouched
+//! (only the fields we own change). Timestamps come in two styles: Sidekiq ≤ 7
+//! writes epoch seconds as floats, Sidekiq 8 epoch milliseconds as integers;
+//! both are read, and a payload keeps its own style when we write times into
+//! it.
+
+use serde_json::{Map, Value, json};
+
+use crate::job::{Job, new_jid, preview};
+
+/// Numbers at or above this are milliseconds; below, seconds. (Seconds
+/// reach 1e11 in the year 5138; milliseconds passed 1e11 in 1973.)
+const MILLIS_THRESHOLD: f64 = 1e11;
+
+/// How a payload writes its timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeStyle {
+    /// Epoch seconds as a float (Sidekiq ≤ 7).
+    FloatSeconds,
+    /// Epoch milliseconds as an integer (Sidekiq 8).
+    IntMillis,
+}
+
+/// How many times a job may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// `retry: true` or absent: the default number of retries.
+    Default,
+    /// `retry: false`: never retried, and not sent to the dead set either.
+    Never,
+    /// `retry: N`: at most N retries (0 means straight to the dead set).
+    Max(u64),
+}
+
+/// A parsed job payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Payload {
+    map: Map<String, Value>,
+}
+
+impl Payload {
+    /// Parses and validates `raw`. The error says what is wrong, for the
+    /// dead set's `error_message`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let value: Value =
+            serde_json::from_str(raw).map_err(|e| format!("job payload is not valid JSON ({e}): {}", preview(raw)))?;
+        let Value::Object(map) = value else {
+            return Err(format!("job payload is not a JSON object: {}", preview(raw)));
+        };
+        let mut payload = Payload { map };
+        match payload.map.get("class") {
+            Some(Value::String(class)) if !class.is_empty() => {}
+            Some(_) => {
+                return Err(format!(
+                    "job payload's \"class\" is not a non-empty string: {}",
+                    preview(raw)
+                ));
+            }
+            None => return Err(format!("job payload has no \"class\": {}", preview(raw))),
+        }
+        match payload.map.get("args") {
+            Some(Value::Array(_)) => {}
+            Some(_) => return Err(format!("job payload's \"args\" is not a JSON array: {}", preview(raw))),
+            None => return Err(format!("job payload has no \"args\": {}", preview(raw))),
+        }
+        if !matches!(payload.map.get("jid"), Some(Value::String(jid)) if !jid.is_empty()) {
+            payload.map.insert("jid".into(), Value::String(new_jid()));
+        }
+        if !matches!(payload.map.get("queue"), Some(Value::String(q)) if !q.is_empty()) {
+            payload.map.insert("queue".into(), Value::String("default".into()));
+        }
+        Ok(payload)
+    }
+
+    /// A new payload as Sidekiq's client builds one: class, args, queue,
+    /// fresh jid, `retry: true`, `created_at` (float seconds, which every
+    /// Sidekiq version reads).
+    pub fn new(class: &str, args: Vec<Value>, queue: &str, now: f64) -> Self {
+        let mut map = Map::new();
+        map.insert("retry".into(), Value::Bool(true));
+        map.insert("queue".into(), Value::String(queue.to_owned()));
+        map.insert("class".into(), Value::String(class.to_owned()));
+        map.insert("args".into(), Value::Array(args));
+        map.insert("jid".into(), Value::String(new_jid()));
+        map.insert("created_at".into(), json!(now));
+        Payload { map }
+    }
+
+    /// The job id.
+    pub fn jid(&self) -> &str {
+        self.str("jid").unwrap_or_default()
+    }
+
+    /// The job class.
+    pub fn class(&self) -> &str {
+        self.str("class").unwrap_or_default()
+    }
+
+    /// The queue the job belongs to.
+    pub fn queue(&self) -> &str {
+        self.str("queue").unwrap_or("default")
+    }
+
+    /// A string field.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.map.get(key).and_then(Value::as_str)
+    }
+
+    /// Any field.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key)
+    }
+
+    /// Sets a field (keeping its position if it exists).
+    pub fn set(&mut self, key: &str, value: Value) {
+        self.map.insert(key.to_owned(), value);
+    }
+
+    /// Sidekiq's `retry_count`: absent before the first failure, 0 after it.
+    pub fn retry_count(&self) -> Option<u64> {
+        self.map.get("retry_count").and_then(Value::as_u64)
+    }
+
+    /// The job's `retry` option.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        match self.map.get("retry") {
+            Some(Value::Bool(false)) => RetryPolicy::Never,
+            Some(Value::Number(n)) => n.as_u64().map_or(RetryPolicy::Default, RetryPolicy::Max),
+            _ => RetryPolicy::Default,
+        }
+    }
+
+    /// Reads a timestamp field in either style, as epoch seconds.
+    pub fn time(&self, key: &str) -> Option<f64> {
+        Some(epoch_secs(self.map.get(key)?.as_f64()?))
+    }
+
+    /// Removes a field.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.map.shift_remove(key)
+    }
+
+    /// The style this payload's timestamps are written in.
+    pub fn time_style(&self) -> TimeStyle {
+        for key in ["created_at", "enqueued_at"] {
+            if let Some(Value::Number(n)) = self.map.get(key) {
+                if n.is_u64() && n.as_f64().is_some_and(|v| v >= MILLIS_THRESHOLD) {
+                    return TimeStyle::IntMillis;
+                }
+                return TimeStyle::FloatSeconds;
+            }
+        }
+        TimeStyle::FloatSeconds
+    }
+
+    /// Writes a timestamp (epoch seconds) in this payload's own style.
+    pub fn set_time(&mut self, key: &str, epoch_secs: f64) {
+        let value = match self.time_style() {
+            TimeStyle::FloatSeconds => json!(epoch_secs),
+            TimeStyle::IntMillis => json!((epoch_secs * 1000.0).round() as u64),
+        };
+        self.map.insert(key.to_owned(), value);
+    }
+
+    /// The job the sandbox runs.
+    pub fn to_job(&self) -> Job {
+        let args = self
+            .map
+            .get("args")
+            .map(Value::to_string)
+            .unwrap_or_else(|| "[]".into());
+        let enqueued = self
+            .time("enqueued_at")
+            .or_else(|| self.time("created_at"))
+            .unwrap_or(0.0);
+        Job {
+            jid: self.jid().to_owned(),
+            class: self.class().to_owned(),
+            queue: self.queue().to_owned(),
+            args,
+            // Retries before this run: retry_count is 0 while the first retry runs.
+            retry_count: self
+                .retry_count()
+                .map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
+            enqueued_at_ms: (enqueued * 1000.0).max(0.0) as u64,
+        }
+    }
+
+    /// The payload as JSON text.
+    pub fn to_json(&self) -> String {
+        // Serialising a map of JSON values cannot fail.
+        serde_json::to_string(&self.map).unwrap_or_default()
+    }
+}
+
+/// Epoch seconds from a Sidekiq timestamp in either style (float seconds,
+/// or Sidekiq 8's integer milliseconds).
+pub fn epoch_secs(value: f64) -> f64 {
+    if value >= MILLIS_THRESHOLD {
+        value / 1000.0
+    } else {
+        value
+    }
+}
+
+/// A payload for the dead set describing one that could not be parsed.
+///
+/// A valid JSON object keeps all its fields (plus the error fields); anything
+/// else is wrapped, with the original text in `malformed_payload`, so it
+/// never vanishes and can be inspected in the Web UI.
+pub fn malformed(raw: &str, error: &str, queue: &str, now: f64) -> Payload {
+    let mut map = match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(map)) => map,
+        _ => {
+            let mut map = Map::new();
+            map.insert("class".into(), Value::String("wasmjobs::MalformedPayload".into()));
+            map.insert("args".into(), Value::Array(Vec::new()));
+            map.insert("malformed_payload".into(), Value::String(raw.to_owned()));
+            map
+        }
+    };
+    if !matches!(map.get("jid"), Some(Value::String(_))) {
+        map.insert("jid".into(), Value::String(new_jid()));
+    }
+    if !matches!(map.get("queue"), Some(Value::String(_))) {
+        map.insert("queue".into(), Value::String(queue.to_owned()));
+    }
+    if !matches!(map.get("class"), Some(Value::String(c)) if !c.is_empty()) {
+        map.insert("class".into(), Value::String("wasmjobs::MalformedPayload".into()));
+    }
+    if !matches!(map.get("args"), Some(Value::Array(_))) {
+        map.insert("args".into(), Value::Array(Vec::new()));
+    }
+    let mut payload = Payload { map };
+    payload.set("error_class", Value::String("wasmjobs::MalformedPayload".into()));
+    payload.set("error_message", Value::String(error.to_owned()));
+    payload.set_time("failed_at", now);
+    payload
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_and_order_survive_a_round_trip() {
+        let raw = r#"{"class":"X","args":[1,{"a":2}],"jid":"abc","queue":"q","custom":{"trace":"t-1"},"created_at":1764500000.123456}"#;
+        let mut p = Payload::parse(raw).unwrap();
+        assert_eq!(p.to_json(), raw);
+        p.set("retry_count", json!(0));
+        let again = p.to_json();
+        assert!(again.starts_with(r#"{"class":"X","args":[1,{"a":2}],"jid":"abc","queue":"q","custom":{"trace":"t-1"},"created_at":1764500000.123456,"#));
+    }
+
+    #[test]
+    fn both_timestamp_styles_are_read_and_kept() {
+        let old =
+            Payload::parse(r#"{"class":"X","args":[],"created_at":1764500000.5,"enqueued_at":1764500001.25}"#).unwrap();
+        assert_eq!(old.time("enqueued_at"), Some(1_764_500_001.25));
+        assert_eq!(old.time_style(), TimeStyle::FloatSeconds);
+        assert_eq!(old.to_job().enqueued_at_ms, 1_764_500_001_250);
+
+        let mut new =
+            Payload::parse(r#"{"class":"X","args":[],"created_at":1764500000500,"enqueued_at":1764500001250}"#)
+                .unwrap();
+        assert_eq!(new.time("enqueued_at"), Some(1_764_500_001.25));
+        assert_eq!(new.time_style(), TimeStyle::IntMillis);
+        new.set_time("failed_at", 1_764_500_002.5);
+        assert_eq!(new.get("failed_at"), Some(&json!(1_764_500_002_500u64)));
+    }
+
+    #[test]
+    fn malformed_payloads_are_explained() {
+        assert!(Payload::parse("not json").unwrap_err().contains("not valid JSON"));
+        assert!(Payload::parse("[1]").unwrap_err().contains("not a JSON object"));
+        assert!(Payload::parse(r#"{"args":[]}"#).unwrap_err().contains("no \"class\""));
+        assert!(Payload::parse(r#"{"class":"X"}"#).unwrap_err().contains("no \"args\""));
+        assert!(
+            Payload::parse(r#"{"class":"X","args":"1"}"#)
+                .unwrap_err()
+                .contains("not a JSON array")
+        );
+    }
+
+    #[test]
+    fn malformed_payloads_keep_what_they_had() {
+        let wrapped = malformed("garbage{", "bad", "default", 1.0);
+        assert_eq!(wrapped.str("malformed_payload"), Some("garbage{"));
+        assert_eq!(wrapped.class(), "wasmjobs::MalformedPayload");
+        assert_eq!(wrapped.str("error_message"), Some("bad"));
+        let kept = malformed(r#"{"jid":"j1","custom":1}"#, "no class", "critical", 1.0);
+        assert_eq!(kept.jid(), "j1");
+        assert_eq!(kept.get("custom"), Some(&json!(1)));
+        assert_eq!(kept.queue(), "critical");
+    }
+
+    #[test]
+    fn missing_jid_and_queue_get_defaults_and_retry_policy_reads() {
+        let p = Payload::parse(r#"{"class":"X","args":[],"retry":false}"#).unwrap();
+        assert_eq!(p.jid().len(), 24);
+        assert_eq!(p.queue(), "default");
+        assert_eq!(p.retry_policy(), RetryPolicy::Never);
+        let p = Payload::parse(r#"{"class":"X","args":[],"retry":3,"retry_count":1}"#).unwrap();
+        assert_eq!(p.retry_policy(), RetryPolicy::Max(3));
+        assert_eq!(p.to_job().retry_count, 2);
+        assert_eq!(
+            Payload::parse(r#"{"class":"X","args":[]}"#).unwrap().retry_policy(),
+            RetryPolicy::Default
+        );
+    }
+}

@@ -1,0 +1,377 @@
+//! Taking jobs off the queues.
+//!
+//! **Reliable** (the default, at-least-once): a Lua script moves up to the
+//! number of free slots from the queues into this process's in-progress list
+//! in one atomic step; a job leaves that list only when its outcome is
+//! written ([`super::outcome`]), is pushed back to its queue on shutdown, or
+//! is recovered by another process if this one dies ([`super::orphans`]).
+//!
+//! **Basic** (at-most-once, Sidekiq's default): the script pops jobs; a job
+//! popped by a process that then dies is lost. For users who want the last
+//! bit of speed.
+//!
+//! When every queue is empty the fetcher blocks in Redis (`BLMOVE` per queue
+//! for reliable, one `BRPOP` over all queues for basic) on dedicated
+//! connections, so an idle process makes a couple of cheap calls a second and
+//! a new job starts as soon as it is pushed. Requires Redis ≥ 6.2 (or Valkey).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use redis::Script;
+use tokio::sync::mpsc;
+
+use super::queues::Queues;
+use crate::redis::{Redis, keys};
+
+/// How long one blocking call waits in Redis before the loop re-checks
+/// whether it should still be waiting.
+pub const BLOCK: Duration = Duration::from_secs(2);
+
+/// The delivery guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FetchMode {
+    /// At-least-once: jobs are held in a per-process in-progress list.
+    #[default]
+    Reliable,
+    /// At-most-once: jobs are popped; a crash loses the jobs in flight.
+    Basic,
+}
+
+/// A job taken from a queue, exactly as it was stored.
+#[derive(Debug, Clone)]
+pub struct Fetched {
+    /// The payload text (also the in-progress list entry, for the ack).
+    pub raw: String,
+    /// The queue it came from.
+    pub queue: String,
+}
+
+/// Moves up to ARGV[1] jobs from KEYS[2..] (in order) to KEYS[1] (reliable),
+/// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job, …].
+const FETCH_LUA: &str = r#"
+local max = tonumber(ARGV[1])
+local keep = ARGV[2] == "1"
+local out = {}
+local got = 0
+for i = 2, #KEYS do
+  local need = max - got
+  if need <= 0 then break end
+  local jobs = redis.call('RPOP', KEYS[i], need)
+  if jobs then
+    if keep then redis.call('LPUSH', KEYS[1], unpack(jobs)) end
+    for _, job in ipairs(jobs) do
+      out[#out + 1] = tostring(i - 2)
+      out[#out + 1] = job
+    end
+    got = got + #jobs
+  end
+end
+return out
+"#;
+
+/// Most jobs one fetch moves (also bounded by free slots).
+pub const MAX_BATCH: usize = 500;
+
+/// The fetch side of one process.
+pub struct Fetcher {
+    mode: FetchMode,
+    redis: Redis,
+    queues: Queues,
+    names: Vec<String>,
+    inprogress: String,
+    script: Script,
+}
+
+impl Fetcher {
+    /// A fetcher for `queues`, holding reliable jobs in `identity`'s list.
+    pub fn new(mode: FetchMode, redis: Redis, queues: Queues, identity: &str) -> Self {
+        let names = queues.names();
+        Self {
+            mode,
+            redis,
+            queues,
+            names,
+            inprogress: keys::inprogress(identity),
+            script: Script::new(FETCH_LUA),
+        }
+    }
+
+    /// The delivery guarantee in use.
+    pub fn mode(&self) -> FetchMode {
+        self.mode
+    }
+
+    /// This process's in-progress list.
+    pub fn inprogress_key(&self) -> &str {
+        &self.inprogress
+    }
+
+    /// Takes up to `max` jobs without blocking.
+    pub async fn fetch(&self, max: usize) -> Result<Vec<Fetched>> {
+        let order = self.queues.fetch_order();
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(&self.inprogress);
+        for &i in &order {
+            invocation.key(keys::queue(&self.names[i]));
+        }
+        invocation
+            .arg(max.min(MAX_BATCH))
+            .arg(if self.mode == FetchMode::Reliable { "1" } else { "0" });
+        let flat: Vec<String> = invocation
+            .invoke_async(&mut self.redis.conn())
+            .await
+            .context("fetching jobs")?;
+        let mut jobs = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks_exact(2) {
+            let position: usize = pair[0].parse().context("fetch script returned a bad queue index")?;
+            let queue = order.get(position).map(|&i| self.names[i].clone()).unwrap_or_default();
+            jobs.push(Fetched {
+                raw: pair[1].clone(),
+                queue,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// Starts the blocking waiters: while `armed` is true they wait in Redis
+    /// for a job to appear and send it to `found`. Reliable mode runs one
+    /// `BLMOVE` waiter per queue (atomic move, so nothing is ever held only
+    /// in memory); basic mode one `BRPOP` over all queues. Stop them with
+    /// [`Waiters::stop`] after closing `found`.
+    pub fn spawn_waiters(&self, armed: tokio::sync::watch::Receiver<bool>, found: mpsc::Sender<Fetched>) -> Waiters {
+        let groups: Vec<(Vec<String>, Option<String>)> = match self.mode {
+            FetchMode::Reliable => self
+                .names
+                .iter()
+                .map(|n| (vec![n.clone()], Some(self.inprogress.clone())))
+                .collect(),
+            FetchMode::Basic => vec![(self.names.clone(), None)],
+        };
+        let mut waiters = Waiters {
+            redis: self.redis.clone(),
+            tasks: Vec::new(),
+            client_ids: Vec::new(),
+        };
+        for (queues, inprogress) in groups {
+            let client_id = Arc::new(AtomicI64::new(-1));
+            let waiter = Waiter {
+                redis: self.redis.clone(),
+                queues,
+                inprogress,
+                client_id: client_id.clone(),
+            };
+            waiters
+                .tasks
+                .push(tokio::spawn(waiter.run(armed.clone(), found.clone())));
+            waiters.client_ids.push(client_id);
+        }
+        waiters
+    }
+}
+
+/// The running waiters of a fetcher.
+pub struct Waiters {
+    redis: Redis,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    client_ids: Vec<Arc<AtomicI64>>,
+}
+
+impl Waiters {
+    /// Stops the waiters for good: `CLIENT UNBLOCK` ends a wait in progress
+    /// at once (else a job requeued at shutdown could be moved straight back
+    /// into this process's list by a waiter still blocked in Redis), then
+    /// waits for the tasks to finish. Close the `found` channel first.
+    pub async fn stop(self) {
+        let mut conn = self.redis.conn();
+        for (task, id) in self.tasks.into_iter().zip(&self.client_ids) {
+            let id = id.load(Ordering::Acquire);
+            if id >= 0
+                && let Err(err) = redis::cmd("CLIENT")
+                    .arg("UNBLOCK")
+                    .arg(id)
+                    .query_async::<i64>(&mut conn)
+                    .await
+            {
+                tracing::warn!("cannot unblock a fetch waiter: {err}");
+            }
+            if tokio::time::timeout(BLOCK + Duration::from_secs(1), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a fetch waiter did not stop in time");
+            }
+        }
+    }
+}
+
+/// One blocking wait loop on its own connection.
+struct Waiter {
+    redis: Redis,
+    queues: Vec<String>,
+    /// Reliable: the list to move into. Basic: none.
+    inprogress: Option<String>,
+    /// The Redis client id of the waiter's connection, for `CLIENT UNBLOCK`.
+    client_id: Arc<AtomicI64>,
+}
+
+impl Waiter {
+    async fn run(self, mut armed: tokio::sync::watch::Receiver<bool>, found: mpsc::Sender<Fetched>) {
+        let mut conn = None;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if found.is_closed() {
+                return;
+            }
+            // Sleep (no Redis traffic) until the fetch loop runs dry.
+            tokio::select! {
+                changed = armed.wait_for(|&a| a) => if changed.is_err() { return },
+                () = found.closed() => return,
+            }
+            if conn.is_none() {
+                match self.connect().await {
+                    Ok(c) => conn = Some(c),
+                    Err(err) => {
+                        tracing::warn!("blocking fetch: {err:#}; retrying in {backoff:?}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+            let Some(c) = conn.as_mut() else { continue };
+            match self.wait_once(c).await {
+                Ok(Some(job)) => {
+                    backoff = Duration::from_millis(100);
+                    if let Err(mpsc::error::SendError(job)) = found.send(job).await {
+                        // Shutting down. Reliable: the job is in our
+                        // in-progress list and is pushed back with the rest.
+                        // Basic: it exists only here, so put it back now.
+                        if self.inprogress.is_none() {
+                            self.put_back(c, &job).await;
+                        }
+                        return;
+                    }
+                }
+                Ok(None) => backoff = Duration::from_millis(100),
+                Err(err) => {
+                    tracing::warn!("blocking fetch: {err:#}; reconnecting in {backoff:?}");
+                    conn = None;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection> {
+        let mut conn = self.redis.dedicated(BLOCK).await?;
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await
+            .context("CLIENT ID")?;
+        self.client_id.store(id, Ordering::Release);
+        Ok(conn)
+    }
+
+    async fn put_back(&self, conn: &mut redis::aio::MultiplexedConnection, job: &Fetched) {
+        let pushed: redis::RedisResult<()> = redis::cmd("RPUSH")
+            .arg(keys::queue(&job.queue))
+            .arg(&job.raw)
+            .query_async(conn)
+            .await;
+        if let Err(err) = pushed {
+            tracing::error!(queue = %job.queue, "a job popped at shutdown could not be put back: {err}; payload: {}", job.raw);
+        }
+    }
+
+    async fn wait_once(&self, conn: &mut redis::aio::MultiplexedConnection) -> Result<Option<Fetched>> {
+        let timeout = BLOCK.as_secs_f64();
+        match &self.inprogress {
+            Some(inprogress) => {
+                let queue = &self.queues[0];
+                let job: Option<String> = redis::cmd("BLMOVE")
+                    .arg(keys::queue(queue))
+                    .arg(inprogress)
+                    .arg("RIGHT")
+                    .arg("LEFT")
+                    .arg(timeout)
+                    .query_async(conn)
+                    .await
+                    .context("BLMOVE")?;
+                Ok(job.map(|raw| Fetched {
+                    raw,
+                    queue: queue.clone(),
+                }))
+            }
+            None => {
+                let lists: Vec<String> = self.queues.iter().map(|q| keys::queue(q)).collect();
+                let popped: Option<(String, String)> = redis::cmd("BRPOP")
+                    .arg(&lists)
+                    .arg(timeout)
+                    .query_async(conn)
+                    .await
+                    .context("BRPOP")?;
+                Ok(popped.map(|(list, raw)| Fetched {
+                    raw,
+                    queue: list.strip_prefix("queue:").unwrap_or(&list).to_owned(),
+                }))
+            }
+        }
+    }
+}
+
+/// Puts `raw` back at the front of `queue` (the next job fetched) if it is
+/// still in the in-progress list; atomic, so a job acked at the same moment
+/// is not requeued as well.
+const REQUEUE_LUA: &str = r#"
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) > 0 then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// Moves jobs from an in-progress list back to their queues.
+pub struct Requeuer {
+    script: Script,
+}
+
+impl Default for Requeuer {
+    fn default() -> Self {
+        Self {
+            script: Script::new(REQUEUE_LUA),
+        }
+    }
+}
+
+impl Requeuer {
+    /// Removes `raw` from `inprogress` and pushes `replacement` (usually the
+    /// same text) to the front of `queue`. Returns false if `raw` was no
+    /// longer there.
+    pub async fn requeue(
+        &self,
+        redis: &Redis,
+        inprogress: &str,
+        raw: &str,
+        queue: &str,
+        replacement: &str,
+    ) -> Result<bool> {
+        let moved: i64 = self
+            .script
+            .key(inprogress)
+            .key(keys::queue(queue))
+            .key(keys::QUEUES)
+            .arg(raw)
+            .arg(replacement)
+            .arg(queue)
+            .invoke_async(&mut redis.conn())
+            .await
+            .context("requeueing a job")?;
+        Ok(moved == 1)
+    }
+}

@@ -1,0 +1,245 @@
+//! The heartbeat: this process, as Sidekiq's Web UI and API see it.
+//!
+//! Every [`INTERVAL`] (and once at start) one `MULTI` writes the process
+//! hash (`info`, `busy`, `beat`, `quiet`, `rss`, `rtt_us`) with a 60 s expiry,
+//! adds the identity to `processes`, rewrites the `:work` hash of jobs in
+//! flight (also under Sidekiq 6's `:workers` name), and pops one command from
+//! the `-signals` list the Web UI's Quiet/Stop buttons push to. A process
+//! whose hash expired is dead as far as everyone else is concerned; its
+//! in-progress jobs are then recovered ([`super::orphans`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::manager::Manager;
+use crate::redis::{Redis, keys, now_f64};
+
+/// Time between beats (Sidekiq's).
+pub const INTERVAL: Duration = Duration::from_secs(10);
+
+/// Who this process is: `hostname:pid:nonce`, as Sidekiq names processes.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The full identity.
+    pub identity: String,
+    /// The machine's host name.
+    pub hostname: String,
+    /// This process's id.
+    pub pid: u32,
+}
+
+impl Identity {
+    /// The identity of the current process (a fresh nonce each start).
+    pub fn current() -> Self {
+        let hostname = hostname();
+        let pid = std::process::id();
+        let nonce = hex::encode(rand::random::<[u8; 6]>());
+        Self {
+            identity: format!("{hostname}:{pid}:{nonce}"),
+            hostname,
+            pid,
+        }
+    }
+
+    /// Splits an identity into host name and pid, if it has that shape.
+    pub fn parse(identity: &str) -> Option<(&str, u32)> {
+        let mut parts = identity.rsplitn(3, ':');
+        let _nonce = parts.next()?;
+        let pid = parts.next()?.parse().ok()?;
+        let host = parts.next()?;
+        Some((host, pid))
+    }
+}
+
+/// The machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Resident set size of this process in KiB (0 if unknown).
+pub fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What the Web UI asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop fetching (TSTP).
+    Quiet,
+    /// Shut down gracefully (TERM).
+    Stop,
+}
+
+/// The heartbeat of one process.
+pub struct Heartbeat {
+    redis: Redis,
+    identity: Identity,
+    info: String,
+    manager: Arc<Manager>,
+    quiet: Arc<AtomicBool>,
+}
+
+impl Heartbeat {
+    /// A heartbeat describing this process (`queues`, `tag`, `concurrency`).
+    pub fn new(
+        redis: Redis,
+        identity: Identity,
+        queues: Vec<String>,
+        tag: &str,
+        manager: Arc<Manager>,
+        quiet: Arc<AtomicBool>,
+    ) -> Self {
+        let info = json!({
+            "hostname": identity.hostname,
+            "started_at": now_f64(),
+            "pid": identity.pid,
+            "tag": tag,
+            "concurrency": manager.concurrency(),
+            "queues": queues,
+            "labels": ["wasmjobs"],
+            "identity": identity.identity,
+            "version": format!("wasmjobs {}", env!("CARGO_PKG_VERSION")),
+        })
+        .to_string();
+        Self {
+            redis,
+            identity,
+            info,
+            manager,
+            quiet,
+        }
+    }
+
+    /// Beats every [`INTERVAL`] until `commands` is closed, forwarding the
+    /// Web UI's signals to it.
+    pub async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>) {
+        loop {
+            match self.beat().await {
+                Ok(Some(command)) => {
+                    if commands.send(command).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!("heartbeat: {err:#}"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(INTERVAL) => {}
+                () = commands.closed() => return,
+            }
+        }
+    }
+
+    /// Writes one heartbeat; returns the Web UI's command, if it sent one.
+    pub async fn beat(&self) -> Result<Option<Command>> {
+        let mut conn = self.redis.conn();
+        let started = Instant::now();
+        redis::cmd("PING").query_async::<()>(&mut conn).await.context("PING")?;
+        let rtt_us = started.elapsed().as_micros() as u64;
+
+        let id = &self.identity.identity;
+        let work = self.manager.snapshot();
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for key in [keys::work(id), keys::workers(id)] {
+            pipe.cmd("UNLINK").arg(&key).ignore();
+            if !work.is_empty() {
+                let mut hset = redis::cmd("HSET");
+                hset.arg(&key);
+                for (tid, job) in &work {
+                    let entry = json!({"queue": job.job.queue, "payload": job.job.raw, "run_at": job.run_at as i64});
+                    hset.arg(tid).arg(entry.to_string());
+                }
+                pipe.add_command(hset).ignore();
+                pipe.cmd("EXPIRE").arg(&key).arg(keys::HEARTBEAT_TTL_SECS).ignore();
+            }
+        }
+        pipe.cmd("SADD").arg(keys::PROCESSES).arg(id).ignore();
+        pipe.cmd("HSET")
+            .arg(id)
+            .arg("info")
+            .arg(&self.info)
+            .arg("busy")
+            .arg(work.len())
+            .arg("beat")
+            .arg(now_f64())
+            .arg("rtt_us")
+            .arg(rtt_us)
+            .arg("quiet")
+            .arg(if self.quiet.load(Ordering::Relaxed) {
+                "true"
+            } else {
+                "false"
+            })
+            .arg("rss")
+            .arg(rss_kb())
+            .ignore();
+        pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
+        pipe.cmd("RPOP").arg(keys::signals(id));
+        let (signal,): (Option<String>,) = pipe.query_async(&mut conn).await.context("writing the heartbeat")?;
+        Ok(signal.and_then(|s| match s.as_str() {
+            "TSTP" | "USR1" => Some(Command::Quiet),
+            "TERM" | "INT" => Some(Command::Stop),
+            other => {
+                tracing::info!("ignoring signal {other:?} from the Web UI");
+                None
+            }
+        }))
+    }
+
+    /// Removes this process from Redis (on shutdown).
+    pub async fn clear(&self) -> Result<()> {
+        let id = &self.identity.identity;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("SREM")
+            .arg(keys::PROCESSES)
+            .arg(id)
+            .ignore()
+            .cmd("UNLINK")
+            .arg(id)
+            .arg(keys::work(id))
+            .arg(keys::workers(id))
+            .arg(keys::signals(id))
+            .ignore();
+        pipe.query_async::<()>(&mut self.redis.conn())
+            .await
+            .context("removing the heartbeat")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_round_trip() {
+        let me = Identity::current();
+        assert_eq!(Identity::parse(&me.identity), Some((me.hostname.as_str(), me.pid)));
+        assert_eq!(Identity::parse("host-1:42:abc"), Some(("host-1", 42)));
+        assert_eq!(Identity::parse("nonsense"), None);
+    }
+
+    #[test]
+    fn rss_is_measured() {
+        assert!(rss_kb() > 0);
+    }
+}

@@ -1,0 +1,222 @@
+//! What a finished job's [`Outcome`] means for Redis: Sidekiq's retry policy.
+//!
+//! - success → ack;
+//! - `discard` → ack, counted as discarded;
+//! - `dead` → the dead set, with Sidekiq's error fields;
+//! - `retry` (an error the guest asked to retry, a trap, a timeout) → the
+//!   `retry` set at `now + count⁴ + 15 + rand(10·(count+1))` seconds while
+//!   retries remain (default 25, `retry: N` caps it), then the dead set;
+//!   `retry: false` drops the job after the failure (as Sidekiq does), and
+//!   `dead: false` keeps an exhausted job out of the dead set.
+//!
+//! Unknown payload keys are kept: only the error fields change.
+
+use rand::Rng;
+use serde_json::Value;
+
+use crate::job::Outcome;
+use crate::redis::payload::{Payload, RetryPolicy};
+
+/// Sidekiq's default number of retries.
+pub const DEFAULT_MAX_RETRIES: u64 = 25;
+/// Sidekiq caps `error_message` at this many characters.
+const MAX_ERROR_CHARS: usize = 10_000;
+
+/// What to write for one finished job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// Done: remove it.
+    Ack,
+    /// Dropped at the guest's request.
+    Discard,
+    /// Try again at `at` (epoch seconds) with the updated payload.
+    Retry {
+        /// When.
+        at: f64,
+        /// The payload with its error fields.
+        payload: String,
+    },
+    /// Into the dead set.
+    Dead {
+        /// The payload with its error fields.
+        payload: String,
+    },
+    /// Failed with `retry: false` (or exhausted with `dead: false`): gone.
+    Drop,
+}
+
+impl Write {
+    /// Whether the job failed (Sidekiq's `stat:failed`).
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Write::Retry { .. } | Write::Dead { .. } | Write::Drop)
+    }
+}
+
+/// Decides what to write for `payload` given `outcome`, at time `now`.
+pub fn decide(payload: &Payload, outcome: &Outcome, now: f64) -> Write {
+    match outcome {
+        Outcome::Success => Write::Ack,
+        Outcome::Discard(_) => Write::Discard,
+        Outcome::Dead(message) => {
+            let mut failed = payload.clone();
+            record_failure(&mut failed, "wasmjobs::Dead", message, now);
+            to_morgue(failed)
+        }
+        Outcome::Retry(message) => {
+            let mut failed = payload.clone();
+            let count = record_failure(&mut failed, "wasmjobs::Retry", message, now);
+            let max = match payload.retry_policy() {
+                RetryPolicy::Never => return Write::Drop,
+                RetryPolicy::Default => DEFAULT_MAX_RETRIES,
+                RetryPolicy::Max(n) => n,
+            };
+            if count < max {
+                Write::Retry {
+                    at: now + delay_secs(count),
+                    payload: failed.to_json(),
+                }
+            } else {
+                to_morgue(failed)
+            }
+        }
+    }
+}
+
+fn to_morgue(payload: Payload) -> Write {
+    if payload.get("dead") == Some(&Value::Bool(false)) {
+        Write::Drop
+    } else {
+        Write::Dead {
+            payload: payload.to_json(),
+        }
+    }
+}
+
+/// Writes Sidekiq's error fields; returns the new `retry_count`.
+fn record_failure(payload: &mut Payload, class: &str, message: &str, now: f64) -> u64 {
+    payload.set("error_message", Value::String(cap(message)));
+    payload.set("error_class", Value::String(class.to_owned()));
+    let count = match payload.retry_count() {
+        Some(previous) => {
+            payload.set_time("retried_at", now);
+            previous + 1
+        }
+        None => {
+            payload.set_time("failed_at", now);
+            0
+        }
+    };
+    payload.set("retry_count", Value::from(count));
+    count
+}
+
+/// Sidekiq's backoff for retry number `count` (0-based), in seconds.
+pub fn delay_secs(count: u64) -> f64 {
+    let count = count.min(1_000);
+    let jitter = rand::rng().random_range(0..10 * (count + 1));
+    (count.pow(4) + 15 + jitter) as f64
+}
+
+fn cap(message: &str) -> String {
+    match message.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => message[..cut].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(extra: &str) -> Payload {
+        Payload::parse(&format!(
+            r#"{{"class":"X","args":[],"jid":"j","queue":"q","custom":7{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    fn fields(write: &Write) -> Payload {
+        match write {
+            Write::Retry { payload, .. } | Write::Dead { payload } => Payload::parse(payload).unwrap(),
+            other => panic!("no payload in {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_failure_schedules_a_retry_with_error_fields() {
+        let write = decide(&payload(""), &Outcome::Retry("boom".into()), 1000.0);
+        let Write::Retry { at, .. } = &write else {
+            panic!("{write:?}")
+        };
+        assert!((1015.0..1025.0).contains(at), "{at}");
+        let p = fields(&write);
+        assert_eq!(p.retry_count(), Some(0));
+        assert_eq!(p.str("error_message"), Some("boom"));
+        assert_eq!(p.time("failed_at"), Some(1000.0));
+        assert_eq!(p.get("custom"), Some(&Value::from(7)));
+    }
+
+    #[test]
+    fn later_failures_count_up_and_exhaustion_goes_to_the_dead_set() {
+        let write = decide(
+            &payload(r#","retry_count":3,"failed_at":1.0"#),
+            &Outcome::Retry("again".into()),
+            1000.0,
+        );
+        let p = fields(&write);
+        assert_eq!(p.retry_count(), Some(4));
+        assert_eq!(p.time("retried_at"), Some(1000.0));
+        assert_eq!(p.time("failed_at"), Some(1.0));
+
+        let exhausted = decide(&payload(r#","retry_count":24"#), &Outcome::Retry("last".into()), 1000.0);
+        assert!(matches!(exhausted, Write::Dead { .. }), "{exhausted:?}");
+        let capped = decide(
+            &payload(r#","retry":2,"retry_count":1"#),
+            &Outcome::Retry("x".into()),
+            1000.0,
+        );
+        assert!(matches!(capped, Write::Dead { .. }), "{capped:?}");
+        let zero = decide(&payload(r#","retry":0"#), &Outcome::Retry("x".into()), 1000.0);
+        assert!(matches!(zero, Write::Dead { .. }), "{zero:?}");
+    }
+
+    #[test]
+    fn retry_false_and_dead_false_drop_the_job() {
+        assert_eq!(
+            decide(&payload(r#","retry":false"#), &Outcome::Retry("x".into()), 1.0),
+            Write::Drop
+        );
+        assert_eq!(
+            decide(&payload(r#","retry":0,"dead":false"#), &Outcome::Retry("x".into()), 1.0),
+            Write::Drop
+        );
+    }
+
+    #[test]
+    fn dead_and_discard_and_success() {
+        assert_eq!(decide(&payload(""), &Outcome::Success, 1.0), Write::Ack);
+        assert_eq!(
+            decide(&payload(""), &Outcome::Discard("meh".into()), 1.0),
+            Write::Discard
+        );
+        let dead = decide(&payload(""), &Outcome::Dead("hopeless".into()), 1.0);
+        assert_eq!(fields(&dead).str("error_message"), Some("hopeless"));
+        assert!(dead.is_failure());
+    }
+
+    #[test]
+    fn backoff_follows_sidekiq() {
+        for count in [0u64, 1, 5, 24] {
+            let d = delay_secs(count);
+            let base = (count.pow(4) + 15) as f64;
+            assert!(d >= base && d < base + (10 * (count + 1)) as f64, "{count}: {d}");
+        }
+    }
+
+    #[test]
+    fn error_messages_are_capped() {
+        let long = "e".repeat(20_000);
+        let p = fields(&decide(&payload(""), &Outcome::Dead(long), 1.0));
+        assert_eq!(p.str("error_message").map(str::len), Some(MAX_ERROR_CHARS));
+    }
+}

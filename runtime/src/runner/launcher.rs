@@ -1,0 +1,370 @@
+//! Start and stop: everything `wasmjobs run` does around the jobs.
+//!
+//! Start: connect to Redis (or start the embedded server), load the plugins
+//! (compiling off the async threads), write the first heartbeat, recover
+//! orphans, then start the outcome writer, the fetch loop, the scheduled
+//! poller, orphan recovery and the heartbeat.
+//!
+//! Stop (SIGTERM, SIGINT, or TERM from the Web UI): go quiet (no new
+//! fetches), wait up to the shutdown timeout for jobs in flight, stop the
+//! rest, let the writer record every outcome, push every job still in this
+//! process's in-progress list back to the front of its queue, remove the
+//! heartbeat, and stop the embedded Redis if we were its last user. SIGTSTP
+//! (or TSTP from the Web UI) only goes quiet.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+
+use super::RunOptions;
+use super::fetch::{FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
+use super::heartbeat::{Command, Heartbeat, Identity};
+use super::manager::Manager;
+use super::orphans::OrphanRecovery;
+use super::outcome::{self, Counters};
+use super::scheduled::Poller;
+use crate::plugin::{Catalog, CompileCache};
+use crate::redis::payload::Payload;
+use crate::redis::{Redis, connect, keys};
+use crate::sandbox::{EngineConfig, Executor};
+
+/// What a run did, for the summary printed at exit.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Jobs whose outcome was recorded.
+    pub processed: u64,
+    /// Of those, failures.
+    pub failed: u64,
+    /// Failures scheduled for retry.
+    pub retried: u64,
+    /// Jobs sent to the dead set.
+    pub dead: u64,
+    /// Jobs discarded by their guest.
+    pub discarded: u64,
+    /// Jobs pushed back to their queue at shutdown.
+    pub requeued: u64,
+    /// How long the process ran.
+    pub wall: Duration,
+}
+
+/// Runs until told to stop; returns what happened.
+pub async fn run(options: RunOptions) -> Result<RunSummary> {
+    let started = Instant::now();
+    let redis = connect(&options.redis).await?;
+    tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
+
+    let (executor, catalog) = load_plugins(&options).await?;
+    let identity = Identity::current();
+    let counters = Arc::new(Counters::default());
+    let fetcher = Fetcher::new(options.fetch, redis.clone(), options.queues.clone(), &identity.identity);
+    let inprogress = fetcher.inprogress_key().to_owned();
+    let (completions, writer) = outcome::spawn(
+        redis.clone(),
+        options.fetch,
+        inprogress.clone(),
+        counters.clone(),
+        options.concurrency as usize * 2,
+    );
+    let manager = Manager::new(executor, catalog, options.concurrency, completions);
+    let quiet = Arc::new(AtomicBool::new(false));
+    let heartbeat = Heartbeat::new(
+        redis.clone(),
+        identity.clone(),
+        options.queues.names(),
+        &options.tag,
+        manager.clone(),
+        quiet.clone(),
+    );
+    heartbeat.beat().await.context("writing the first heartbeat")?;
+    if options.fetch == FetchMode::Reliable {
+        ::redis::cmd("SADD")
+            .arg(keys::INPROGRESS_OWNERS)
+            .arg(&identity.identity)
+            .query_async::<()>(&mut redis.conn())
+            .await
+            .context("registering the in-progress list")?;
+        let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
+        match recovery.sweep().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
+            Err(err) => tracing::warn!("orphan recovery: {err:#}"),
+        }
+    }
+    tracing::info!(identity = %identity.identity, "running");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (quiet_tx, quiet_rx) = watch::channel(false);
+    tokio::spawn(Poller::new(redis.clone(), options.poll_interval).run(stop_rx.clone()));
+    if options.fetch == FetchMode::Reliable {
+        let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
+        tokio::spawn(recovery.run(stop_rx.clone()));
+    }
+    let (commands_tx, mut commands) = mpsc::channel(4);
+    let heartbeat = Arc::new(heartbeat);
+    let beating = tokio::spawn({
+        let heartbeat = heartbeat.clone();
+        async move { heartbeat.run(commands_tx).await }
+    });
+    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), quiet_rx));
+
+    wait_for_stop(&mut commands, &quiet, &quiet_tx).await?;
+
+    // Shutdown.
+    tracing::info!(
+        "shutting down: no new jobs; waiting up to {:?} for {} in flight",
+        options.shutdown_timeout,
+        manager.busy()
+    );
+    quiet.store(true, Ordering::Relaxed);
+    let _ = quiet_tx.send(true);
+    let mut leftovers = fetching.await.unwrap_or_default();
+    let _ = stop_tx.send(true);
+    if !manager.drain(options.shutdown_timeout).await {
+        let stopped = manager.abort_all();
+        tracing::warn!(
+            jobs = stopped.len(),
+            "shutdown timeout reached: stopping jobs still running and requeueing them"
+        );
+        leftovers.extend(stopped);
+    }
+    manager.close();
+    drop(commands);
+    let _ = beating.await;
+    let recorded = tokio::time::timeout(options.shutdown_timeout.max(Duration::from_secs(10)), writer)
+        .await
+        .is_ok();
+    let requeued = if recorded {
+        requeue(&redis, options.fetch, &inprogress, leftovers).await
+    } else {
+        tracing::error!(
+            "could not record every outcome (is Redis reachable?); unfinished jobs stay in {inprogress} for recovery"
+        );
+        0
+    };
+    if let Err(err) = heartbeat.clear().await {
+        tracing::warn!("{err:#}");
+    }
+    if options.fetch == FetchMode::Reliable && recorded {
+        let forget = ::redis::pipe()
+            .atomic()
+            .cmd("SREM")
+            .arg(keys::INPROGRESS_OWNERS)
+            .arg(&identity.identity)
+            .ignore()
+            .cmd("LLEN")
+            .arg(&inprogress)
+            .query_async::<(u64,)>(&mut redis.conn())
+            .await;
+        match forget {
+            Ok((0,)) => {}
+            Ok((left,)) => tracing::error!("{left} jobs are still in {inprogress}; they will be recovered as orphans"),
+            Err(err) => tracing::warn!("{err:#}"),
+        }
+    }
+    redis.close().await?;
+
+    let summary = RunSummary {
+        processed: counters.processed.load(Ordering::Relaxed),
+        failed: counters.failed.load(Ordering::Relaxed),
+        retried: counters.retried.load(Ordering::Relaxed),
+        dead: counters.dead.load(Ordering::Relaxed),
+        discarded: counters.discarded.load(Ordering::Relaxed),
+        requeued,
+        wall: started.elapsed(),
+    };
+    tracing::info!(?summary, "stopped");
+    Ok(summary)
+}
+
+/// Loads the plugins on a blocking thread (compiling is CPU-heavy).
+async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalog>)> {
+    let plugins = options.plugins.clone();
+    let cache = if options.no_cache {
+        CompileCache::disabled()
+    } else {
+        CompileCache::new(options.data_dir.join("cache"))
+    };
+    let config = EngineConfig {
+        concurrency: options.concurrency,
+        limits: options.limits,
+    };
+    let (executor, catalog) = tokio::task::spawn_blocking(move || -> Result<(Executor, Catalog)> {
+        let executor = Executor::new(&config)?;
+        let catalog = Catalog::load(&plugins, &executor, &cache)?;
+        Ok((executor, catalog))
+    })
+    .await
+    .context("plugin loading panicked")??;
+    for plugin in catalog.plugins() {
+        tracing::info!(plugin = %plugin.name, version = %plugin.version, classes = ?plugin.manifest.classes, "plugin loaded");
+    }
+    for broken in catalog.broken() {
+        tracing::error!("plugin refused: {}", broken.error);
+    }
+    if catalog.plugins().is_empty() {
+        tracing::warn!(dir = %options.plugins.display(), "no plugin loaded: every job will go to the dead set");
+    }
+    Ok((Arc::new(executor), Arc::new(catalog)))
+}
+
+/// Waits for SIGTERM/SIGINT or a Stop from the Web UI; SIGTSTP or Quiet
+/// from the Web UI only stop fetching.
+async fn wait_for_stop(
+    commands: &mut mpsc::Receiver<Command>,
+    quiet: &AtomicBool,
+    quiet_tx: &watch::Sender<bool>,
+) -> Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut tstp = signal(SignalKind::from_raw(20)).context("installing the SIGTSTP handler")?;
+    loop {
+        let go_quiet = tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
+            _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
+            _ = tstp.recv() => { tracing::info!("SIGTSTP: quiet"); true }
+            command = commands.recv() => match command {
+                Some(Command::Stop) => { tracing::info!("TERM from the Web UI"); return Ok(()) }
+                Some(Command::Quiet) => { tracing::info!("TSTP from the Web UI: quiet"); true }
+                None => return Ok(()),
+            },
+        };
+        if go_quiet {
+            quiet.store(true, Ordering::Relaxed);
+            let _ = quiet_tx.send(true);
+        }
+    }
+}
+
+/// Takes jobs while there are free slots, until told to go quiet. Returns
+/// jobs it took but did not start (to be requeued).
+async fn fetch_loop(fetcher: Fetcher, manager: Arc<Manager>, mut quiet: watch::Receiver<bool>) -> Vec<Fetched> {
+    let (found_tx, mut found) = mpsc::channel(64);
+    let (armed_tx, armed_rx) = watch::channel(false);
+    let waiters = fetcher.spawn_waiters(armed_rx, found_tx);
+    let mut leftovers = Vec::new();
+    let mut backoff = Duration::from_millis(50);
+    'fetching: loop {
+        if *quiet.borrow() {
+            break;
+        }
+        let permits = tokio::select! {
+            permits = manager.slots(MAX_BATCH) => permits,
+            _ = quiet.wait_for(|&q| q) => break,
+        };
+        let mut permits = permits.into_iter();
+        // Jobs the blocking waiters found go first.
+        while let Ok(job) = found.try_recv() {
+            match permits.next() {
+                Some(permit) => leftovers.extend(manager.start(job, permit)),
+                None => {
+                    leftovers.push(job);
+                    continue 'fetching;
+                }
+            }
+        }
+        let mut permits: Vec<_> = permits.collect();
+        if permits.is_empty() {
+            continue;
+        }
+        let jobs = match fetcher.fetch(permits.len()).await {
+            Ok(jobs) => {
+                backoff = Duration::from_millis(50);
+                jobs
+            }
+            Err(err) => {
+                tracing::warn!("{err:#}; retrying in {backoff:?}");
+                drop(permits);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    _ = quiet.wait_for(|&q| q) => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if jobs.is_empty() {
+            // Every queue is empty: wait in Redis, holding one slot.
+            permits.truncate(1);
+            let _ = armed_tx.send(true);
+            let job = tokio::select! {
+                job = found.recv() => job,
+                _ = quiet.wait_for(|&q| q) => None,
+            };
+            let _ = armed_tx.send(false);
+            match (job, permits.pop()) {
+                (Some(job), Some(permit)) => leftovers.extend(manager.start(job, permit)),
+                (Some(job), None) => leftovers.push(job),
+                (None, _) => {}
+            }
+            continue;
+        }
+        for (job, permit) in jobs.into_iter().zip(permits) {
+            leftovers.extend(manager.start(job, permit));
+        }
+    }
+    let _ = armed_tx.send(false);
+    found.close();
+    waiters.stop().await;
+    while let Some(job) = found.recv().await {
+        leftovers.push(job);
+    }
+    leftovers
+}
+
+/// Pushes jobs back to the front of their queues at shutdown: the ones
+/// given, and (reliable) anything else still in our in-progress list.
+async fn requeue(redis: &Redis, mode: FetchMode, inprogress: &str, jobs: Vec<Fetched>) -> u64 {
+    let requeuer = Requeuer::default();
+    let mut requeued = 0;
+    let mut jobs = jobs;
+    if mode == FetchMode::Reliable {
+        let rest: Result<Vec<String>, _> = ::redis::cmd("LRANGE")
+            .arg(inprogress)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut redis.conn())
+            .await;
+        match rest {
+            Ok(rest) => {
+                for raw in rest {
+                    if !jobs.iter().any(|j| j.raw == raw) {
+                        let queue = Payload::parse(&raw)
+                            .map(|p| p.queue().to_owned())
+                            .unwrap_or_else(|_| "default".into());
+                        jobs.push(Fetched { raw, queue });
+                    }
+                }
+            }
+            Err(err) => tracing::error!("cannot read {inprogress}: {err:#}; its jobs will be recovered later"),
+        }
+    }
+    for job in jobs {
+        let result = match mode {
+            FetchMode::Reliable => {
+                requeuer
+                    .requeue(redis, inprogress, &job.raw, &job.queue, &job.raw)
+                    .await
+            }
+            FetchMode::Basic => ::redis::cmd("RPUSH")
+                .arg(keys::queue(&job.queue))
+                .arg(&job.raw)
+                .query_async::<()>(&mut redis.conn())
+                .await
+                .map(|()| true)
+                .map_err(anyhow::Error::from),
+        };
+        match result {
+            Ok(true) => requeued += 1,
+            Ok(false) => {}
+            Err(err) => tracing::error!(queue = %job.queue, "cannot requeue a job: {err:#}"),
+        }
+    }
+    if requeued > 0 {
+        tracing::info!(jobs = requeued, "pushed unfinished jobs back to their queues");
+    }
+    requeued
+}

@@ -1,0 +1,210 @@
+//! The worker pool: at most `concurrency` jobs in flight, each a task.
+//!
+//! A job needs a slot (a semaphore permit) before it starts; the fetch loop
+//! takes slots first and fetches only as many jobs as it holds slots for, so
+//! jobs never pile up in memory. The manager remembers what is in flight
+//! (for the heartbeat's `:work` hash and for shutdown, when jobs still
+//! running at the deadline are stopped and handed back for requeueing).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+
+use super::fetch::Fetched;
+
+/// How long the fetch loop may wait to gather a batch of free slots.
+pub const LINGER: Duration = Duration::from_millis(1);
+use super::outcome::{Completion, CompletionSender};
+use super::processor;
+use crate::plugin::Catalog;
+use crate::redis::now_f64;
+use crate::sandbox::Executor;
+
+/// A job being worked on.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    /// The job as fetched.
+    pub job: Fetched,
+    /// When it started (epoch seconds).
+    pub run_at: f64,
+}
+
+struct Entry {
+    info: InFlight,
+    abort: Option<AbortHandle>,
+}
+
+/// The worker pool.
+pub struct Manager {
+    executor: Arc<Executor>,
+    catalog: Arc<Catalog>,
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    completions: Mutex<Option<CompletionSender>>,
+    inflight: Mutex<HashMap<u64, Entry>>,
+    next_id: AtomicU64,
+}
+
+impl Manager {
+    /// A pool of `concurrency` slots running `catalog`'s plugins.
+    pub fn new(
+        executor: Arc<Executor>,
+        catalog: Arc<Catalog>,
+        concurrency: u32,
+        completions: CompletionSender,
+    ) -> Arc<Self> {
+        let concurrency = concurrency.max(1) as usize;
+        Arc::new(Self {
+            executor,
+            catalog,
+            slots: Arc::new(Semaphore::new(concurrency)),
+            concurrency,
+            completions: Mutex::new(Some(completions)),
+            inflight: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The configured concurrency.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    /// Waits for free slots and takes up to `max` of them.
+    ///
+    /// Under load, slots free up one at a time; fetching as soon as one is
+    /// free would cost a Redis round trip per job. So once one slot is free,
+    /// this waits up to [`LINGER`] for a batch's worth (an eighth of the
+    /// concurrency, capped by `max`) before taking whatever is free. An idle
+    /// pool has every slot free and returns at once.
+    pub async fn slots(&self, max: usize) -> Vec<OwnedSemaphorePermit> {
+        let mut permits = Vec::new();
+        let Ok(first) = self.slots.clone().acquire_owned().await else {
+            return permits;
+        };
+        permits.push(first);
+        self.take_free(&mut permits, max);
+        let batch = (self.concurrency / 8).clamp(1, max);
+        let held: usize = permits.iter().map(|p| p.num_permits()).sum();
+        if held < batch {
+            let more = (batch - held) as u32;
+            if let Ok(Ok(group)) = tokio::time::timeout(LINGER, self.slots.clone().acquire_many_owned(more)).await {
+                permits.push(group);
+            }
+            self.take_free(&mut permits, max);
+        }
+        // One permit per job.
+        let mut single = Vec::with_capacity(permits.iter().map(|p| p.num_permits()).sum());
+        for mut group in permits {
+            while group.num_permits() > 1 {
+                match group.split(1) {
+                    Some(one) => single.push(one),
+                    None => break,
+                }
+            }
+            single.push(group);
+        }
+        single
+    }
+
+    fn take_free(&self, permits: &mut Vec<OwnedSemaphorePermit>, max: usize) {
+        let held: usize = permits.iter().map(|p| p.num_permits()).sum();
+        let free = self.slots.available_permits().min(max.saturating_sub(held));
+        if free > 0
+            && let Ok(group) = self.slots.clone().try_acquire_many_owned(free as u32)
+        {
+            permits.push(group);
+        }
+    }
+
+    /// Starts `job` in the slot `permit`. After [`Manager::close`] the job
+    /// is not started and is returned, for requeueing.
+    pub fn start(self: &Arc<Self>, job: Fetched, permit: OwnedSemaphorePermit) -> Option<Fetched> {
+        let completions = self.completions.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(completions) = completions else {
+            return Some(job);
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.entries().insert(
+            id,
+            Entry {
+                info: InFlight {
+                    job: job.clone(),
+                    run_at: now_f64(),
+                },
+                abort: None,
+            },
+        );
+        let manager = self.clone();
+        let handle = tokio::spawn(async move {
+            let write = processor::process(&manager.executor, &manager.catalog, &job).await;
+            // Hand the result over before leaving the in-flight table: if the
+            // task is stopped at shutdown before this send completes, the job
+            // is still listed and gets requeued.
+            if completions.send(Completion { raw: job.raw, write }).await.is_err() {
+                tracing::error!("the outcome writer is gone; the job stays in the in-progress list");
+            }
+            manager.entries().remove(&id);
+            drop(permit);
+        });
+        if let Some(entry) = self.entries().get_mut(&id) {
+            entry.abort = Some(handle.abort_handle());
+        }
+        None
+    }
+
+    /// Stops accepting jobs and lets go of the outcome writer, which ends
+    /// once the jobs still running have handed over their results.
+    pub fn close(&self) {
+        self.completions.lock().unwrap_or_else(PoisonError::into_inner).take();
+    }
+
+    /// Jobs in flight now.
+    pub fn busy(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// What is in flight, keyed by a per-job id (Sidekiq's "tid").
+    pub fn snapshot(&self) -> Vec<(String, InFlight)> {
+        self.entries()
+            .iter()
+            .map(|(id, e)| (format!("{id:x}"), e.info.clone()))
+            .collect()
+    }
+
+    /// Waits until nothing is in flight, or `timeout` passes. Returns whether
+    /// everything finished.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.busy() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops every job still running and returns them, for requeueing.
+    pub fn abort_all(&self) -> Vec<Fetched> {
+        let mut entries = self.entries();
+        let mut jobs = Vec::with_capacity(entries.len());
+        for (_, entry) in entries.drain() {
+            if let Some(abort) = entry.abort {
+                abort.abort();
+            }
+            jobs.push(entry.info.job);
+        }
+        jobs
+    }
+}

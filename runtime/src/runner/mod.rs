@@ -1,0 +1,69 @@
+//! The job engine behind `wasmjobs run`, one small module per role in a
+//! job's life (after Sidekiq's `lib/sidekiq/`):
+//!
+//! | module | role |
+//! |---|---|
+//! | [`launcher`] | start and stop: connect, load plugins, start every loop below, shut down gracefully |
+//! | [`fetch`] | take jobs from the queues: reliable (moved into a per-process in-progress list) or basic (popped) |
+//! | [`manager`] | the worker pool: concurrency slots, jobs in flight, hand-over at shutdown |
+//! | [`processor`] | one job: parse the payload, dispatch to its plugin, run it in the sandbox |
+//! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
+//! | [`outcome`] | write results back in batches: ack, retry, dead, counters |
+//! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
+//! | [`orphans`] | recover the in-progress lists of processes that died |
+//! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
+//!
+//! A job's path: `fetch` → `manager` (slot) → `processor` → sandbox →
+//! `job_retry` → `outcome` (ack / retry / dead).
+
+pub mod fetch;
+pub mod heartbeat;
+pub mod job_retry;
+pub mod launcher;
+pub mod manager;
+pub mod orphans;
+pub mod outcome;
+pub mod processor;
+pub mod queues;
+pub mod scheduled;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use fetch::FetchMode;
+pub use launcher::{RunSummary, run};
+pub use queues::Queues;
+
+use crate::redis::Target;
+use crate::sandbox::Limits;
+
+/// Everything `wasmjobs run` can be told.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Where Redis is.
+    pub redis: Target,
+    /// The plugins directory.
+    pub plugins: PathBuf,
+    /// The data directory (compilation cache, embedded Redis).
+    pub data_dir: PathBuf,
+    /// Compile every component instead of using the cache.
+    pub no_cache: bool,
+    /// Queues to fetch from, and in what order.
+    pub queues: Queues,
+    /// Most jobs in flight at once.
+    pub concurrency: u32,
+    /// How long a graceful shutdown waits for jobs in flight.
+    pub shutdown_timeout: Duration,
+    /// At-least-once (reliable) or at-most-once (basic) fetch.
+    pub fetch: FetchMode,
+    /// A label shown in the heartbeat and the Web UI.
+    pub tag: String,
+    /// Per-job limits (memory, wall-clock).
+    pub limits: Limits,
+    /// Average seconds between scheduled/retry polls (scaled by the number
+    /// of processes, as Sidekiq does).
+    pub poll_interval: Duration,
+    /// A job found in the in-progress list of a dead process more than this
+    /// many times is a poison pill and goes to the dead set.
+    pub max_recoveries: u64,
+}

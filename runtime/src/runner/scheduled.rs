@@ -1,0 +1,153 @@
+//! The poller: moves due jobs from `schedule` and `retry` to their queues.
+//!
+//! Each move is one Lua call (`ZREM` then `LPUSH`), so when several processes
+//! poll at once a job is enqueued exactly once: whoever removes it pushes it.
+//! As in Sidekiq, the pause between polls is random around
+//! `poll_interval × live processes`, so a cluster polls about once per
+//! `poll_interval` in total and processes do not stampede. The moved job gets
+//! a fresh `enqueued_at` (in its own time style); everything else is kept.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use rand::Rng;
+use redis::Script;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::redis::payload::{self, Payload};
+use crate::redis::{Redis, keys, now_f64};
+
+/// Jobs taken per `ZRANGEBYSCORE` round.
+const BATCH: isize = 100;
+
+/// Moves ARGV[1] from the set KEYS[1] to the list KEYS[2] as ARGV[2], and
+/// adds ARGV[3] to the queue set KEYS[3], if it is still in the set.
+const ENQUEUE_LUA: &str = r#"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('LPUSH', KEYS[2], ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// Moves ARGV[1] from the set KEYS[1] to the dead set KEYS[2] as ARGV[2].
+const BURY_LUA: &str = r#"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// The scheduled-job poller.
+pub struct Poller {
+    redis: Redis,
+    average: Duration,
+    enqueue: Script,
+    bury: Script,
+}
+
+impl Poller {
+    /// A poller whose average pause per process is `average`.
+    pub fn new(redis: Redis, average: Duration) -> Self {
+        Self {
+            redis,
+            average,
+            enqueue: Script::new(ENQUEUE_LUA),
+            bury: Script::new(BURY_LUA),
+        }
+    }
+
+    /// Polls until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        // A random first wait spreads processes started together.
+        let mut pause = self.average.mul_f64(rand::rng().random_range(0.0..1.0));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = stop.wait_for(|&s| s) => return,
+            }
+            if let Err(err) = self.enqueue_due().await {
+                tracing::warn!("scheduled poller: {err:#}");
+            }
+            pause = self.next_pause().await;
+        }
+    }
+
+    async fn next_pause(&self) -> Duration {
+        let processes: u64 = redis::cmd("SCARD")
+            .arg(keys::PROCESSES)
+            .query_async(&mut self.redis.conn())
+            .await
+            .unwrap_or(1);
+        let average = self.average.mul_f64(processes.max(1) as f64);
+        average.mul_f64(rand::rng().random_range(0.5..1.5))
+    }
+
+    /// Moves every due job of `schedule` and `retry`; returns how many moved.
+    pub async fn enqueue_due(&self) -> Result<usize> {
+        let mut moved = 0;
+        for set in [keys::SCHEDULE, keys::RETRY] {
+            loop {
+                let now = now_f64();
+                let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                    .arg(set)
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(BATCH)
+                    .query_async(&mut self.redis.conn())
+                    .await
+                    .with_context(|| format!("reading due jobs from {set}"))?;
+                for member in &due {
+                    moved += self.move_one(set, member, now).await? as usize;
+                }
+                if (due.len() as isize) < BATCH {
+                    break;
+                }
+            }
+        }
+        if moved > 0 {
+            tracing::debug!(moved, "enqueued due scheduled/retry jobs");
+        }
+        Ok(moved)
+    }
+
+    async fn move_one(&self, set: &str, member: &str, now: f64) -> Result<bool> {
+        let mut conn = self.redis.conn();
+        let moved: i64 = match Payload::parse(member) {
+            Ok(mut job) => {
+                job.set_time("enqueued_at", now);
+                let queue = job.queue().to_owned();
+                self.enqueue
+                    .key(set)
+                    .key(keys::queue(&queue))
+                    .key(keys::QUEUES)
+                    .arg(member)
+                    .arg(job.to_json())
+                    .arg(&queue)
+                    .invoke_async(&mut conn)
+                    .await
+                    .context("enqueueing a due job")?
+            }
+            Err(error) => {
+                tracing::warn!(set, "malformed job sent to the dead set: {error}");
+                let mut dead = payload::malformed(member, &error, "default", now);
+                dead.set("error_class", Value::String("wasmjobs::MalformedPayload".into()));
+                self.bury
+                    .key(set)
+                    .key(keys::DEAD)
+                    .arg(member)
+                    .arg(dead.to_json())
+                    .arg(now)
+                    .invoke_async(&mut conn)
+                    .await
+                    .context("burying a malformed job")?
+            }
+        };
+        Ok(moved == 1)
+    }
+}

@@ -1,0 +1,179 @@
+//! Running `wasmjobs run` as a separate process, as users do, against a
+//! real Redis: start it, wait until it is registered, stop it gracefully
+//! or `kill -9` it, and read its log.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::Value;
+use wasmjobs::redis::client;
+use wasmjobs::redis::payload::Payload;
+
+/// The wasmjobs binary built for these tests (the `wasmjobs-under-test`
+/// bin target of this package, i.e. `runtime/src/main.rs`), found next to
+/// the test executable in `target/<profile>/`.
+pub fn wasmjobs_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests run from target/<profile>/deps");
+    profile.join("wasmjobs-under-test")
+}
+
+/// A `wasmjobs run` process.
+pub struct Runner {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Runner {
+    /// Starts `wasmjobs run --redis URL --plugins DIR` plus `extra` flags.
+    pub fn start(redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("runner.log");
+        let data_dir = crate::repo_root().join("target/wasmjobs-test-data");
+        let child = Command::new(wasmjobs_bin())
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["run", "--redis", redis_url, "--plugins"])
+            .arg(plugins)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start wasmjobs run");
+        Runner { child, log, _dir: dir }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the runner has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the runner logs "running" (plugins loaded, heartbeat written).
+    pub fn wait_running(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.log().contains(" running") {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("wasmjobs run exited early ({status}):\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "wasmjobs run did not start:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` (e.g. "TERM", "KILL", "TSTP").
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit (at most `timeout`).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "wasmjobs run did not exit in {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.signal("TERM");
+        self.wait(Duration::from_secs(60))
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pushes one job per args array onto `queue`, Sidekiq-style; returns the jids.
+pub async fn push(
+    conn: &mut redis::aio::MultiplexedConnection,
+    class: &str,
+    queue: &str,
+    args: Vec<Value>,
+) -> Vec<String> {
+    let now = wasmjobs::redis::now_f64();
+    let mut payloads: Vec<Payload> = args
+        .into_iter()
+        .map(|a| Payload::new(class, a.as_array().cloned().unwrap_or_default(), queue, now))
+        .collect();
+    client::push_bulk(conn, &mut payloads).await.expect("push jobs");
+    payloads.iter().map(|p| p.jid().to_owned()).collect()
+}
+
+/// Reads an integer key (0 if missing).
+pub async fn int(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    conn.get::<_, Option<u64>>(key).await.expect("GET").unwrap_or(0)
+}
+
+/// Waits until `stat:processed` reaches `n` (panics with the runner's log after `timeout`).
+pub async fn wait_processed(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: u64,
+    timeout: Duration,
+    runner_log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let processed = int(conn, "stat:processed").await;
+        if processed >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {processed} of {n} jobs processed in {timeout:?}:\n{}",
+            runner_log()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Members of a sorted set, parsed.
+pub async fn zset(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<Payload> {
+    let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("ZRANGE");
+    members
+        .iter()
+        .map(|m| Payload::parse(m).expect("valid payload in set"))
+        .collect()
+}
+
+/// A private plugins directory holding copies of the named example plugins
+/// and test guests (so a test has its own `data/` directories).
+pub fn plugins(examples: &[&str], test_guests: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in examples {
+        crate::copy_plugin(&crate::plugins_dir().join(name), dir.path());
+    }
+    for name in test_guests {
+        crate::copy_plugin(&crate::test_guests_dir().join(name), dir.path());
+    }
+    dir
+}

@@ -1,0 +1,455 @@
+//! `wasmjobs enqueue` and `wasmjobs stats`, run as a user would, against a
+//! real `redis-server` (one per test), the embedded one, and Sidekiq's own
+//! Ruby client and API on the other side of the same Redis.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use wasmjobs_e2e::redis_server::TestRedis;
+
+/// The `wasmjobs` binary under test.
+///
+/// Cargo builds a package's binaries (fresh, in the same profile) for its
+/// own integration tests only, so this package has the `wasmjobs-under-test`
+/// bin target: `runtime/src/main.rs` again. It sits next to this test's
+/// executable (`target/<profile>/`, above `deps/`), and cargo hands us its
+/// path.
+const WASMJOBS: &str = env!("CARGO_BIN_EXE_wasmjobs-under-test");
+
+/// `wasmjobs ARGS` with a private data dir and no Redis settings from the
+/// environment.
+fn wasmjobs(data_dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(WASMJOBS);
+    command
+        .env_remove("REDIS_URL")
+        .env_remove("WASMJOBS_DATA_DIR")
+        .env_remove("RUST_LOG")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args);
+    command
+}
+
+/// Runs `command` and asserts success.
+fn ok(mut command: Command) -> Output {
+    let output = command.output().expect("run wasmjobs");
+    assert!(output.status.success(), "{command:?} failed: {}", text(&output));
+    output
+}
+
+/// Runs `command` and asserts exit status 2 (usage or setup error).
+fn fails(mut command: Command) -> String {
+    let output = command.output().expect("run wasmjobs");
+    assert_eq!(output.status.code(), Some(2), "{command:?}: {}", text(&output));
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `wasmjobs enqueue --redis URL ARGS`.
+fn enqueue(redis: &TestRedis, args: &[&str]) -> Command {
+    let data = std::env::temp_dir();
+    let mut command = wasmjobs(&data, &["enqueue", "--redis", &redis.url()]);
+    command.args(args);
+    command
+}
+
+/// `wasmjobs stats --json` against `url`, parsed.
+fn stats_json(url: &str) -> Value {
+    let output = ok(wasmjobs(&std::env::temp_dir(), &["stats", "--json", "--redis", url]));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", text(&output)))
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+}
+
+async fn query<T: redis::FromRedisValue>(redis: &TestRedis, command: &mut redis::Cmd) -> T {
+    let mut conn = redis.conn().await;
+    command.query_async(&mut conn).await.expect("redis command")
+}
+
+/// Runs Ruby with Sidekiq loaded and configured for `url`; returns stdout.
+fn ruby(url: &str, script: &str) -> String {
+    let prelude = r#"require "sidekiq"; require "sidekiq/api"; Sidekiq.configure_client { |c| c.redis = { url: ENV["REDIS_URL"] } }; "#;
+    let output = Command::new("ruby")
+        .env("REDIS_URL", url)
+        .arg("-e")
+        .arg(format!("{prelude}{script}"))
+        .output()
+        .expect("ruby is not installed: apt-get install ruby-sidekiq");
+    assert!(output.status.success(), "ruby failed: {}", text(&output));
+    stdout(&output).trim().to_owned()
+}
+
+#[tokio::test]
+async fn enqueue_writes_sidekiqs_layout() {
+    let redis = TestRedis::start();
+    let before = now();
+    let output = ok(enqueue(
+        &redis,
+        &["--queue", "critical", "EchoJob", r#"[1, "two", {"k": null}]"#],
+    ));
+    let line = stdout(&output);
+    assert!(
+        line.starts_with("enqueued job EchoJob on queue critical (jid "),
+        "{line}"
+    );
+
+    let queues: Vec<String> = query(&redis, redis::cmd("SMEMBERS").arg("queues")).await;
+    assert_eq!(queues, ["critical"]);
+    let jobs: Vec<String> = query(&redis, redis::cmd("LRANGE").arg("queue:critical").arg(0).arg(-1)).await;
+    assert_eq!(jobs.len(), 1);
+    let job: Value = serde_json::from_str(&jobs[0]).expect("payload is JSON");
+    assert_eq!(job["class"], "EchoJob");
+    assert_eq!(job["args"], serde_json::json!([1, "two", {"k": null}]));
+    assert_eq!(job["queue"], "critical");
+    assert_eq!(job["retry"], true);
+    let jid = job["jid"].as_str().expect("jid");
+    assert_eq!(jid.len(), 24);
+    assert!(line.contains(jid), "{line}");
+    let created = job["created_at"].as_f64().expect("created_at in float seconds");
+    let enqueued = job["enqueued_at"].as_f64().expect("enqueued_at in float seconds");
+    assert!(
+        created >= before - 1.0 && created <= enqueued && enqueued <= now() + 1.0,
+        "{job}"
+    );
+
+    ok(enqueue(&redis, &["--retry", "3", "X"]));
+    ok(enqueue(&redis, &["--retry", "false", "X"]));
+    let jobs: Vec<String> = query(&redis, redis::cmd("LRANGE").arg("queue:default").arg(0).arg(-1)).await;
+    let retries: Vec<Value> = jobs
+        .iter()
+        .map(|j| serde_json::from_str::<Value>(j).expect("JSON")["retry"].clone())
+        .collect();
+    assert_eq!(retries, [Value::Bool(false), Value::from(3)], "newest first");
+}
+
+#[tokio::test]
+async fn enqueue_count_pushes_distinct_jids_fast() {
+    let redis = TestRedis::start();
+    let started = Instant::now();
+    let output = ok(enqueue(&redis, &["--count", "10000", "NoopJob", "[7]"]));
+    let took = started.elapsed();
+    eprintln!("enqueue --count 10000 took {took:?} (process start included)");
+    assert_eq!(stdout(&output).trim(), "enqueued 10000 jobs NoopJob on queue default");
+    let jobs: Vec<String> = query(&redis, redis::cmd("LRANGE").arg("queue:default").arg(0).arg(-1)).await;
+    assert_eq!(jobs.len(), 10_000);
+    let jids: HashSet<String> = jobs
+        .iter()
+        .map(|j| {
+            serde_json::from_str::<Value>(j).expect("JSON")["jid"]
+                .as_str()
+                .expect("jid")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(jids.len(), 10_000, "jids must be distinct");
+}
+
+#[tokio::test]
+async fn enqueue_in_and_at_schedule_the_job() {
+    let redis = TestRedis::start();
+    let before = now();
+    let line = stdout(&ok(enqueue(&redis, &["--in", "60", "LaterJob"])));
+    assert!(
+        line.starts_with("scheduled job LaterJob on queue default for "),
+        "{line}"
+    );
+    let scheduled: Vec<(String, f64)> = query(
+        &redis,
+        redis::cmd("ZRANGE").arg("schedule").arg(0).arg(-1).arg("WITHSCORES"),
+    )
+    .await;
+    assert_eq!(scheduled.len(), 1);
+    let (payload, score) = &scheduled[0];
+    assert!(
+        (score - (before + 60.0)).abs() < 5.0,
+        "score {score}, expected about {}",
+        before + 60.0
+    );
+    let job: Value = serde_json::from_str(payload).expect("JSON");
+    assert_eq!(job["class"], "LaterJob");
+    assert!(
+        job.get("enqueued_at").is_none(),
+        "a scheduled job is not enqueued yet: {job}"
+    );
+    let queued: u64 = query(&redis, redis::cmd("LLEN").arg("queue:default")).await;
+    assert_eq!(queued, 0);
+
+    ok(enqueue(
+        &redis,
+        &["--at", "2099-01-01T00:00:00Z", "--count", "3", "AtJob"],
+    ));
+    ok(enqueue(&redis, &["--at", "4102444800.5", "EpochJob"]));
+    let at: Vec<(String, f64)> = query(
+        &redis,
+        redis::cmd("ZRANGEBYSCORE")
+            .arg("schedule")
+            .arg(4_070_908_800u64)
+            .arg("+inf")
+            .arg("WITHSCORES"),
+    )
+    .await;
+    let scores: Vec<f64> = at.iter().map(|(_, score)| *score).collect();
+    assert_eq!(
+        scores,
+        [4_070_908_800.0, 4_070_908_800.0, 4_070_908_800.0, 4_102_444_800.5]
+    );
+
+    // A time in the past enqueues now, as Sidekiq's client does.
+    ok(enqueue(&redis, &["--at", "2001-01-01T00:00:00Z", "PastJob"]));
+    let queued: u64 = query(&redis, redis::cmd("LLEN").arg("queue:default")).await;
+    assert_eq!(queued, 1);
+
+    let err = fails(enqueue(&redis, &["--in", "5", "--at", "2099-01-01T00:00:00Z", "X"]));
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = fails(enqueue(&redis, &["--at", "next tuesday", "X"]));
+    assert!(err.contains("RFC 3339"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_args_json_is_a_clear_error() {
+    let redis = TestRedis::start();
+    let err = fails(enqueue(&redis, &["X", r#"{"a": 1}"#]));
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("job args must be a JSON array"), "{err}");
+    let err = fails(enqueue(&redis, &["X", "[1,"]));
+    assert!(err.contains("job args are not valid JSON"), "{err}");
+    let err = fails(enqueue(&redis, &["--count", "0", "X"]));
+    assert!(err.contains("--count"), "{err}");
+    let keys: Vec<String> = query(&redis, redis::cmd("KEYS").arg("*")).await;
+    assert!(keys.is_empty(), "nothing may be pushed: {keys:?}");
+}
+
+#[tokio::test]
+async fn stats_agree_with_redis_and_prune_dead_processes() {
+    let mut redis = TestRedis::start();
+    ok(enqueue(&redis, &["--count", "3", "A"]));
+    ok(enqueue(&redis, &["--count", "2", "--queue", "critical", "B"]));
+    ok(enqueue(&redis, &["--in", "100", "C"]));
+    let now = now();
+    // A Sidekiq 8 job (millisecond timestamps) waiting for 100 s.
+    let old = format!(
+        r#"{{"class":"D","args":[],"jid":"0123456789abcdef01234567","queue":"ms","created_at":{ms},"enqueued_at":{ms}}}"#,
+        ms = ((now - 100.0) * 1000.0) as u64
+    );
+    let info = r#"{"hostname":"box","started_at":1764500000.5,"pid":4242,"tag":"app","concurrency":10,"queues":["default","critical"],"identity":"box:4242:abc","version":"6.4.1"}"#;
+    let mut conn = redis.conn().await;
+    let () = redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("ms")
+        .ignore()
+        .cmd("LPUSH")
+        .arg("queue:ms")
+        .arg(&old)
+        .ignore()
+        .cmd("ZADD")
+        .arg("retry")
+        .arg(now + 30.0)
+        .arg(r#"{"class":"R","args":[],"jid":"r1"}"#)
+        .ignore()
+        .cmd("ZADD")
+        .arg("retry")
+        .arg(now + 60.0)
+        .arg(r#"{"class":"R","args":[],"jid":"r2"}"#)
+        .ignore()
+        .cmd("ZADD")
+        .arg("dead")
+        .arg(now)
+        .arg(r#"{"class":"Z","args":[],"jid":"d1"}"#)
+        .ignore()
+        .cmd("SET")
+        .arg("stat:processed")
+        .arg(100)
+        .ignore()
+        .cmd("SET")
+        .arg("stat:failed")
+        .arg(7)
+        .ignore()
+        .cmd("SET")
+        .arg("wasmjobs:stat:discarded")
+        .arg(3)
+        .ignore()
+        .cmd("SADD")
+        .arg("processes")
+        .arg("box:4242:abc")
+        .arg("box:9:gone")
+        .ignore()
+        .cmd("HSET")
+        .arg("box:4242:abc")
+        .arg("info")
+        .arg(info)
+        .arg("busy")
+        .arg(2)
+        .arg("beat")
+        .arg(now)
+        .arg("quiet")
+        .arg("false")
+        .arg("rss")
+        .arg(51_200)
+        .arg("rtt_us")
+        .arg(87)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("seed redis");
+
+    let stats = stats_json(&redis.url());
+    assert_eq!(stats["processed"], 100);
+    assert_eq!(stats["failed"], 7);
+    assert_eq!(stats["discarded"], 3);
+    assert_eq!(stats["scheduled"], 1);
+    assert_eq!(stats["retries"], 2);
+    assert_eq!(stats["dead"], 1);
+    assert_eq!(stats["enqueued"], 6);
+    let queues: Vec<(String, u64, f64)> = stats["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .map(|q| {
+            (
+                q["name"].as_str().expect("name").to_owned(),
+                q["size"].as_u64().expect("size"),
+                q["latency_secs"].as_f64().expect("latency"),
+            )
+        })
+        .collect();
+    let names: Vec<&str> = queues.iter().map(|(name, _, _)| name.as_str()).collect();
+    assert_eq!(names, ["critical", "default", "ms"]);
+    assert_eq!((queues[0].1, queues[1].1, queues[2].1), (2, 3, 1));
+    assert!(queues[1].2 < 30.0, "{queues:?}");
+    assert!((queues[2].2 - 100.0).abs() < 30.0, "{queues:?}");
+
+    let processes = stats["processes"].as_array().expect("processes");
+    assert_eq!(processes.len(), 1, "{processes:?}");
+    let p = &processes[0];
+    assert_eq!(p["identity"], "box:4242:abc");
+    assert_eq!(
+        (p["pid"].as_u64(), p["busy"].as_u64(), p["concurrency"].as_u64()),
+        (Some(4242), Some(2), Some(10))
+    );
+    assert_eq!(
+        (p["tag"].as_str(), p["quiet"].as_bool(), p["rss_kb"].as_u64()),
+        (Some("app"), Some(false), Some(51_200))
+    );
+    assert_eq!(p["queues"], serde_json::json!(["default", "critical"]));
+    let members: Vec<String> = query(&redis, redis::cmd("SMEMBERS").arg("processes")).await;
+    assert_eq!(members, ["box:4242:abc"], "a process without a heartbeat is pruned");
+
+    let human = stdout(&ok(wasmjobs(
+        &std::env::temp_dir(),
+        &["stats", "--redis", &redis.url()],
+    )));
+    assert!(human.contains("processed 100   failed 7   discarded 3"), "{human}");
+    assert!(human.contains("enqueued 6   scheduled 1   retry 2   dead 1"), "{human}");
+    assert!(human.contains("box:4242:abc"), "{human}");
+
+    // The AOF keeps it all across a clean restart.
+    redis.restart();
+    let again = stats_json(&redis.url());
+    assert_eq!(
+        (again["enqueued"].as_u64(), again["retries"].as_u64()),
+        (Some(6), Some(2))
+    );
+}
+
+/// Whether any process's command line mentions `path`.
+fn process_mentions(path: &Path) -> bool {
+    let needle = path.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(Result::ok)
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .any(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(&needle))
+}
+
+#[test]
+fn the_embedded_server_keeps_jobs_between_commands_and_stops() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().join("data");
+    let socket = data_dir.join("redis/redis.sock");
+    for class in ["First", "Second"] {
+        let line = stdout(&ok(wasmjobs(&data_dir, &["enqueue", class])));
+        assert!(
+            line.starts_with(&format!("enqueued job {class} on queue default")),
+            "{line}"
+        );
+        assert!(!socket.exists(), "the server must stop after the last command");
+        assert!(
+            !process_mentions(&data_dir),
+            "a redis-server for {} still runs",
+            data_dir.display()
+        );
+    }
+    let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(stats["enqueued"], 2, "{stats}");
+    assert!(!socket.exists());
+    assert!(!process_mentions(&data_dir));
+    assert!(data_dir.join("redis/appendonlydir").is_dir());
+}
+
+#[test]
+fn a_missing_redis_server_gives_the_install_hint() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let empty_path = data.path().join("bin");
+    std::fs::create_dir(&empty_path).expect("empty PATH dir");
+    let mut command = wasmjobs(&data.path().join("data"), &["stats"]);
+    command.env("PATH", &empty_path);
+    let err = fails(command);
+    assert_eq!(
+        err.trim(),
+        "error: redis-server is not installed: install it (apt-get install redis-server) or pass --redis URL"
+    );
+}
+
+#[tokio::test]
+async fn stats_see_a_job_pushed_by_sidekiqs_ruby_client() {
+    let redis = TestRedis::start();
+    let jid = ruby(
+        &redis.url(),
+        r#"puts Sidekiq::Client.push("class" => "NoopJob", "args" => [1])"#,
+    );
+    assert_eq!(jid.lines().last().map(str::len), Some(24), "{jid}");
+    let stats = stats_json(&redis.url());
+    assert_eq!(stats["enqueued"], 1, "{stats}");
+    assert_eq!(stats["queues"][0]["name"], "default");
+    assert!(
+        stats["queues"][0]["latency_secs"]
+            .as_f64()
+            .is_some_and(|l| (0.0..30.0).contains(&l)),
+        "{stats}"
+    );
+}
+
+#[tokio::test]
+async fn sidekiqs_ruby_api_sees_what_wasmjobs_enqueued() {
+    let redis = TestRedis::start();
+    ok(enqueue(&redis, &["EchoJob", r#"["hi", 2]"#]));
+    ok(enqueue(&redis, &["--in", "600", "LaterJob"]));
+    let seen = ruby(
+        &redis.url(),
+        r#"q = Sidekiq::Queue.new("default"); j = q.first; puts [q.size, j.klass, j.args.inspect, q.latency < 30, Sidekiq::ScheduledSet.new.size, Sidekiq::Stats.new.enqueued].join("|")"#,
+    );
+    assert_eq!(seen.lines().last(), Some(r#"1|EchoJob|["hi", 2]|true|1|1"#), "{seen}");
+}

@@ -1,0 +1,412 @@
+//! `wasmjobs run` end to end: a real redis-server, the real binary, the
+//! repo's own components.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, int, plugins, push, wait_processed, zset};
+
+fn lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn counts(lines: &[String]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in lines {
+        *counts.entry(line.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_noops_and_a_mix_each_run_exactly_once() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "file-append", "fib", "echo"], &[]);
+    push(
+        &mut conn,
+        "NoopJob",
+        "default",
+        (0..10_000).map(|i| json!([i])).collect(),
+    )
+    .await;
+    push(
+        &mut conn,
+        "FileAppendJob",
+        "default",
+        (0..1_000).map(|i| json!(["mix.txt", i])).collect(),
+    )
+    .await;
+    push(&mut conn, "FibJob", "default", (0..20).map(|_| json!([15])).collect()).await;
+    push(
+        &mut conn,
+        "EchoJob",
+        "critical",
+        (0..50).map(|i| json!(["hello", i])).collect(),
+    )
+    .await;
+
+    let mut runner = Runner::start(
+        &redis.url(),
+        dir.path(),
+        &["--concurrency", "50", "--queues", "critical,default"],
+    );
+    wait_processed(&mut conn, 11_070, Duration::from_secs(120), || runner.log()).await;
+    assert!(runner.stop().success());
+
+    assert_eq!(int(&mut conn, "stat:processed").await, 11_070, "no job ran twice");
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    let appended = lines(&dir.path().join("file-append/data/mix.txt"));
+    assert_eq!(appended.len(), 1_000);
+    let ids = counts(&appended);
+    assert!(
+        (0..1_000).all(|i| ids.get(&i.to_string()) == Some(&1)),
+        "every FileAppendJob ran exactly once"
+    );
+    let left: u64 = conn.llen("queue:default").await.expect("LLEN");
+    assert_eq!(left, 0);
+    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    assert!(
+        owners.is_empty(),
+        "the in-progress list is gone after a clean stop: {owners:?}"
+    );
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert!(processes.is_empty(), "the heartbeat is removed on stop: {processes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_follow_the_retry_policy() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--poll-interval", "0.05"]);
+    runner.wait_running();
+
+    // Fails once, then succeeds on its first retry.
+    push(&mut conn, "ChaosJob", "default", vec![json!(["fail-times", 1])]).await;
+    wait_processed(&mut conn, 1, Duration::from_secs(20), || runner.log()).await;
+    let retries = zset(&mut conn, "retry").await;
+    assert_eq!(retries.len(), 1);
+    assert_eq!(retries[0].retry_count(), Some(0));
+    assert_eq!(retries[0].str("error_message"), Some("failing on purpose, attempt 1"));
+    assert!(retries[0].time("failed_at").is_some());
+    make_retries_due(&mut conn).await;
+    wait_processed(&mut conn, 2, Duration::from_secs(20), || runner.log()).await;
+    assert_eq!(int(&mut conn, "stat:failed").await, 1);
+    assert!(zset(&mut conn, "retry").await.is_empty());
+    assert!(zset(&mut conn, "dead").await.is_empty());
+
+    // Always fails, `retry: 2`: two retries, then the dead set, with the
+    // error fields and the client's own keys intact.
+    let raw = json!({"class": "ChaosJob", "args": ["retry", "still broken"], "jid": "0123456789abcdef01234567",
+        "queue": "default", "retry": 2, "created_at": 1_764_500_000.25, "enqueued_at": 1_764_500_000.5,
+        "my_trace": {"id": "t-1"}});
+    let _: () = conn.lpush("queue:default", raw.to_string()).await.expect("LPUSH");
+    for processed in 3..=5 {
+        wait_processed(&mut conn, processed, Duration::from_secs(20), || runner.log()).await;
+        make_retries_due(&mut conn).await;
+    }
+    let dead = zset(&mut conn, "dead").await;
+    assert_eq!(dead.len(), 1, "{}", runner.log());
+    let dead = &dead[0];
+    assert_eq!(dead.jid(), "0123456789abcdef01234567");
+    assert_eq!(dead.str("error_message"), Some("still broken"));
+    assert_eq!(dead.str("error_class"), Some("wasmjobs::Retry"));
+    assert_eq!(dead.retry_count(), Some(2));
+    assert!(dead.time("retried_at").is_some());
+    assert_eq!(dead.time("failed_at").map(|t| t > 1_764_500_000.0), Some(true));
+    assert_eq!(dead.get("my_trace"), Some(&json!({"id": "t-1"})));
+    assert_eq!(dead.time("created_at"), Some(1_764_500_000.25));
+
+    // `retry: false`: dropped after one failure, neither retried nor dead.
+    let raw = json!({"class": "ChaosJob", "args": ["retry", "x"], "queue": "default", "retry": false});
+    let _: () = conn.lpush("queue:default", raw.to_string()).await.expect("LPUSH");
+    wait_processed(&mut conn, 6, Duration::from_secs(20), || runner.log()).await;
+
+    // Discard: counted, gone. Dead: straight to the dead set.
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![json!(["discard", "not needed"]), json!(["dead", "hopeless"])],
+    )
+    .await;
+    wait_processed(&mut conn, 8, Duration::from_secs(20), || runner.log()).await;
+    assert_eq!(int(&mut conn, "wasmjobs:stat:discarded").await, 1);
+    let dead = zset(&mut conn, "dead").await;
+    assert!(dead.iter().any(|d| d.str("error_message") == Some("hopeless")));
+    assert_eq!(dead.len(), 2);
+    assert!(zset(&mut conn, "retry").await.is_empty());
+    assert_eq!(int(&mut conn, "stat:failed").await, 1 + 3 + 1 + 1);
+    assert!(runner.stop().success());
+}
+
+/// Moves every retry to "due now", as the clock would after the backoff.
+async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
+    let members: Vec<String> = conn.zrange("retry", 0, -1).await.expect("ZRANGE");
+    for member in members {
+        let _: () = conn.zadd("retry", member, 0).await.expect("ZADD");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_payloads_and_unknown_classes_go_to_the_dead_set_with_a_reason() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    for raw in [
+        "this is not json",
+        r#"{"class":"NoopJob"}"#,
+        r#"{"class":"NoSuchJob","args":[1],"keep":true}"#,
+        "[1,2]",
+    ] {
+        let _: () = conn.lpush("queue:default", raw).await.expect("LPUSH");
+    }
+    push(&mut conn, "NoopJob", "default", vec![json!([])]).await;
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    wait_processed(&mut conn, 5, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success());
+
+    let dead = zset(&mut conn, "dead").await;
+    assert_eq!(dead.len(), 4, "{dead:?}");
+    let message = |needle: &str| {
+        dead.iter()
+            .find_map(|d| d.str("error_message").filter(|m| m.contains(needle)).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no dead job mentions {needle:?}: {dead:?}"))
+    };
+    message("not valid JSON");
+    message("has no \"args\"");
+    message("not a JSON object");
+    message("no plugin serves job class \"NoSuchJob\"");
+    let wrapped = dead
+        .iter()
+        .find(|d| d.str("malformed_payload").is_some())
+        .expect("wrapped payload");
+    assert_eq!(wrapped.str("malformed_payload"), Some("this is not json"));
+    let unknown = dead
+        .iter()
+        .find(|d| d.class() == "NoSuchJob")
+        .expect("unknown class kept");
+    assert_eq!(unknown.get("keep"), Some(&Value::Bool(true)));
+    assert_eq!(int(&mut conn, "stat:processed").await, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_nothing_in_reliable_mode() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["file-append"], &[]);
+    let file = dir.path().join("file-append/data/crash.txt");
+    push(
+        &mut conn,
+        "FileAppendJob",
+        "default",
+        (0..20_000).map(|i| json!(["crash.txt", i])).collect(),
+    )
+    .await;
+
+    let mut first = Runner::start(&redis.url(), dir.path(), &["--concurrency", "50"]);
+    first.wait_running();
+    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    assert_eq!(owners.len(), 1);
+    while lines(&file).len() < 5_000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.signal("KILL");
+    first.wait(Duration::from_secs(10));
+    let in_flight: u64 = conn
+        .llen(format!("wasmjobs:inprogress:{}", owners[0]))
+        .await
+        .expect("LLEN");
+    let done_before = lines(&file).len();
+    assert!(done_before < 20_000, "the crash must happen mid-run");
+
+    let mut second = Runner::start(&redis.url(), dir.path(), &["--concurrency", "50"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let queued: u64 = conn.llen("queue:default").await.expect("LLEN");
+        let ids = counts(&lines(&file));
+        if queued == 0 && ids.len() == 20_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of 20000 ran:\n{}",
+            ids.len(),
+            second.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(second.stop().success());
+    let all = lines(&file);
+    let ids = counts(&all);
+    assert!(
+        (0..20_000).all(|i| ids.contains_key(&i.to_string())),
+        "every job ran at least once"
+    );
+    let duplicates = all.len() - ids.len();
+    assert!(
+        duplicates as u64 <= in_flight,
+        "{duplicates} duplicates but only {in_flight} jobs were in flight"
+    );
+    assert!(second.log().contains("recovered"), "{}", second.log());
+    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    assert!(owners.is_empty(), "{owners:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_requeues_jobs_still_running_at_the_deadline() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..10).map(|_| json!(["sleep", 20_000])).collect(),
+    )
+    .await;
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..5).map(|_| json!(["sleep", 100])).collect(),
+    )
+    .await;
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--concurrency", "20", "--timeout", "1"]);
+    runner.wait_running();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let status = runner.stop();
+    assert!(status.success(), "{status}: {}", runner.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let queued: Vec<String> = conn.lrange("queue:default", 0, -1).await.expect("LRANGE");
+    assert_eq!(
+        queued.len(),
+        10,
+        "the long jobs are back in their queue: {}",
+        runner.log()
+    );
+    assert!(queued.iter().all(|j| j.contains("20000")));
+    assert_eq!(int(&mut conn, "stat:processed").await, 5);
+    let keys: Vec<String> = conn.keys("wasmjobs:inprogress*").await.expect("KEYS");
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_run_loses_no_job() {
+    let mut redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let file = dir.path().join("chaos/data/restart.txt");
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..3_000)
+            .map(|i| json!(["slow-append", "restart.txt", i, 10]))
+            .collect(),
+    )
+    .await;
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--concurrency", "20"]);
+    runner.wait_running();
+    while lines(&file).len() < 300 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.restart();
+    let mut conn = redis.conn().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let queued: u64 = conn.llen("queue:default").await.unwrap_or(1);
+        if queued == 0 && counts(&lines(&file)).len() == 3_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of 3000 ran:\n{}",
+            counts(&lines(&file)).len(),
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every outcome is recorded once Redis is back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let inprogress: Vec<String> = conn.keys("wasmjobs:inprogress:*").await.expect("KEYS");
+        let mut left = 0u64;
+        for key in &inprogress {
+            left += conn.llen::<_, u64>(key).await.expect("LLEN");
+        }
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} jobs still in progress:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+    let ids = counts(&lines(&file));
+    assert!((0..3_000).all(|i| ids.contains_key(&i.to_string())), "no job lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_thirty_thousand_jobs_exactly_once() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["file-append"], &[]);
+    let file = dir.path().join("file-append/data/shared.txt");
+    push(
+        &mut conn,
+        "FileAppendJob",
+        "default",
+        (0..30_000).map(|i| json!(["shared.txt", i])).collect(),
+    )
+    .await;
+    let mut runners: Vec<Runner> = (0..3)
+        .map(|i| {
+            Runner::start(
+                &redis.url(),
+                dir.path(),
+                &["--concurrency", "20", "--tag", &format!("node-{i}")],
+            )
+        })
+        .collect();
+    for runner in &mut runners {
+        runner.wait_running();
+    }
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert_eq!(processes.len(), 3);
+    let stats = std::process::Command::new(wasmjobs_e2e::runner::wasmjobs_bin())
+        .args(["stats", "--json", "--redis", &redis.url()])
+        .output()
+        .expect("wasmjobs stats");
+    let stats: Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["processes"].as_array().map(Vec::len), Some(3), "{stats}");
+
+    wait_processed(&mut conn, 30_000, Duration::from_secs(180), || {
+        runners.iter().map(Runner::log).collect()
+    })
+    .await;
+    for runner in &mut runners {
+        assert!(runner.stop().success());
+    }
+    let all = lines(&file);
+    assert_eq!(all.len(), 30_000);
+    assert_eq!(counts(&all).len(), 30_000, "each job ran exactly once");
+    assert_eq!(int(&mut conn, "stat:processed").await, 30_000);
+}
