@@ -22,9 +22,12 @@ pub enum LogFormat {
 /// is unset.
 pub fn init(format: LogFormat, default_filter: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    use std::io::IsTerminal;
+    // Colours only for a person at a terminal, not for log files and shippers.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let result = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),

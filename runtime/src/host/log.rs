@@ -1,8 +1,10 @@
 //! Guest logging: the `wasmjobs:job/log` import and the guest's stdout and
 //! stderr, routed into the host's `tracing` output.
 //!
-//! Every line is emitted inside the job's span, so it carries `jid`, `class`
-//! and the plugin version like any host log line. A [`LogSink`] is shared by
+//! Every line carries the job's `jid`, `class`, plugin and version as fields
+//! of its own (the job's `tracing` span is only enabled at debug level: at
+//! tens of thousands of jobs a second, formatting a span per job costs more
+//! than the sandbox does, and most jobs never log). A [`LogSink`] is shared by
 //! the import and the two stdio streams of one job; it can also capture the
 //! lines (for `wasmjobs exec` and tests) and keeps the tail of stderr, which
 //! is where a Rust guest's panic message goes, so a trap can be explained.
@@ -48,25 +50,45 @@ pub struct LogLine {
     pub message: String,
 }
 
+/// Which job a line belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobLabels {
+    /// The job id.
+    pub jid: String,
+    /// The job class.
+    pub class: String,
+    /// The plugin's name.
+    pub plugin: String,
+    /// The plugin's version id.
+    pub version: String,
+}
+
 /// The per-job destination of guest output.
 #[derive(Clone, Default)]
 pub struct LogSink(Arc<Mutex<SinkState>>);
 
 #[derive(Default)]
 struct SinkState {
+    labels: JobLabels,
     capture: Option<Vec<LogLine>>,
     captured_bytes: usize,
     stderr_tail: String,
 }
 
 impl LogSink {
-    /// A sink that only emits to `tracing`, or also captures lines.
-    pub fn new(capture: bool) -> Self {
-        let sink = Self::default();
-        if capture {
-            sink.lock().capture = Some(Vec::new());
-        }
-        sink
+    /// A sink for the job `labels` that emits to `tracing`, and also
+    /// captures lines if asked.
+    pub fn new(labels: JobLabels, capture: bool) -> Self {
+        Self(Arc::new(Mutex::new(SinkState {
+            labels,
+            capture: capture.then(Vec::new),
+            ..SinkState::default()
+        })))
+    }
+
+    /// The job's labels, for the host's own events about it.
+    pub fn labels(&self) -> JobLabels {
+        self.lock().labels.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SinkState> {
@@ -77,8 +99,8 @@ impl LogSink {
     /// Emits one line to `tracing` (in the current span) and captures it.
     pub fn record(&self, level: Level, source: Source, message: &str) {
         let message = truncate(message);
-        emit(level, source, &message);
         let mut state = self.lock();
+        emit(&state.labels, level, source, &message);
         if source == Source::Stderr {
             state.stderr_tail.push_str(&message);
             state.stderr_tail.push('\n');
@@ -148,18 +170,29 @@ fn truncate(message: &str) -> String {
     format!("{}… [{} bytes cut]", &message[..cut], message.len() - cut)
 }
 
-fn emit(level: Level, source: Source, message: &str) {
+fn emit(labels: &JobLabels, level: Level, source: Source, message: &str) {
     let source = match source {
         Source::Log => "log",
         Source::Stdout => "stdout",
         Source::Stderr => "stderr",
     };
+    let JobLabels {
+        jid,
+        class,
+        plugin,
+        version,
+    } = labels;
+    macro_rules! event {
+        ($level:expr) => {
+            tracing::event!(target: "wasmjobs::guest", $level, jid = %jid, class = %class, plugin = %plugin, version = %version, source, "{message}")
+        };
+    }
     match level {
-        Level::Trace => tracing::trace!(target: "wasmjobs::guest", source, "{message}"),
-        Level::Debug => tracing::debug!(target: "wasmjobs::guest", source, "{message}"),
-        Level::Info => tracing::info!(target: "wasmjobs::guest", source, "{message}"),
-        Level::Warn => tracing::warn!(target: "wasmjobs::guest", source, "{message}"),
-        Level::Error => tracing::error!(target: "wasmjobs::guest", source, "{message}"),
+        Level::Trace => event!(tracing::Level::TRACE),
+        Level::Debug => event!(tracing::Level::DEBUG),
+        Level::Info => event!(tracing::Level::INFO),
+        Level::Warn => event!(tracing::Level::WARN),
+        Level::Error => event!(tracing::Level::ERROR),
     }
 }
 
@@ -279,7 +312,7 @@ mod tests {
 
     #[test]
     fn sink_captures_lines_and_keeps_the_stderr_tail() {
-        let sink = LogSink::new(true);
+        let sink = LogSink::new(JobLabels::default(), true);
         sink.stream(Source::Stdout).write_bytes(b"one\ntwo\n");
         sink.record(Level::Error, Source::Log, "three");
         for i in 0..1000 {
@@ -304,7 +337,7 @@ mod tests {
 
     #[test]
     fn capture_is_bounded() {
-        let sink = LogSink::new(true);
+        let sink = LogSink::new(JobLabels::default(), true);
         let line = "y".repeat(MAX_LINE_BYTES);
         for _ in 0..(2 * MAX_CAPTURE_BYTES / MAX_LINE_BYTES) {
             sink.record(Level::Info, Source::Log, &line);

@@ -28,7 +28,7 @@ use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 use super::engine::{self, EngineConfig, Limits, TICK};
 use super::state::{JobState, mib};
 use crate::bindings::{PluginPre, WORLD};
-use crate::host::log::{LogLine, LogSink};
+use crate::host::log::{JobLabels, LogLine, LogSink};
 use crate::job::{Job, Outcome};
 use crate::plugin::Plugin;
 
@@ -105,7 +105,9 @@ impl Executor {
     /// Runs `job` on a fresh instance of `plugin`. Never fails: every
     /// problem is an [`Outcome`].
     pub async fn execute(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
-        let span = tracing::info_span!("job", jid = %job.jid, class = %job.class, plugin = %plugin.name, version = %plugin.version);
+        // Debug level: see the module docs of `host::log` for why every
+        // line carries the job's labels itself instead.
+        let span = tracing::debug_span!("job", jid = %job.jid, class = %job.class, plugin = %plugin.name, version = %plugin.version);
         self.execute_in_span(plugin, job, options).instrument(span).await
     }
 
@@ -113,7 +115,13 @@ impl Executor {
         let _slot = self.slots.acquire().await;
         let _running = self.ticker.enter();
         let started = Instant::now();
-        let sink = LogSink::new(options.capture_logs);
+        let labels = JobLabels {
+            jid: job.jid.clone(),
+            class: job.class.clone(),
+            plugin: plugin.name.clone(),
+            version: plugin.version.clone(),
+        };
+        let sink = LogSink::new(labels, options.capture_logs);
         let done = |outcome: Outcome, backtrace: Option<String>| Execution {
             outcome,
             duration: started.elapsed(),
