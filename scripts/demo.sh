@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Builds wasmjobs and the example plugins, then runs a sample of jobs through
-# the sandboxed executor: one of each example class, with the outcome and
-# duration of each. Needs nothing but this repository and rustup.
+# The main job on embedded defaults: builds wasmjobs and the example plugins,
+# starts `wasmjobs run --plugins ./plugins` (which starts its own private
+# redis-server under ./.wasmjobs), enqueues a sample of jobs of every example
+# class, waits until they are done, stops the runner (it prints its summary)
+# and shows `wasmjobs stats`. Needs this repository, rustup and apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/setup.sh run
 bash scripts/build-plugins.sh
 cargo build --release -p wasmjobs
 wasmjobs=target/release/wasmjobs
+export WASMJOBS_DATA_DIR=./.wasmjobs
+unset REDIS_URL
 
-echo
 "$wasmjobs" plugins --plugins ./plugins
 
 # A local HTTP server for HttpGetJob (the machine may have no internet).
@@ -18,23 +22,33 @@ echo "hello from the demo server" > "$www/index.html"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 python3 -m http.server "$port" --bind 127.0.0.1 --directory "$www" >/dev/null 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null; rm -rf "$www"' EXIT
-for _ in $(seq 50); do
-  python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 0.1)" 2>/dev/null && break
+
+"$wasmjobs" run --plugins ./plugins --concurrency 50 &
+runner=$!
+cleanup() {
+  kill "$server" 2>/dev/null || true
+  kill -TERM "$runner" 2>/dev/null && wait "$runner" 2>/dev/null || true
+  rm -rf "$www"
+}
+trap cleanup EXIT
+
+before=$("$wasmjobs" stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["processed"])')
+"$wasmjobs" enqueue --count 10000 NoopJob
+"$wasmjobs" enqueue --count 10 FibJob '[25]'
+"$wasmjobs" enqueue EchoJob '["hello", {"from": "the demo"}]'
+"$wasmjobs" enqueue --count 100 FileAppendJob '["demo.txt", 42]'
+"$wasmjobs" enqueue --count 20 HttpGetJob "[\"http://127.0.0.1:$port/\"]"
+"$wasmjobs" enqueue HttpGetJob "[\"http://127.0.0.1:$port/missing\"]"   # 404: goes to the retry set
+"$wasmjobs" enqueue FibJob '["not a number"]'                            # bad args: goes to the dead set
+total=10133
+
+echo "waiting for $total jobs..."
+for _ in $(seq 600); do
+  done_now=$("$wasmjobs" stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["processed"])')
+  [ $((done_now - before)) -ge $total ] && break
   sleep 0.1
 done
 
-run() {
-  echo
-  echo "\$ wasmjobs exec $*"
-  "$wasmjobs" exec --plugins ./plugins "$@" || true
-}
-run NoopJob
-run FibJob '[25]'
-run EchoJob '["hello", {"from": "the demo"}]'
-run FileAppendJob '["demo.txt", 42]'
-run HttpGetJob "[\"http://127.0.0.1:$port/\"]"
-run HttpGetJob "[\"http://127.0.0.1:$port/missing\"]"
-run FibJob '["not a number"]'
-echo
-echo "plugins/file-append/data/demo.txt now ends with: $(tail -n 1 plugins/file-append/data/demo.txt)"
+kill -TERM "$runner"
+wait "$runner" || true
+"$wasmjobs" stats

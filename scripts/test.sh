@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine of this kind (Debian 12, rustup).
-# Builds the guest components first (installing the wasm toolchain if needed),
-# then every host test in release mode (Cranelift compiles guests ~10x faster
-# optimised, and the release build is the one the benchmarks use).
+# Installs what the tests use (redis-server, ruby-sidekiq; the tests start
+# their own servers), builds the guest components (installing the wasm
+# toolchain if needed), then runs every host test in release mode (Cranelift
+# compiles guests ~10x faster optimised, and it is the build the benchmarks use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/setup.sh test
 bash scripts/build-plugins.sh
 # The guests are fresh: tests need not rebuild them.
 export WASMJOBS_SKIP_GUEST_BUILD=1

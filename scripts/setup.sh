@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the system packages wasmjobs needs that a fresh Debian machine
+# lacks. Usage: scripts/setup.sh [run|test]
+#   run  (default): redis-server, for the embedded Redis of `wasmjobs run`.
+#   test: also what the test suite uses: ruby-sidekiq (the real Sidekiq
+#         client/API for the interop tests).
+# The wasm toolchain is handled by scripts/build-plugins.sh.
+set -euo pipefail
+
+want=(redis-server)
+if [ "${1:-run}" = test ]; then
+  want+=(ruby-sidekiq)
+fi
+
+missing=()
+for package in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}\n' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+echo "setup: installing ${missing[*]}" >&2
+"${sudo[@]}" apt-get update -qq >&2
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+# Debian starts a system redis-server on port 6379 on install; wasmjobs does
+# not need it (it runs its own), so leave the machine as quiet as we found it.
+if [[ " ${missing[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null 2>&1; then
+  "${sudo[@]}" systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
