@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use redis::AsyncCommands;
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
+use wasmjobs::runner::heartbeat::rss_kb;
 use wasmjobs_benches::Report;
 use wasmjobs_e2e::redis_server::TestRedis;
 
@@ -266,17 +267,6 @@ fn stop(runner: &mut Child) -> Result<()> {
         bail!("wasmjobs run exited with {status}");
     }
     Ok(())
-}
-
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// utime + stime of `pid`, in clock ticks (1/100 s).

@@ -63,8 +63,14 @@ async fn ten_thousand_noops_and_a_mix_each_run_exactly_once() {
 
     assert_eq!(int(&mut conn, "stat:processed").await, 11_070, "no job ran twice");
     let log = runner.log();
-    let echo = log.lines().find(|l| l.contains(r#"args: ["hello","#)).unwrap_or_else(|| panic!("no EchoJob line in:\n{log}"));
-    assert!(echo.contains("jid=") && echo.contains("class=EchoJob") && echo.contains("plugin=echo"), "{echo}");
+    let echo = log
+        .lines()
+        .find(|l| l.contains(r#"args: ["hello","#))
+        .unwrap_or_else(|| panic!("no EchoJob line in:\n{log}"));
+    assert!(
+        echo.contains("jid=") && echo.contains("class=EchoJob") && echo.contains("plugin=echo"),
+        "{echo}"
+    );
     assert_eq!(int(&mut conn, "stat:failed").await, 0);
     let appended = lines(&dir.path().join("file-append/data/mix.txt"));
     assert_eq!(appended.len(), 1_000);

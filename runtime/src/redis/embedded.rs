@@ -192,20 +192,27 @@ enum Probe {
     Other(String),
 }
 
-/// Sends `PING` on the socket, speaking RESP by hand (this runs in `Drop`
-/// too, where no async connection can be made).
-fn probe(socket: &Path) -> Result<Probe> {
-    let mut stream = match UnixStream::connect(socket) {
-        Ok(stream) => stream,
+/// Connects to the socket; `None` if no server listens there.
+fn connect(socket: &Path) -> Result<Option<UnixStream>> {
+    match UnixStream::connect(socket) {
+        Ok(stream) => Ok(Some(stream)),
         Err(err)
             if matches!(
                 err.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Ok(Probe::Down);
+            Ok(None)
         }
-        Err(err) => return Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
+        Err(err) => Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
+    }
+}
+
+/// Sends `PING` on the socket, speaking RESP by hand (this runs in `Drop`
+/// too, where no async connection can be made).
+fn probe(socket: &Path) -> Result<Probe> {
+    let Some(mut stream) = connect(socket)? else {
+        return Ok(Probe::Down);
     };
     let reply = request(&mut stream, b"*1\r\n$4\r\nPING\r\n", Duration::from_secs(1));
     Ok(match reply {
@@ -311,19 +318,10 @@ fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
         .ok()
         .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
         .filter(|pid| *pid > 0);
-    let mut stream = match UnixStream::connect(socket) {
-        Ok(stream) => stream,
-        Err(err)
-            if matches!(
-                err.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            debug!("the embedded redis-server is already gone");
-            let _ = std::fs::remove_file(socket);
-            return Ok(());
-        }
-        Err(err) => return Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
+    let Some(mut stream) = connect(socket)? else {
+        debug!("the embedded redis-server is already gone");
+        let _ = std::fs::remove_file(socket);
+        return Ok(());
     };
     // A successful SHUTDOWN closes the connection without a reply.
     match request(&mut stream, b"*1\r\n$8\r\nSHUTDOWN\r\n", timeout) {

@@ -66,9 +66,9 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Resident set size of this process in KiB (0 if unknown).
-pub fn rss_kb() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// Resident set size of process `pid` in KiB (0 if unknown).
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
             status
@@ -190,7 +190,7 @@ impl Heartbeat {
                 "false"
             })
             .arg("rss")
-            .arg(rss_kb())
+            .arg(rss_kb(std::process::id()))
             .ignore();
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
         pipe.cmd("RPOP").arg(keys::signals(id));
@@ -240,6 +240,6 @@ mod tests {
 
     #[test]
     fn rss_is_measured() {
-        assert!(rss_kb() > 0);
+        assert!(rss_kb(std::process::id()) > 0);
     }
 }
