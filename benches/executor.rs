@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use wasmjobs::job::Job;
 use wasmjobs::plugin::Catalog;
-use wasmjobs::sandbox::{EngineConfig, ExecOptions, Executor, Limits};
+use wasmjobs::sandbox::{EngineConfig, ExecOptions, Executor};
 use wasmjobs_benches::Report;
 
 fn main() -> anyhow::Result<()> {
@@ -25,7 +25,7 @@ fn main() -> anyhow::Result<()> {
 
     let executor = Arc::new(Executor::new(&EngineConfig {
         concurrency: 128,
-        limits: Limits::default(),
+        ..EngineConfig::default()
     })?);
     let catalog = Arc::new(Catalog::load(
         &wasmjobs_e2e::plugins_dir(),

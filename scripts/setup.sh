@@ -3,13 +3,14 @@
 # lacks. Usage: scripts/setup.sh [run|test]
 #   run  (default): redis-server, for the embedded Redis of `wasmjobs run`.
 #   test: also what the test suite uses: ruby-sidekiq (the real Sidekiq
-#         client/API for the interop tests).
+#         client/API for the interop tests) and postgresql (the SQL tests
+#         start their own throwaway servers with its binaries).
 # The wasm toolchain is handled by scripts/build-plugins.sh.
 set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq)
+  want+=(ruby-sidekiq postgresql)
 fi
 
 missing=()
@@ -32,4 +33,18 @@ DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-
 # not need it (it runs its own), so leave the machine as quiet as we found it.
 if [[ " ${missing[*]} " == *" redis-server "* ]] && command -v systemctl >/dev/null 2>&1; then
   "${sudo[@]}" systemctl disable --now redis-server >/dev/null 2>&1 || true
+fi
+# Likewise the system PostgreSQL cluster Debian creates and may start: the
+# tests run their own clusters and never use it.
+if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+  if command -v systemctl >/dev/null 2>&1; then
+    "${sudo[@]}" systemctl disable --now postgresql >/dev/null 2>&1 || true
+  fi
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _port status _rest; do
+      if [ "$status" = online ]; then
+        "${sudo[@]}" pg_ctlcluster "$version" "$cluster" stop >/dev/null 2>&1 || true
+      fi
+    done
+  fi
 fi

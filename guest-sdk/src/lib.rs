@@ -52,6 +52,9 @@
 //! * **HTTP**: [`http`] is a small blocking client over
 //!   `wasi:http/outgoing-handler`. Guest code is synchronous; while it waits
 //!   the host runs other jobs.
+//! * **SQL**: [`sql`] runs statements, with bound parameters, on the
+//!   databases the runner configured and the manifest grants
+//!   (`sql::query("main", "SELECT ... WHERE id = $1", &params![id])?`).
 //!
 //! Everything else comes from the Rust standard library, which `wasm32-wasip2`
 //! maps onto WASI 0.2: `std::fs` reaches the directories the manifest
@@ -70,6 +73,7 @@ use serde::de::DeserializeOwned;
 
 pub mod http;
 mod logging;
+pub mod sql;
 
 /// The `log` crate, re-exported so that jobs need no extra dependency:
 /// `wasmjobs_guest::log::info!("...")`.

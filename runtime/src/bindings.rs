@@ -4,13 +4,15 @@
 //! world imports is mapped onto wasmtime-wasi's and wasmtime-wasi-http's own
 //! bindings, so there is exactly one implementation of each WASI type in the
 //! process and the standard `add_to_linker` functions serve our world.
-//! Only the `wasmjobs:job` interfaces (`types`, `log`) are generated here.
+//! Only the `wasmjobs:job` interfaces (`types`, `log`, `sql`) are generated
+//! here; `sql`'s host functions are async (they wait on a database).
 
 mod generated {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "wasmjobs:job/plugin",
         exports: { default: async },
+        imports: { "wasmjobs:job/sql": async },
         with: {
             "wasi:cli": wasmtime_wasi::p2::bindings::cli,
             "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
@@ -26,6 +28,9 @@ mod generated {
 
 /// The `log` interface a guest imports to write into the host's `tracing` output.
 pub use generated::wasmjobs::job::log;
+/// The `sql` interface: values, rows, errors and the `Host` trait that
+/// [`crate::host::sql::SqlView`] implements.
+pub use generated::wasmjobs::job::sql;
 /// The `job` record and `job-error` variant shared by host and guest.
 pub use generated::wasmjobs::job::types;
 /// The typed handle to a plugin's exports (`perform`), and its pre-linked form.

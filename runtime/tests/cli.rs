@@ -99,11 +99,19 @@ fn plugins_lists_the_examples_and_flags_broken_ones() {
     let output = wasmjobs(&["plugins", "--plugins", plugins.to_str().expect("utf-8")]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}", text(&output));
-    for class in ["NoopJob", "FibJob", "HttpGetJob", "FileAppendJob", "EchoJob"] {
+    for class in [
+        "NoopJob",
+        "FibJob",
+        "HttpGetJob",
+        "FileAppendJob",
+        "EchoJob",
+        "SqlJob",
+        "PgSleepJob",
+    ] {
         assert!(stdout.contains(class), "{class} missing from:\n{stdout}");
     }
     assert!(
-        stdout.contains("5 plugin(s) implement wasmjobs:job/plugin@0.1.0"),
+        stdout.contains("7 plugin(s) implement wasmjobs:job/plugin@0.1.0"),
         "{stdout}"
     );
 

@@ -2,7 +2,8 @@
 //!
 //! Routes: `/ok` answers 200 `hello`; `/status/NNN` answers that status;
 //! `/sleep` waits the configured delay, then answers 200 (the seed
-//! benchmark's 200 ms endpoint). Every request is counted.
+//! benchmark's 200 ms endpoint); `/big/N` answers N bytes. Every request and
+//! every connection is counted.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ pub struct HttpServer {
     /// Where it listens.
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
 }
 
 impl HttpServer {
@@ -32,12 +34,15 @@ impl HttpServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let hits = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
         let counter = hits.clone();
+        let accepted = connections.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::Relaxed);
                 let counter = counter.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
@@ -53,7 +58,11 @@ impl HttpServer {
                 });
             }
         });
-        Self { addr, hits }
+        Self {
+            addr,
+            hits,
+            connections,
+        }
     }
 
     /// The URL of `path` on this server.
@@ -65,9 +74,17 @@ impl HttpServer {
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::Relaxed)
     }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
 }
 
 async fn respond(path: &str, delay: Duration) -> Response<Full<Bytes>> {
+    if let Some(size) = path.strip_prefix("/big/").and_then(|n| n.parse::<usize>().ok()) {
+        return Response::new(Full::new(Bytes::from(vec![b'x'; size])));
+    }
     let (status, body) = if path == "/ok" {
         (StatusCode::OK, "hello")
     } else if path == "/sleep" {

@@ -1,11 +1,12 @@
 //! Support for the end-to-end tests in `tests/tests/`.
 //!
 //! Everything here is real: components built from the repo's guest sources
-//! by `scripts/build-plugins.sh`, the real executor, real HTTP servers on
-//! loopback. Nothing is mocked.
+//! by `scripts/build-plugins.sh`, the real executor, real HTTP, Redis and
+//! PostgreSQL servers on loopback. Nothing is mocked.
 
 pub mod guests;
 pub mod http_server;
+pub mod postgres;
 pub mod redis_server;
 pub mod runner;
 
@@ -26,20 +27,24 @@ pub fn cache() -> CompileCache {
 
 /// An executor for `concurrency` jobs with the given timeout and memory limit.
 pub fn executor_with(concurrency: u32, timeout: Duration, memory: usize) -> Executor {
-    Executor::new(&EngineConfig {
+    executor_from(&EngineConfig {
         concurrency,
         limits: Limits { memory, timeout },
+        ..EngineConfig::default()
     })
-    .expect("executor")
 }
 
 /// An executor with default limits.
 pub fn executor(concurrency: u32) -> Executor {
-    Executor::new(&EngineConfig {
+    executor_from(&EngineConfig {
         concurrency,
-        limits: Limits::default(),
+        ..EngineConfig::default()
     })
-    .expect("executor")
+}
+
+/// An executor from a full configuration.
+pub fn executor_from(config: &EngineConfig) -> Executor {
+    Executor::new(config).expect("executor")
 }
 
 /// Loads `dir` and asserts that nothing in it is broken.

@@ -10,7 +10,18 @@ fn the_example_plugins_all_load() {
     let catalog = Catalog::load(&plugins_dir(), &executor, &cache()).expect("catalog");
     assert!(catalog.broken().is_empty(), "{:?}", catalog.broken());
     let classes: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
-    assert_eq!(classes, ["EchoJob", "FibJob", "FileAppendJob", "HttpGetJob", "NoopJob"]);
+    assert_eq!(
+        classes,
+        [
+            "EchoJob",
+            "FibJob",
+            "FileAppendJob",
+            "HttpGetJob",
+            "NoopJob",
+            "PgSleepJob",
+            "SqlJob"
+        ]
+    );
 }
 
 #[test]

@@ -11,23 +11,29 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use clap::Args;
 
-use super::{Cli, PluginSource};
+use super::{Cli, DbArgs, PluginSource};
 use crate::host::log::level_name;
+use crate::host::sql::Databases;
 use crate::job::Job;
 use crate::sandbox::engine::parse_size;
-use crate::sandbox::{ExecOptions, Limits};
+use crate::sandbox::{EngineConfig, ExecOptions, Limits};
 
 /// Arguments of `wasmjobs exec`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     #[command(flatten)]
     pub source: PluginSource,
+    #[command(flatten)]
+    pub db: DbArgs,
     /// Wall-clock limit for the job, in seconds.
     #[arg(long, default_value_t = 300.0)]
     pub timeout: f64,
     /// Most linear memory the guest may use (e.g. 64MiB).
     #[arg(long, default_value = "128MiB", value_parser = parse_size)]
     pub memory: usize,
+    /// Meter fuel, so the plugin's `limits.fuel` applies.
+    #[arg(long)]
+    pub fuel: bool,
     /// The job class.
     pub class: String,
     /// The job's arguments, a JSON array.
@@ -44,7 +50,15 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         memory: args.memory,
         timeout,
     };
-    let (executor, catalog) = args.source.load(&cli.data_dir, 1, limits)?;
+    let config = EngineConfig {
+        concurrency: 1,
+        limits,
+        fuel: args.fuel,
+        ..EngineConfig::default()
+    };
+    let (executor, catalog) = args.source.load(&cli.data_dir, &config)?;
+    let databases = Databases::open_async(args.db.databases.clone(), cli.data_dir.clone()).await?;
+    let executor = executor.with_databases(databases);
     let Some(plugin) = catalog.get(&job.class) else {
         let known: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
         let mut message = format!(

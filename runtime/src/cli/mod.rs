@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use crate::plugin::{Catalog, CompileCache};
-use crate::sandbox::{EngineConfig, Executor, Limits};
+use crate::sandbox::{EngineConfig, Executor};
 use crate::telemetry::{self, LogFormat};
 
 /// Command-line interface.
@@ -78,6 +78,25 @@ impl RedisArgs {
     }
 }
 
+/// The runner's SQL databases; shared by the commands that run jobs.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// A database plugins may use if their manifest grants NAME
+    /// (`sql = ["NAME"]`): `NAME=postgres://user:pass@host/db?pool=20` or
+    /// `NAME=sqlite://file.db` (under the data directory; `sqlite:///abs`
+    /// for an absolute path). Repeatable; the env variable takes several,
+    /// space-separated. URL parameters `pool`, `timeout` (seconds),
+    /// `max_rows` and `max_bytes` are wasmjobs's (docs/sql.md).
+    #[arg(
+        long = "db",
+        value_name = "NAME=URL",
+        env = "WASMJOBS_DB",
+        hide_env_values = true,
+        value_delimiter = ' '
+    )]
+    pub databases: Vec<crate::host::sql::DbSpec>,
+}
+
 /// Where plugins come from; shared by the commands that load them.
 #[derive(Debug, Clone, Args)]
 pub struct PluginSource {
@@ -100,8 +119,8 @@ impl PluginSource {
     }
 
     /// An executor sized for `concurrency` and the catalog of this source.
-    pub fn load(&self, data_dir: &std::path::Path, concurrency: u32, limits: Limits) -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(&EngineConfig { concurrency, limits })?;
+    pub fn load(&self, data_dir: &std::path::Path, config: &EngineConfig) -> Result<(Executor, Catalog)> {
+        let executor = Executor::new(config)?;
         let catalog = Catalog::load(&self.plugins, &executor, &self.cache(data_dir))?;
         Ok((executor, catalog))
     }

@@ -14,7 +14,7 @@ use clap::Args;
 use super::{Cli, PluginSource};
 use crate::bindings::WORLD;
 use crate::plugin::CacheUse;
-use crate::sandbox::Limits;
+use crate::sandbox::EngineConfig;
 
 /// Arguments of `wasmjobs plugins`.
 #[derive(Debug, Args)]
@@ -25,7 +25,13 @@ pub struct PluginsArgs {
 
 /// Runs the command.
 pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
-    let (_executor, catalog) = args.source.load(&cli.data_dir, 1, Limits::default())?;
+    // Fuel on, so plugins that set limits.fuel are checked, not refused.
+    let config = EngineConfig {
+        concurrency: 1,
+        fuel: true,
+        ..EngineConfig::default()
+    };
+    let (_executor, catalog) = args.source.load(&cli.data_dir, &config)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use clap::Args;
 
-use super::{Cli, PluginSource, RedisArgs};
+use super::{Cli, DbArgs, PluginSource, RedisArgs};
 use crate::runner::{self, FetchMode, Queues, RunOptions};
 use crate::sandbox::Limits;
 use crate::sandbox::engine::parse_size;
@@ -24,6 +24,8 @@ pub struct RunArgs {
     pub source: PluginSource,
     #[command(flatten)]
     pub redis: RedisArgs,
+    #[command(flatten)]
+    pub db: DbArgs,
     /// Queues to serve: `a,b` in strict order, or `a:3,b:1` weighted.
     #[arg(long, short = 'q', default_value = "default")]
     pub queues: Queues,
@@ -45,6 +47,9 @@ pub struct RunArgs {
     /// Most linear memory per job (e.g. 64MiB).
     #[arg(long, default_value = "128MiB", value_parser = parse_size)]
     pub memory: usize,
+    /// Meter fuel, so plugins can set `limits.fuel` (slows every plugin by 10–25%).
+    #[arg(long)]
+    pub fuel: bool,
     /// Average seconds between polls of the schedule and retry sets (per process).
     #[arg(long, default_value_t = 5.0)]
     pub poll_interval: f64,
@@ -73,8 +78,10 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
             memory: args.memory,
             timeout: seconds(args.job_timeout, "--job-timeout")?,
         },
+        fuel: args.fuel,
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,
+        databases: args.db.databases.clone(),
     };
     let summary = runner::run(options).await?;
     let rate = summary.processed as f64 / summary.wall.as_secs_f64().max(1e-9);

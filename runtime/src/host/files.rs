@@ -4,8 +4,9 @@
 //! handle with `openat`-style calls (cap-std), so `..`, absolute paths and
 //! symlinks cannot leave a preopen. This module adds the checks that belong
 //! to the host: a granted directory must exist (read-write ones are created),
-//! and after resolving symlinks it must still lie inside the plugin root, so
-//! a `data -> /etc` symlink dropped beside a manifest grants nothing.
+//! and after resolving symlinks it must still lie inside the plugin root
+//! (unless the manifest says `outside = true`), so a `data -> /etc` symlink
+//! dropped beside a manifest grants nothing.
 
 use anyhow::{Context, Result, bail};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
@@ -44,7 +45,7 @@ pub fn check(manifest: &Manifest) -> Result<()> {
                 preopen.host.display()
             );
         }
-        if !real.starts_with(&root) {
+        if !preopen.outside && !real.starts_with(&root) {
             bail!(
                 "{}: granted directory {} resolves to {}, outside the plugin directory",
                 manifest.path.display(),

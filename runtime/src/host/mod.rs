@@ -4,15 +4,17 @@
 //! ([`crate::sandbox::JobState`]) through a narrow view, as wasmtime-wasi
 //! does: [`files`] builds the filesystem preopens a manifest grants, [`http`]
 //! is the outgoing-request policy, [`log`] routes guest log lines and stdio
-//! into `tracing`. [`link`] assembles them into the one [`Linker`] shared by
+//! into `tracing`, [`sql`] reaches the runner's databases the manifest
+//! grants. [`link`] assembles them into the one [`Linker`] shared by
 //! every plugin.
 //!
 //! Nothing is granted by default: no preopens, no environment variables, no
-//! sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.
+//! databases, no sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.
 
 pub mod files;
 pub mod http;
 pub mod log;
+pub mod sql;
 
 use anyhow::Result;
 use wasmtime::Engine;
@@ -30,5 +32,6 @@ pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
+    crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
     Ok(linker)
 }

@@ -16,7 +16,10 @@ use anyhow::{Context, Result, bail};
 use super::cache::{CacheUse, CompileCache, sha256_hex};
 use super::manifest::{MANIFEST_FILE, Manifest};
 use crate::bindings::PluginPre;
+use tokio::sync::Semaphore;
+
 use crate::host::files;
+use crate::host::http::{AllowList, HttpStats};
 use crate::sandbox::{Executor, JobState};
 
 /// A loaded plugin, ready to instantiate.
@@ -32,6 +35,12 @@ pub struct Plugin {
     pub cache: CacheUse,
     /// How long loading took (read, compile or load from cache, link).
     pub load_time: Duration,
+    /// Outgoing HTTP grants (parsed `http.allow`).
+    pub http_allow: Arc<AllowList>,
+    /// Outgoing HTTP counters of this plugin.
+    pub http_stats: Arc<HttpStats>,
+    /// Slots of `limits.concurrency`, if the plugin sets it.
+    pub slots: Option<Arc<Semaphore>>,
     pub(crate) pre: PluginPre<JobState>,
 }
 
@@ -182,6 +191,17 @@ fn load_plugin(manifest_path: &Path, executor: &Executor, cache: &CompileCache) 
         .prepare(&component)
         .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;
     files::check(&manifest)?;
+    if manifest.limits.fuel.is_some() && !executor.fuel() {
+        bail!(
+            "{}: limits.fuel needs fuel metering, which is off: start the runner with --fuel (it slows every plugin by 10–25%)",
+            manifest_path.display()
+        );
+    }
+    let slots = manifest
+        .limits
+        .concurrency
+        .map(|n| Arc::new(Semaphore::new(n as usize)));
+    let http_allow = Arc::new(manifest.http_allow.clone());
     let name = manifest
         .root
         .file_name()
@@ -193,6 +213,9 @@ fn load_plugin(manifest_path: &Path, executor: &Executor, cache: &CompileCache) 
         manifest,
         cache: cache_use,
         load_time: started.elapsed(),
+        http_allow,
+        http_stats: Arc::new(HttpStats::default()),
+        slots,
         pre,
     })
 }

@@ -1,18 +1,31 @@
 //! The plugin manifest, `wasmjobs.toml`, that sits beside each component.
 //!
 //! A plugin's permissions are declared here, next to the plugin, not in the
-//! runner's code or flags (as in Spin): which job classes it serves and which
-//! host directories it sees. Anything not granted is denied; unknown keys are
+//! runner's code or flags (as in Spin): which job classes it serves, which
+//! hosts it may call, which host directories, environment variables and
+//! databases it sees, and its limits. Anything not granted is denied; unknown keys are
 //! rejected so a typo never silently grants or drops a permission.
 //!
 //! ```toml
 //! component = "file_append_job.wasm"   # relative to this file
 //! classes = ["FileAppendJob"]
+//! env = ["API_TOKEN"]                  # passed through from the runner's environment
+//! sql = ["main", "local"]              # databases of the runner (`--db NAME=URL`) it may use
+//!
+//! [http]
+//! allow = ["127.0.0.1:9292", "api.example.com", "*.example.org"]
 //!
 //! [[files]]
 //! host = "data"      # relative to this file; must stay inside the plugin directory
 //! guest = "/data"    # the path the guest opens
 //! mode = "rw"        # "ro" or "rw"
+//! # outside = true   # needed to grant a host path outside the plugin directory
+//!
+//! [limits]           # each defaults to the runner's setting
+//! memory = "64MiB"
+//! timeout = "30s"
+//! concurrency = 10   # most jobs of this plugin in flight in the process
+//! fuel = 1_000_000_000   # instructions-ish per job; needs `--fuel` on the runner
 //! ```
 //!
 //! Every error names the manifest file and, where it can, the line.
@@ -24,6 +37,9 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
+
+use super::limits::{PluginLimits, RawLimits};
+use crate::host::http::AllowList;
 
 /// The file name the plugin catalog looks for.
 pub const MANIFEST_FILE: &str = "wasmjobs.toml";
@@ -42,6 +58,16 @@ pub struct Manifest {
     pub classes: Vec<String>,
     /// Directories preopened for the guest.
     pub files: Vec<Preopen>,
+    /// Hosts the guest may call over HTTP.
+    pub http_allow: AllowList,
+    /// Environment variables passed through from the runner.
+    pub env: Vec<String>,
+    /// Limits that override the runner's defaults.
+    pub limits: PluginLimits,
+    /// Names of the runner's databases the guest may use (`sql = [...]`).
+    /// A name the runner does not configure is not an error here: which
+    /// databases exist is runner configuration, checked at query time.
+    pub sql: Vec<String>,
 }
 
 /// One directory made visible to the guest.
@@ -53,6 +79,8 @@ pub struct Preopen {
     pub guest: String,
     /// Read-only or read-write.
     pub mode: Mode,
+    /// Explicitly granted although outside the plugin directory.
+    pub outside: bool,
 }
 
 /// Access mode of a preopened directory.
@@ -73,6 +101,20 @@ struct RawManifest {
     classes: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     files: Vec<Spanned<RawPreopen>>,
+    #[serde(default)]
+    http: Option<RawHttp>,
+    #[serde(default)]
+    env: Vec<Spanned<String>>,
+    #[serde(default)]
+    limits: Option<RawLimits>,
+    #[serde(default)]
+    sql: Vec<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    allow: Spanned<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +123,8 @@ struct RawPreopen {
     host: Spanned<String>,
     guest: Spanned<String>,
     mode: Mode,
+    #[serde(default)]
+    outside: bool,
 }
 
 impl Manifest {
@@ -127,8 +171,16 @@ impl Manifest {
         let mut guests = HashSet::new();
         for entry in &raw.files {
             let raw_preopen = entry.get_ref();
-            let host = inside_root(&root, raw_preopen.host.get_ref())
-                .map_err(|e| anyhow!("{}: files.host: {e}", at(raw_preopen.host.span())))?;
+            let host = if raw_preopen.outside {
+                root.join(raw_preopen.host.get_ref())
+            } else {
+                inside_root(&root, raw_preopen.host.get_ref()).map_err(|e| {
+                    anyhow!(
+                        "{}: files.host: {e} (set `outside = true` to grant it anyway)",
+                        at(raw_preopen.host.span())
+                    )
+                })?
+            };
             let guest = raw_preopen.guest.get_ref();
             if !guest.starts_with('/') || Path::new(guest).components().any(|c| c == Component::ParentDir) {
                 bail!(
@@ -146,8 +198,53 @@ impl Manifest {
                 host,
                 guest: guest.clone(),
                 mode: raw_preopen.mode,
+                outside: raw_preopen.outside,
             });
         }
+
+        let http_allow = match &raw.http {
+            Some(http) => {
+                AllowList::parse(http.allow.get_ref()).map_err(|e| anyhow!("{}: {e}", at(http.allow.span())))?
+            }
+            None => AllowList::default(),
+        };
+        let mut env = Vec::new();
+        for name in &raw.env {
+            let valid = !name.get_ref().is_empty()
+                && name.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.get_ref().starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                bail!(
+                    "{}: env: {:?} is not an environment variable name",
+                    at(name.span()),
+                    name.get_ref()
+                );
+            }
+            env.push(name.get_ref().clone());
+        }
+        let mut sql: Vec<String> = Vec::new();
+        for name in &raw.sql {
+            let text = name.get_ref();
+            let valid = !text.is_empty()
+                && text.len() <= 64
+                && text
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+            if !valid {
+                bail!(
+                    "{}: sql: {text:?} is not a database name (1-64 letters, digits, '_' or '-')",
+                    at(name.span())
+                );
+            }
+            if sql.contains(text) {
+                bail!("{}: sql: {text:?} is listed twice", at(name.span()));
+            }
+            sql.push(text.clone());
+        }
+        let limits = match &raw.limits {
+            Some(limits) => limits.resolve(&at)?,
+            None => PluginLimits::default(),
+        };
 
         Ok(Self {
             path: path.to_path_buf(),
@@ -155,6 +252,10 @@ impl Manifest {
             component,
             classes,
             files,
+            http_allow,
+            env,
+            limits,
+            sql,
         })
     }
 }
@@ -226,7 +327,8 @@ mode = "rw"
             Preopen {
                 host: "/p/x/data/in".into(),
                 guest: "/in".into(),
-                mode: Mode::ReadOnly
+                mode: Mode::ReadOnly,
+                outside: false
             }
         );
         assert_eq!(m.files[1].mode, Mode::ReadWrite);
@@ -240,7 +342,7 @@ mode = "rw"
         assert!(err.starts_with("/p/x/wasmjobs.toml:4: files.host"), "{err}");
         assert!(err.contains("leaves the plugin directory"), "{err}");
 
-        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nhttp = 1\n")
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nthreads = 1\n")
             .unwrap_err()
             .to_string();
         assert!(
@@ -273,6 +375,101 @@ mode = "rw"
                 .unwrap_err()
                 .to_string();
         assert!(err.contains(":5: files.guest"), "{err}");
+    }
+
+    #[test]
+    fn grants_and_limits_parse() {
+        let m = parse(
+            r#"
+component = "x.wasm"
+classes = ["A"]
+env = ["API_TOKEN", "REGION"]
+[http]
+allow = ["127.0.0.1:9292", "*.example.org"]
+[limits]
+memory = "64MiB"
+timeout = "1.5s"
+concurrency = 3
+fuel = 1000
+[[files]]
+host = "/srv/shared"
+guest = "/shared"
+mode = "ro"
+outside = true
+"#,
+        )
+        .unwrap();
+        assert!(m.http_allow.allows("http", "127.0.0.1", 9292));
+        assert!(!m.http_allow.allows("http", "127.0.0.1", 80));
+        assert_eq!(m.env, ["API_TOKEN", "REGION"]);
+        assert_eq!(m.limits.memory, Some(64 << 20));
+        assert_eq!(m.limits.timeout, Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(m.limits.concurrency, Some(3));
+        assert_eq!(m.limits.fuel, Some(1000));
+        assert_eq!(m.files[0].host, PathBuf::from("/srv/shared"));
+        assert!(m.files[0].outside);
+
+        let defaults = parse("component = \"x.wasm\"\nclasses = [\"A\"]\n").unwrap();
+        assert!(defaults.http_allow.is_empty() && defaults.env.is_empty());
+        assert_eq!(defaults.limits, PluginLimits::default());
+    }
+
+    #[test]
+    fn bad_grants_name_the_line() {
+        let base = "component = \"x.wasm\"\nclasses = [\"A\"]\n";
+        let err = parse(&format!("{base}[http]\nallow = [\"*\"]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/p/x/wasmjobs.toml:4:") && err.contains("http.allow"),
+            "{err}"
+        );
+        let err = parse(&format!("{base}env = [\"A-B\"]\n")).unwrap_err().to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:3: env"), "{err}");
+        let err = parse(&format!("{base}[limits]\nmemory = \"lots\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:4: limits.memory"), "{err}");
+        let err = parse(&format!("{base}[limits]\ntimeout = \"soon\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:4: limits.timeout"), "{err}");
+        let err = parse(&format!("{base}[limits]\nconcurrency = 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:4: limits.concurrency"), "{err}");
+        let err = parse(&format!("{base}[limits]\ncpu = 1\n")).unwrap_err().to_string();
+        assert!(err.contains("unknown field") && err.contains("line 4"), "{err}");
+        let err = parse(&format!(
+            "{base}[[files]]\nhost = \"/etc\"\nguest = \"/etc\"\nmode = \"ro\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("outside = true"), "{err}");
+    }
+
+    #[test]
+    fn sql_grants_are_names_and_default_to_none() {
+        assert!(
+            parse("component = \"x.wasm\"\nclasses = [\"A\"]\n")
+                .unwrap()
+                .sql
+                .is_empty()
+        );
+        let m = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nsql = [\"main\", \"local-2\"]\n").unwrap();
+        assert_eq!(m.sql, ["main", "local-2"]);
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nsql = [\"main\", \"a b\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:3: sql"), "{err}");
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nsql = [\"m\",\n  \"m\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(":4: sql") && err.contains("listed twice"), "{err}");
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nsql = \"main\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3"), "{err}");
     }
 
     #[test]

@@ -9,8 +9,10 @@
 
 pub mod cache;
 pub mod catalog;
+pub mod limits;
 pub mod manifest;
 
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
+pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};

@@ -16,7 +16,7 @@
 //! a new job starts as soon as it is pushed. Requires Redis ≥ 6.2 (or Valkey).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -72,11 +72,27 @@ end
 return out
 "#;
 
+/// How long after a lost reply the in-progress list keeps being reconciled.
+pub const DOUBT_WINDOW: Duration = Duration::from_secs(5);
+/// Least time between two reconciles.
+pub const RECONCILE_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Default)]
+struct DoubtWindow {
+    until: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+}
+
 /// Most jobs one fetch moves (also bounded by free slots).
 pub const MAX_BATCH: usize = 500;
 
 /// The fetch side of one process.
 pub struct Fetcher {
+    /// When reconciles are due after a lost reply.
+    window: std::sync::Mutex<DoubtWindow>,
+    /// Set when a call failed after Redis may have carried it out (a lost
+    /// reply): the in-progress list may then hold jobs nobody runs.
+    doubt: Arc<AtomicBool>,
     mode: FetchMode,
     redis: Redis,
     queues: Queues,
@@ -90,6 +106,8 @@ impl Fetcher {
     pub fn new(mode: FetchMode, redis: Redis, queues: Queues, identity: &str) -> Self {
         let names = queues.names();
         Self {
+            window: std::sync::Mutex::new(DoubtWindow::default()),
+            doubt: Arc::new(AtomicBool::new(false)),
             mode,
             redis,
             queues,
@@ -107,6 +125,67 @@ impl Fetcher {
     /// This process's in-progress list.
     pub fn inprogress_key(&self) -> &str {
         &self.inprogress
+    }
+
+    /// Notes that a reply may have been lost (reliable mode only matters).
+    pub fn doubt(&self) {
+        if self.mode == FetchMode::Reliable {
+            self.doubt.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a reconcile is due. After a lost reply, reconciles keep
+    /// coming (at most every [`RECONCILE_EVERY`]) for [`DOUBT_WINDOW`]:
+    /// while Redis restarts, orphans can appear after the first check.
+    pub fn take_doubt(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut window = self.window.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.doubt.swap(false, Ordering::AcqRel) {
+            window.until = Some(now + DOUBT_WINDOW);
+        }
+        match window.until {
+            Some(until) if now < until => {
+                if window.last.is_some_and(|last| now < last + RECONCILE_EVERY) {
+                    return false;
+                }
+                window.last = Some(now);
+                true
+            }
+            Some(_) => {
+                // One last check as the window closes.
+                window.until = None;
+                window.last = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Pushes back to their queues the jobs in our in-progress list that are
+    /// not in `known` (jobs running or awaiting their outcome write): they
+    /// were moved by a call whose reply was lost. Returns how many.
+    pub async fn reconcile(&self, known: &std::collections::HashSet<String>) -> Result<usize> {
+        let listed: Vec<String> = redis::cmd("LRANGE")
+            .arg(&self.inprogress)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.redis.conn())
+            .await
+            .context("reading the in-progress list")?;
+        let requeuer = Requeuer::default();
+        let mut requeued = 0;
+        for raw in listed.iter().filter(|raw| !known.contains(*raw)) {
+            let queue = crate::redis::payload::Payload::parse(raw)
+                .map(|p| p.queue().to_owned())
+                .unwrap_or_else(|_| self.names.first().cloned().unwrap_or_else(|| "default".into()));
+            if requeuer
+                .requeue(&self.redis, &self.inprogress, raw, &queue, raw)
+                .await?
+            {
+                requeued += 1;
+            }
+        }
+        Ok(requeued)
     }
 
     /// Takes up to `max` jobs without blocking.
@@ -162,6 +241,7 @@ impl Fetcher {
                 queues,
                 inprogress,
                 client_id: client_id.clone(),
+                doubt: self.doubt.clone(),
             };
             waiters
                 .tasks
@@ -215,6 +295,8 @@ struct Waiter {
     inprogress: Option<String>,
     /// The Redis client id of the waiter's connection, for `CLIENT UNBLOCK`.
     client_id: Arc<AtomicI64>,
+    /// The fetcher's lost-reply flag.
+    doubt: Arc<AtomicBool>,
 }
 
 impl Waiter {
@@ -258,6 +340,9 @@ impl Waiter {
                 Ok(None) => backoff = Duration::from_millis(100),
                 Err(err) => {
                     tracing::warn!("blocking fetch: {err:#}; reconnecting in {backoff:?}");
+                    if self.inprogress.is_some() {
+                        self.doubt.store(true, Ordering::Release);
+                    }
                     conn = None;
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -23,10 +23,11 @@ use tokio::sync::{mpsc, watch};
 use super::RunOptions;
 use super::fetch::{FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
 use super::heartbeat::{Command, Heartbeat, Identity};
-use super::manager::Manager;
+use super::manager::{InFlightTable, Manager};
 use super::orphans::OrphanRecovery;
 use super::outcome::{self, Counters};
 use super::scheduled::Poller;
+use crate::host::sql::Databases;
 use crate::plugin::{Catalog, CompileCache};
 use crate::redis::payload::Payload;
 use crate::redis::{Redis, connect, keys};
@@ -62,14 +63,16 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let counters = Arc::new(Counters::default());
     let fetcher = Fetcher::new(options.fetch, redis.clone(), options.queues.clone(), &identity.identity);
     let inprogress = fetcher.inprogress_key().to_owned();
+    let inflight = Arc::new(InFlightTable::default());
     let (completions, writer) = outcome::spawn(
         redis.clone(),
         options.fetch,
         inprogress.clone(),
         counters.clone(),
+        inflight.clone(),
         options.concurrency as usize * 2,
     );
-    let manager = Manager::new(executor, catalog, options.concurrency, completions);
+    let manager = Manager::new(executor, catalog, options.concurrency, completions, inflight.clone());
     let quiet = Arc::new(AtomicBool::new(false));
     let heartbeat = Heartbeat::new(
         redis.clone(),
@@ -109,7 +112,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         let heartbeat = heartbeat.clone();
         async move { heartbeat.run(commands_tx).await }
     });
-    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), quiet_rx));
+    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), inflight, quiet_rx));
 
     wait_for_stop(&mut commands, &quiet, &quiet_tx).await?;
 
@@ -180,9 +183,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     Ok(summary)
 }
 
-/// Loads the plugins on a blocking thread (compiling is CPU-heavy).
+/// Opens the databases and loads the plugins on a blocking thread
+/// (compiling is CPU-heavy, opening SQLite files blocks).
 async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalog>)> {
     let plugins = options.plugins.clone();
+    let databases = Databases::open_async(options.databases.clone(), options.data_dir.clone()).await?;
+    let shared = databases.clone();
     let cache = if options.no_cache {
         CompileCache::disabled()
     } else {
@@ -191,9 +197,11 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalo
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
+        fuel: options.fuel,
+        ..EngineConfig::default()
     };
     let (executor, catalog) = tokio::task::spawn_blocking(move || -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(&config)?;
+        let executor = Executor::new(&config)?.with_databases(shared);
         let catalog = Catalog::load(&plugins, &executor, &cache)?;
         Ok((executor, catalog))
     })
@@ -204,6 +212,12 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalo
     }
     for broken in catalog.broken() {
         tracing::error!("plugin refused: {}", broken.error);
+    }
+    for plugin in catalog.plugins() {
+        let unknown = |name: &&String| !databases.names().any(|d| d == name.as_str());
+        for name in plugin.manifest.sql.iter().filter(unknown) {
+            tracing::warn!(plugin = %plugin.name, "the manifest grants database {name:?}, which this runner does not have (--db {name}=URL): its queries will fail");
+        }
     }
     if catalog.plugins().is_empty() {
         tracing::warn!(dir = %options.plugins.display(), "no plugin loaded: every job will go to the dead set");
@@ -241,11 +255,17 @@ async fn wait_for_stop(
 
 /// Takes jobs while there are free slots, until told to go quiet. Returns
 /// jobs it took but did not start (to be requeued).
-async fn fetch_loop(fetcher: Fetcher, manager: Arc<Manager>, mut quiet: watch::Receiver<bool>) -> Vec<Fetched> {
+async fn fetch_loop(
+    fetcher: Fetcher,
+    manager: Arc<Manager>,
+    inflight: Arc<InFlightTable>,
+    mut quiet: watch::Receiver<bool>,
+) -> Vec<Fetched> {
     let (found_tx, mut found) = mpsc::channel(64);
     let (armed_tx, armed_rx) = watch::channel(false);
     let waiters = fetcher.spawn_waiters(armed_rx, found_tx);
     let mut leftovers = Vec::new();
+    let mut known = std::collections::HashSet::new();
     let mut backoff = Duration::from_millis(50);
     'fetching: loop {
         if *quiet.borrow() {
@@ -273,6 +293,26 @@ async fn fetch_loop(fetcher: Fetcher, manager: Arc<Manager>, mut quiet: watch::R
         let jobs = match fetcher.fetch(permits.len()).await {
             Ok(jobs) => {
                 backoff = Duration::from_millis(50);
+                if fetcher.take_doubt() {
+                    // A reply was lost while Redis was away: jobs may sit in
+                    // our in-progress list that nobody here knows about.
+                    for job in &jobs {
+                        known.insert(job.raw.clone());
+                    }
+                    known.extend(inflight.raws());
+                    match fetcher.reconcile(&known).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::warn!(
+                            jobs = n,
+                            "requeued jobs whose fetch reply was lost while Redis was away"
+                        ),
+                        Err(err) => {
+                            tracing::warn!("{err:#}; will check again");
+                            fetcher.doubt();
+                        }
+                    }
+                    known.clear();
+                }
                 jobs
             }
             Err(err) => {

@@ -38,6 +38,42 @@ struct Entry {
     abort: Option<AbortHandle>,
 }
 
+/// Jobs taken from Redis and not yet recorded back: running, or finished
+/// with their outcome waiting in the writer. Shared by the manager (which
+/// adds), the outcome writer (which removes once written) and the fetch
+/// loop (which compares it with the in-progress list after a Redis error).
+#[derive(Default)]
+pub struct InFlightTable(Mutex<HashMap<u64, Entry>>);
+
+impl InFlightTable {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forgets jobs whose outcome is recorded.
+    pub fn remove(&self, ids: impl IntoIterator<Item = u64>) {
+        let mut entries = self.entries();
+        for id in ids {
+            entries.remove(&id);
+        }
+    }
+
+    /// How many jobs are not recorded yet.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// Whether every job is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The payload texts of the jobs not recorded yet.
+    pub fn raws(&self) -> std::collections::HashSet<String> {
+        self.entries().values().map(|e| e.info.job.raw.clone()).collect()
+    }
+}
+
 /// The worker pool.
 pub struct Manager {
     executor: Arc<Executor>,
@@ -45,7 +81,9 @@ pub struct Manager {
     slots: Arc<Semaphore>,
     concurrency: usize,
     completions: Mutex<Option<CompletionSender>>,
-    inflight: Mutex<HashMap<u64, Entry>>,
+    /// Room for jobs waiting on a plugin's own concurrency limit.
+    parking: Arc<Semaphore>,
+    inflight: Arc<InFlightTable>,
     next_id: AtomicU64,
 }
 
@@ -56,6 +94,7 @@ impl Manager {
         catalog: Arc<Catalog>,
         concurrency: u32,
         completions: CompletionSender,
+        inflight: Arc<InFlightTable>,
     ) -> Arc<Self> {
         let concurrency = concurrency.max(1) as usize;
         Arc::new(Self {
@@ -64,13 +103,14 @@ impl Manager {
             slots: Arc::new(Semaphore::new(concurrency)),
             concurrency,
             completions: Mutex::new(Some(completions)),
-            inflight: Mutex::new(HashMap::new()),
+            parking: Arc::new(Semaphore::new(concurrency)),
+            inflight,
             next_id: AtomicU64::new(0),
         })
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inflight.entries()
     }
 
     /// The configured concurrency.
@@ -145,15 +185,28 @@ impl Manager {
         );
         let manager = self.clone();
         let handle = tokio::spawn(async move {
-            let write = processor::process(&manager.executor, &manager.catalog, &job).await;
-            // Hand the result over before leaving the in-flight table: if the
-            // task is stopped at shutdown before this send completes, the job
-            // is still listed and gets requeued.
-            if completions.send(Completion { raw: job.raw, write }).await.is_err() {
+            let mut runner_slot = Some(permit);
+            let slots = processor::Slots {
+                runner: &mut runner_slot,
+                parking: &manager.parking,
+            };
+            let write = processor::process(&manager.executor, &manager.catalog, &job, slots).await;
+            // The job stays in the in-flight table until the writer has
+            // recorded its outcome: if the task is stopped at shutdown before
+            // this send completes, it is still listed and gets requeued.
+            if completions
+                .send(Completion {
+                    id,
+                    raw: job.raw,
+                    write,
+                })
+                .await
+                .is_err()
+            {
                 tracing::error!("the outcome writer is gone; the job stays in the in-progress list");
+                manager.inflight.remove([id]);
             }
-            manager.entries().remove(&id);
-            drop(permit);
+            drop(runner_slot);
         });
         if let Some(entry) = self.entries().get_mut(&id) {
             entry.abort = Some(handle.abort_handle());
@@ -167,7 +220,8 @@ impl Manager {
         self.completions.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 
-    /// Jobs in flight now.
+    /// Jobs in flight now (including finished ones whose outcome is still
+    /// being written).
     pub fn busy(&self) -> usize {
         self.entries().len()
     }

@@ -58,12 +58,17 @@ pub struct RunOptions {
     pub fetch: FetchMode,
     /// A label shown in the heartbeat and the Web UI.
     pub tag: String,
-    /// Per-job limits (memory, wall-clock).
+    /// Per-job limits (memory, wall-clock); plugins may override them.
     pub limits: Limits,
+    /// Fuel metering, for plugins with `limits.fuel`.
+    pub fuel: bool,
     /// Average seconds between scheduled/retry polls (scaled by the number
     /// of processes, as Sidekiq does).
     pub poll_interval: Duration,
     /// A job found in the in-progress list of a dead process more than this
     /// many times is a poison pill and goes to the dead set.
     pub max_recoveries: u64,
+    /// The SQL databases plugins may use (`--db NAME=URL`), opened once and
+    /// shared by every job.
+    pub databases: Vec<crate::host::sql::DbSpec>,
 }

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::fetch::FetchMode;
 use super::job_retry::Write;
+use super::manager::InFlightTable;
 use crate::redis::{Redis, keys, now_f64, utc_date};
 
 /// Most completions written per transaction.
@@ -27,6 +28,8 @@ pub const MAX_BATCH: usize = 1_000;
 /// One finished job, ready to be written.
 #[derive(Debug)]
 pub struct Completion {
+    /// The job's entry in the in-flight table, removed once written.
+    pub id: u64,
     /// The payload exactly as fetched (the in-progress list entry).
     pub raw: String,
     /// What to write.
@@ -72,6 +75,7 @@ pub fn spawn(
     mode: FetchMode,
     inprogress: String,
     counters: Arc<Counters>,
+    inflight: Arc<InFlightTable>,
     capacity: usize,
 ) -> (CompletionSender, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(capacity.max(MAX_BATCH));
@@ -80,6 +84,7 @@ pub fn spawn(
         mode,
         inprogress,
         counters,
+        inflight,
     };
     (tx, tokio::spawn(writer.run(rx)))
 }
@@ -89,6 +94,7 @@ struct Writer {
     mode: FetchMode,
     inprogress: String,
     counters: Arc<Counters>,
+    inflight: Arc<InFlightTable>,
 }
 
 impl Writer {
@@ -105,6 +111,7 @@ impl Writer {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             self.counters.add(&batch);
+            self.inflight.remove(batch.iter().map(|c| c.id));
             batch.clear();
         }
     }

@@ -6,13 +6,27 @@
 use super::fetch::Fetched;
 use super::job_retry::{self, Write};
 use crate::job::Outcome;
-use crate::plugin::Catalog;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::plugin::{Catalog, Plugin};
 use crate::redis::now_f64;
 use crate::redis::payload::{self, Payload};
 use crate::sandbox::{ExecOptions, Executor};
 
+/// Where a job waits when its plugin's `limits.concurrency` is reached.
+pub struct Slots<'a> {
+    /// The runner slot the job holds; given up while the job waits for its
+    /// plugin (if there is room to park), so other plugins' jobs keep going.
+    pub runner: &'a mut Option<OwnedSemaphorePermit>,
+    /// Room for parked jobs (bounds the jobs held in memory to twice the
+    /// concurrency).
+    pub parking: &'a Arc<Semaphore>,
+}
+
 /// Runs `fetched` and decides what to write for it.
-pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched) -> Write {
+pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched, slots: Slots<'_>) -> Write {
     let (job, enqueued_at) = match payload::job_from_raw(&fetched.raw) {
         Ok(head) => head,
         Err(error) => return malformed(fetched, &error),
@@ -22,7 +36,13 @@ pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched) 
         tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited_us, "job started");
     }
     let outcome = match catalog.get(&job.class) {
-        Some(plugin) => executor.execute(plugin, &job, &ExecOptions::default()).await.outcome,
+        Some(plugin) => {
+            let _plugin_slot = match plugin_slot(plugin, slots).await {
+                Ok(slot) => slot,
+                Err(outcome) => return decide(fetched, outcome),
+            };
+            executor.execute(plugin, &job, &ExecOptions::default()).await.outcome
+        }
         None => {
             tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; sent to the dead set");
             Outcome::Dead(format!(
@@ -31,6 +51,30 @@ pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched) 
             ))
         }
     };
+    decide(fetched, outcome)
+}
+
+/// Takes a slot of the plugin's `limits.concurrency`, if it has one.
+async fn plugin_slot(
+    plugin: &Plugin,
+    slots: Slots<'_>,
+) -> Result<Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)>, Outcome> {
+    let Some(limit) = &plugin.slots else { return Ok(None) };
+    if let Ok(permit) = limit.clone().try_acquire_owned() {
+        return Ok(Some((permit, None)));
+    }
+    let parked = slots.parking.clone().try_acquire_owned().ok();
+    if parked.is_some() {
+        slots.runner.take();
+    }
+    match limit.clone().acquire_owned().await {
+        Ok(permit) => Ok(Some((permit, parked))),
+        Err(_) => Err(Outcome::Retry(format!("plugin {} is being unloaded", plugin.name))),
+    }
+}
+
+/// The write for a finished job.
+fn decide(fetched: &Fetched, outcome: Outcome) -> Write {
     match outcome {
         // Nothing to write into the payload: skip parsing it in full.
         Outcome::Success => Write::Ack,

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use crate::host::http::HttpLimits;
 use anyhow::Result;
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -49,8 +50,12 @@ impl Default for Limits {
 pub struct EngineConfig {
     /// Most jobs executing at once; sizes the instance pool.
     pub concurrency: u32,
-    /// Default per-job limits.
+    /// Default per-job limits (plugins may override them).
     pub limits: Limits,
+    /// Fuel metering, for plugins with `limits.fuel` (costs 10–25% speed).
+    pub fuel: bool,
+    /// Bounds on the guests' outgoing HTTP.
+    pub http: HttpLimits,
 }
 
 impl Default for EngineConfig {
@@ -58,9 +63,16 @@ impl Default for EngineConfig {
         Self {
             concurrency: 100,
             limits: Limits::default(),
+            fuel: false,
+            http: HttpLimits::default(),
         }
     }
 }
+
+/// The largest linear memory a pool slot holds: all of wasm32's 4 GiB, as
+/// Wasmtime reserves that much address space per slot anyway. Per-job
+/// limits are enforced below it by the store's limiter.
+const MAX_MEMORY: usize = 4 << 30;
 
 /// Bytes of each memory slot reset in place (instead of `madvise`d away)
 /// between uses. With `PAGEMAP_SCAN` (Linux ≥ 6.7) only the pages the guest
@@ -90,7 +102,7 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
         .max_memories_per_component(MEMORIES_PER_COMPONENT)
         .max_tables_per_component(TABLES_PER_COMPONENT)
-        .max_memory_size(config.limits.memory)
+        .max_memory_size(MAX_MEMORY)
         .pagemap_scan(Enabled::Auto)
         .linear_memory_keep_resident(KEEP_RESIDENT)
         .table_keep_resident(KEEP_RESIDENT)
@@ -100,7 +112,8 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
     wasm.wasm_component_model(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .memory_init_cow(true)
-        .epoch_interruption(true);
+        .epoch_interruption(true)
+        .consume_fuel(config.fuel);
     Engine::new(&wasm).map_err(anyhow::Error::from)
 }
 

@@ -28,7 +28,9 @@ use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 use super::engine::{self, EngineConfig, Limits, TICK};
 use super::state::{JobState, mib};
 use crate::bindings::{PluginPre, WORLD};
+use crate::host::http::{HttpClient, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
+use crate::host::sql::Databases;
 use crate::job::{Job, Outcome};
 use crate::plugin::Plugin;
 
@@ -60,6 +62,9 @@ pub struct Executor {
     engine: Engine,
     linker: Linker<JobState>,
     limits: Limits,
+    fuel: bool,
+    http: Arc<HttpClient>,
+    databases: Arc<Databases>,
     slots: Arc<Semaphore>,
     ticker: EpochTicker,
 }
@@ -74,9 +79,20 @@ impl Executor {
             engine,
             linker,
             limits: config.limits,
+            fuel: config.fuel,
+            http: Arc::new(HttpClient::new(config.http)),
+            databases: Databases::empty(),
             slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
             ticker,
         })
+    }
+
+    /// The same executor with the runner's SQL databases (`--db`); without
+    /// this it has none. Shared by every job, so pools live as long as the
+    /// executor.
+    pub fn with_databases(mut self, databases: Arc<Databases>) -> Self {
+        self.databases = databases;
+        self
     }
 
     /// The engine components must be compiled for.
@@ -87,6 +103,11 @@ impl Executor {
     /// The default per-job limits.
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// Whether fuel metering is on (needed by plugins with `limits.fuel`).
+    pub fn fuel(&self) -> bool {
+        self.fuel
     }
 
     /// Links `component` against the host's imports and checks that it
@@ -130,7 +151,15 @@ impl Executor {
             plugin_version: plugin.version.clone(),
         };
 
-        let state = match JobState::new(&plugin.manifest, sink.clone(), self.limits.memory) {
+        let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
+        let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
+        let http = HttpPolicy::new(
+            self.http.clone(),
+            plugin.http_allow.clone(),
+            plugin.http_stats.clone(),
+            sink.clone(),
+        );
+        let state = match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
             Ok(state) => state,
             Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
         };
@@ -138,18 +167,21 @@ impl Executor {
         store.limiter(|state| &mut state.limiter);
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
+        if self.fuel {
+            let fuel = plugin.manifest.limits.fuel.unwrap_or(u64::MAX);
+            if let Err(err) = store.set_fuel(fuel) {
+                return done(Outcome::Retry(format!("cannot set the fuel budget: {err}")), None);
+            }
+        }
 
         let wit_job = job.to_wit();
         let run = async {
             let instance = plugin.pre.instantiate_async(&mut store).await?;
             instance.call_perform(&mut store, &wit_job).await
         };
-        let result = tokio::time::timeout(self.limits.timeout, run).await;
+        let result = tokio::time::timeout(timeout, run).await;
         let execution = match result {
-            Err(_) => done(
-                Outcome::Retry(format!("timed out after {:?}", self.limits.timeout)),
-                None,
-            ),
+            Err(_) => done(Outcome::Retry(format!("timed out after {timeout:?}")), None),
             Ok(Ok(Ok(()))) => done(Outcome::Success, None),
             Ok(Ok(Err(job_error))) => done(job_error.into(), None),
             Ok(Err(err)) => {
@@ -160,6 +192,10 @@ impl Executor {
         match &execution.outcome {
             Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
             failed => tracing::warn!(
+                jid = %job.jid,
+                class = %job.class,
+                plugin = %plugin.name,
+                version = %plugin.version,
                 elapsed_us = execution.duration.as_micros() as u64,
                 "job failed: {failed}"
             ),
@@ -179,6 +215,7 @@ fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
     } else if let Some(trap) = err.downcast_ref::<Trap>() {
         match trap {
             Trap::StackOverflow => "stack overflow (wasm trap: call stack exhausted)".to_owned(),
+            Trap::OutOfFuel => "fuel exhausted (wasm trap: all fuel consumed)".to_owned(),
             trap => trap.to_string(),
         }
     } else {

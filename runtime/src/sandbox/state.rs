@@ -4,7 +4,11 @@
 //! capability sees only its part: wasmtime-wasi through [`WasiView`] (WASI
 //! context + resource table), wasmtime-wasi-http through [`WasiHttpView`]
 //! (HTTP context + policy hook + table), the `log` import through the
-//! [`LogSink`], and Wasmtime's resource accounting through [`MemoryLimiter`].
+//! [`LogSink`], the `sql` import through its [`SqlView`] (the runner's
+//! databases as the plugin's grants filter them), and Wasmtime's resource
+//! accounting through [`MemoryLimiter`].
+
+use std::sync::Arc;
 
 use anyhow::Result;
 use wasmtime::ResourceLimiter;
@@ -15,6 +19,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use crate::host::files;
 use crate::host::http::HttpPolicy;
 use crate::host::log::{LogSink, Source};
+use crate::host::sql::{Databases, SqlView};
 use crate::plugin::Manifest;
 
 /// Everything a job's store holds.
@@ -24,25 +29,39 @@ pub struct JobState {
     http: WasiHttpCtx,
     http_policy: HttpPolicy,
     pub(crate) log: LogSink,
+    pub(crate) sql: SqlView,
     pub(crate) limiter: MemoryLimiter,
 }
 
 impl JobState {
     /// State for one job of the plugin described by `manifest`: its
-    /// preopens, no environment, no arguments, stdin closed, stdout/stderr
-    /// into `log`.
-    pub fn new(manifest: &Manifest, log: LogSink, memory_limit: usize) -> Result<Self> {
+    /// preopens and granted environment variables, no arguments, stdin
+    /// closed, stdout/stderr into `log`, outgoing HTTP through `http_policy`,
+    /// SQL to the `databases` the manifest grants.
+    pub fn new(
+        manifest: &Manifest,
+        log: LogSink,
+        memory_limit: usize,
+        http_policy: HttpPolicy,
+        databases: &Arc<Databases>,
+    ) -> Result<Self> {
         let mut builder = WasiCtxBuilder::new();
         builder
             .stdout(log.stream(Source::Stdout))
             .stderr(log.stream(Source::Stderr));
+        for name in &manifest.env {
+            if let Ok(value) = std::env::var(name) {
+                builder.env(name, value);
+            }
+        }
         files::preopen(&mut builder, manifest)?;
         Ok(Self {
             wasi: builder.build(),
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
-            http_policy: HttpPolicy::default(),
+            http_policy,
             log,
+            sql: SqlView::new(databases.clone(), manifest),
             limiter: MemoryLimiter::new(memory_limit),
         })
     }

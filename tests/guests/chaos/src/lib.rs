@@ -22,8 +22,18 @@
 //! | `["env", name]` | log `env NAME=value` or `env NAME=<unset>` |
 //! | `["stdout", text]` | `println!("{text}")` |
 //! | `["big-log", bytes]` | log one message of `bytes` bytes |
+//! | `["big-error", bytes]` | fail (retry) with a message of `bytes` bytes |
+//! | `["http-flood", n, authority, path]` | start `n` GETs to `http://authority/path` at once, wait for all, log `flood: ok=A failed=B` |
 //! | `["fail-times", n]` | retry error while the job has been retried fewer than `n` times, then succeed |
 //! | `["slow-append", file, line, ms]` | sleep `ms`, then append `line\n` to `/data/<file>` (one write) |
+//! | `["sql", db, statement, params?]` | `sql::query`; log `columns: [..]`, one `row: [..]` per row, `rows: N` |
+//! | `["sql-exec", db, statement, params?]` | `sql::execute`; log `affected: N` |
+//! | `["sql-typed", db, statement, params?]` | `sql::query` reading columns `i, f, t, b, flag, n` of each row through the SDK's typed getters; log `typed: ...` |
+//!
+//! SQL params and logged values are JSON: null, booleans, integers, floats
+//! and strings map to the SQL value of the same kind, `{"blob": [bytes]}` to
+//! a blob. A SQL error fails the job retryably with the SDK's message
+//! (`sql <kind> error: ...`).
 //!
 //! Anything else is a dead error starting with "unknown chaos mode".
 
@@ -31,7 +41,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use wasmjobs_guest::serde_json::Value;
-use wasmjobs_guest::{Job, JobError, JobInfo, export_job, http, log};
+use wasmjobs_guest::{Job, JobError, JobInfo, export_job, http, log, sql};
 
 /// See the crate docs for the modes.
 pub struct ChaosJob;
@@ -65,10 +75,15 @@ impl Job for ChaosJob {
                 std::thread::sleep(Duration::from_millis(args.u64(1)?));
                 Ok(())
             }
+            "big-error" => Err(JobError::retry("e".repeat(args.usize(1)?))),
+            "http-flood" => flood(args.usize(1)?, args.str(2)?, args.str(3)?),
             "fail-times" => {
                 let times = args.u64(1)?;
                 if u64::from(job.retry_count) < times {
-                    return Err(JobError::retry(format!("failing on purpose, attempt {}", job.retry_count + 1)));
+                    return Err(JobError::retry(format!(
+                        "failing on purpose, attempt {}",
+                        job.retry_count + 1
+                    )));
                 }
                 log::info!("succeeded after {} retries", job.retry_count);
                 Ok(())
@@ -139,6 +154,34 @@ impl Job for ChaosJob {
                 log::info!("{}", "x".repeat(args.usize(1)?));
                 Ok(())
             }
+            "sql" => {
+                let rows = sql::query(args.str(1)?, args.str(2)?, &args.sql_params(3)?)?;
+                log::info!("columns: {}", Value::from(rows.columns().to_vec()));
+                for row in &rows {
+                    let values: Vec<Value> = row.values().iter().map(sql_to_json).collect();
+                    log::info!("row: {}", Value::Array(values));
+                }
+                log::info!("rows: {}", rows.len());
+                Ok(())
+            }
+            "sql-exec" => {
+                let affected = sql::execute(args.str(1)?, args.str(2)?, &args.sql_params(3)?)?;
+                log::info!("affected: {affected}");
+                Ok(())
+            }
+            "sql-typed" => {
+                let rows = sql::query(args.str(1)?, args.str(2)?, &args.sql_params(3)?)?;
+                for row in &rows {
+                    let i: i64 = row.get("i")?;
+                    let f: f64 = row.get(1)?;
+                    let t: String = row.get("t")?;
+                    let b: Vec<u8> = row.get("b")?;
+                    let flag: bool = row.get("flag")?;
+                    let n: Option<i64> = row.get("n")?;
+                    log::info!("typed: i={i} f={f} t={t:?} b={b:?} flag={flag} n={n:?}");
+                }
+                Ok(())
+            }
             other => Err(JobError::dead(format!("unknown chaos mode {other:?}"))),
         }
     }
@@ -170,10 +213,102 @@ impl Args<'_> {
         })
     }
 
+    /// Arg `index` (a JSON array, optional) as SQL parameters.
+    fn sql_params(&self, index: usize) -> Result<Vec<sql::Value>, JobError> {
+        match self.0.get(index) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(params)) => params.iter().map(json_to_sql).collect(),
+            Some(other) => Err(JobError::dead(format!(
+                "chaos: arg {index} must be an array of params, got {other}"
+            ))),
+        }
+    }
+
     fn usize(&self, index: usize) -> Result<usize, JobError> {
         let value = self.u64(index)?;
         usize::try_from(value).map_err(|_| JobError::dead(format!("chaos: arg {index} is too large: {value}")))
     }
+}
+
+/// A JSON param as a SQL value (see the crate docs).
+fn json_to_sql(value: &Value) -> Result<sql::Value, JobError> {
+    Ok(match value {
+        Value::Null => sql::Value::Null,
+        Value::Bool(b) => sql::Value::Boolean(*b),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => sql::Value::Int(i),
+            None => sql::Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(text) => sql::Value::Text(text.clone()),
+        Value::Object(object) => match object.get("blob").and_then(Value::as_array) {
+            Some(bytes) => sql::Value::Blob(
+                bytes
+                    .iter()
+                    .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(|| JobError::dead(format!("chaos: bad blob {value}")))?,
+            ),
+            None => return Err(JobError::dead(format!("chaos: bad SQL param {value}"))),
+        },
+        Value::Array(_) => return Err(JobError::dead(format!("chaos: bad SQL param {value}"))),
+    })
+}
+
+/// A SQL value as JSON (see the crate docs); a non-finite float as a string.
+fn sql_to_json(value: &sql::Value) -> Value {
+    match value {
+        sql::Value::Null => Value::Null,
+        sql::Value::Boolean(b) => Value::Bool(*b),
+        sql::Value::Int(i) => Value::from(*i),
+        sql::Value::Float(f) => wasmjobs_guest::serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .unwrap_or_else(|| Value::String(f.to_string())),
+        sql::Value::Text(text) => Value::String(text.clone()),
+        sql::Value::Blob(bytes) => wasmjobs_guest::serde_json::json!({ "blob": bytes }),
+    }
+}
+
+/// Starts `n` requests before waiting for any, to see how the host bounds
+/// a guest that opens thousands of connections.
+fn flood(n: usize, authority: &str, path: &str) -> Result<(), JobError> {
+    use wasmjobs_guest::bindings::wasi::http::outgoing_handler;
+    use wasmjobs_guest::bindings::wasi::http::types::{Fields, OutgoingBody, OutgoingRequest, Scheme};
+    let mut futures = Vec::with_capacity(n);
+    let mut failed = 0usize;
+    for _ in 0..n {
+        let request = OutgoingRequest::new(Fields::new());
+        let ready = request.set_scheme(Some(&Scheme::Http)).is_ok()
+            && request.set_authority(Some(authority)).is_ok()
+            && request.set_path_with_query(Some(path)).is_ok();
+        if !ready {
+            return Err(JobError::dead(format!("bad flood target {authority}{path}")));
+        }
+        let Ok(body) = request.body() else {
+            return Err(JobError::dead("request body taken"));
+        };
+        match outgoing_handler::handle(request, None) {
+            Ok(future) => futures.push(future),
+            Err(_) => failed += 1,
+        }
+        if OutgoingBody::finish(body, None).is_err() {
+            failed += 1;
+        }
+    }
+    let mut ok = 0usize;
+    for future in futures {
+        let response = loop {
+            match future.get() {
+                Some(result) => break result,
+                None => future.subscribe().block(),
+            }
+        };
+        match response {
+            Ok(Ok(_)) => ok += 1,
+            _ => failed += 1,
+        }
+    }
+    log::info!("flood: ok={ok} failed={failed}");
+    Ok(())
 }
 
 /// Execute `unreachable`: an immediate trap without a panic message.

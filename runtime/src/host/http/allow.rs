@@ -1,0 +1,193 @@
+//! `http.allow`: which hosts a plugin may call.
+//!
+//! Patterns are `host`, `host:port`, `host:*`, and `*.domain` (any
+//! subdomain of `domain`, at any depth, not `domain` itself), optionally
+//! prefixed with `http://` or `https://` to restrict the scheme. Hosts
+//! compare case-insensitively. Without a port a pattern allows only the
+//! scheme's default port (80 or 443), as in Spin: reaching `host:8080`
+//! must be granted as such. IP addresses are hosts like any other, and a
+//! bare `*` is refused — granting everything must be spelled out per host.
+
+use std::fmt;
+
+use anyhow::{Result, bail};
+
+/// One parsed pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    scheme: Option<String>,
+    host: HostPattern,
+    port: PortPattern,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HostPattern {
+    Exact(String),
+    /// `*.example.org` stores `.example.org`.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PortPattern {
+    Default,
+    Any,
+    Is(u16),
+}
+
+/// A plugin's outgoing-HTTP grants. Empty (the default) denies everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowList {
+    rules: Vec<Rule>,
+    patterns: Vec<String>,
+}
+
+impl AllowList {
+    /// Parses manifest patterns; the error names the offending pattern.
+    pub fn parse(patterns: &[String]) -> Result<Self> {
+        let rules = patterns.iter().map(|p| parse_rule(p)).collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            rules,
+            patterns: patterns.to_vec(),
+        })
+    }
+
+    /// Whether a request to `scheme://host:port` is allowed.
+    pub fn allows(&self, scheme: &str, host: &str, port: u16) -> bool {
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        let default_port = match scheme {
+            "https" => 443,
+            _ => 80,
+        };
+        self.rules.iter().any(|rule| {
+            rule.scheme.as_deref().is_none_or(|s| s == scheme)
+                && match &rule.host {
+                    HostPattern::Exact(h) => *h == host,
+                    HostPattern::Suffix(suffix) => host.ends_with(suffix.as_str()) && host.len() > suffix.len(),
+                }
+                && match rule.port {
+                    PortPattern::Default => port == default_port,
+                    PortPattern::Any => true,
+                    PortPattern::Is(p) => p == port,
+                }
+        })
+    }
+
+    /// Whether nothing is granted.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+}
+
+impl fmt::Display for AllowList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.patterns.is_empty() {
+            f.write_str("nothing")
+        } else {
+            f.write_str(&self.patterns.join(", "))
+        }
+    }
+}
+
+fn parse_rule(pattern: &str) -> Result<Rule> {
+    let text = pattern.trim();
+    let (scheme, rest) = match text.split_once("://") {
+        Some((scheme @ ("http" | "https"), rest)) => (Some(scheme.to_owned()), rest),
+        Some((other, _)) => bail!("http.allow {pattern:?}: scheme {other:?} is not http or https"),
+        None => (None, text),
+    };
+    if rest.contains('/') || rest.contains('@') || rest.contains('?') {
+        bail!("http.allow {pattern:?}: give a host[:port], not a URL with a path or credentials");
+    }
+    let (host, port) = split_port(rest).ok_or_else(|| anyhow::anyhow!("http.allow {pattern:?}: bad port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    let host = if let Some(domain) = host.strip_prefix("*.") {
+        if domain.is_empty() || domain.contains('*') {
+            bail!("http.allow {pattern:?}: a wildcard must be '*.domain'");
+        }
+        HostPattern::Suffix(format!(".{domain}"))
+    } else {
+        if host.is_empty() || host.contains('*') {
+            bail!("http.allow {pattern:?}: only '*.domain' wildcards are allowed; list hosts explicitly");
+        }
+        HostPattern::Exact(host)
+    };
+    Ok(Rule { scheme, host, port })
+}
+
+/// Splits `host[:port]` (IPv6 in brackets); `None` for an invalid port.
+fn split_port(text: &str) -> Option<(&str, PortPattern)> {
+    let colon = if text.starts_with('[') {
+        text.find("]:").map(|i| i + 1)
+    } else {
+        text.rfind(':')
+    };
+    match colon {
+        None => Some((text, PortPattern::Default)),
+        Some(i) => {
+            let port = &text[i + 1..];
+            let port = if port == "*" {
+                PortPattern::Any
+            } else {
+                PortPattern::Is(port.parse().ok().filter(|&p| p > 0)?)
+            };
+            Some((&text[..i], port))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(patterns: &[&str]) -> AllowList {
+        AllowList::parse(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn hosts_ports_and_wildcards() {
+        let allow = list(&[
+            "127.0.0.1:9292",
+            "api.example.com",
+            "*.example.org",
+            "https://secure.test",
+            "any.test:*",
+        ]);
+        assert!(allow.allows("http", "127.0.0.1", 9292));
+        assert!(!allow.allows("http", "127.0.0.1", 9293));
+        assert!(allow.allows("https", "API.example.com", 443));
+        assert!(allow.allows("http", "api.example.com", 80));
+        assert!(
+            !allow.allows("http", "api.example.com", 8080),
+            "no port means the default port"
+        );
+        assert!(allow.allows("https", "a.example.org", 443));
+        assert!(allow.allows("https", "b.a.example.org", 443));
+        assert!(
+            !allow.allows("https", "example.org", 443),
+            "*.domain is subdomains only"
+        );
+        assert!(!allow.allows("https", "evilexample.org", 443));
+        assert!(allow.allows("https", "secure.test", 443));
+        assert!(!allow.allows("http", "secure.test", 80), "scheme-restricted");
+        assert!(allow.allows("http", "any.test", 12345));
+        assert!(!allow.allows("http", "other.test", 80));
+        assert!(
+            !AllowList::default().allows("http", "127.0.0.1", 80),
+            "nothing by default"
+        );
+    }
+
+    #[test]
+    fn ipv6_hosts() {
+        let allow = list(&["[::1]:8080"]);
+        assert!(allow.allows("http", "[::1]", 8080));
+        assert!(!allow.allows("http", "::1", 80));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        for bad in ["*", "a.*.com", "ftp://x", "x/path", "x:0", "x:notaport", "user@x", "*."] {
+            assert!(AllowList::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
+    }
+}

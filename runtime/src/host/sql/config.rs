@@ -1,0 +1,280 @@
+//! `--db NAME=URL`: how a runner names its databases and how to reach them.
+//!
+//! Databases are runner configuration, not plugin configuration: the person
+//! who runs wasmjobs decides where `main` lives and with which credentials,
+//! and a plugin's manifest can only name databases it wants. The URL carries
+//! the few settings wasmjobs itself needs as query parameters, which are
+//! taken out before the rest of the URL reaches the driver:
+//!
+//! | parameter | meaning | default |
+//! |---|---|---|
+//! | `pool=N` | most connections open at once | 10 (PostgreSQL), 4 (SQLite) |
+//! | `timeout=SECS` | per-statement timeout; also bounds waiting for a free connection | 30 |
+//! | `max_rows=N` | most rows one query may return | 100000 |
+//! | `max_bytes=SIZE` | most bytes one query may return (`64MiB`, `1048576`, ...) | 64MiB |
+//!
+//! `postgres://user:pass@host:5432/db?pool=100` (or `postgresql://`): every
+//! other parameter is tokio-postgres's (libpq-style, e.g. `connect_timeout`,
+//! `application_name`, `options`). `sqlite://jobs.db` is a file under the
+//! runner's data directory, `sqlite:///var/lib/app/jobs.db` an absolute path;
+//! the file is created if missing.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::sandbox::engine::parse_size;
+
+/// Default pool size of a PostgreSQL database: enough for typical job mixes
+/// without exhausting a server's default `max_connections` (100) when a few
+/// runners share it. Raise it with `?pool=N` for IO-bound jobs.
+pub const DEFAULT_POSTGRES_POOL: usize = 10;
+/// Default pool size of a SQLite database: WAL mode lets readers run in
+/// parallel, but writers take turns, so more connections rarely help.
+pub const DEFAULT_SQLITE_POOL: usize = 4;
+/// Default per-statement timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default cap on the rows one query returns.
+pub const DEFAULT_MAX_ROWS: usize = 100_000;
+/// Default cap on the bytes one query returns.
+pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+/// Largest pool accepted: a typo should not open ten thousand connections.
+const MAX_POOL: usize = 10_000;
+
+/// Which engine serves a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A PostgreSQL server, reached over the network.
+    Postgres,
+    /// A SQLite file, embedded in the runner.
+    Sqlite,
+}
+
+/// The wasmjobs-side settings of one database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Most connections open at once.
+    pub pool: usize,
+    /// Per-statement timeout (and bound on waiting for a connection).
+    pub timeout: Duration,
+    /// Most rows one query may return.
+    pub max_rows: usize,
+    /// Most bytes one query may return (text and blob lengths, plus a small
+    /// fixed cost per value).
+    pub max_bytes: usize,
+}
+
+/// One `--db NAME=URL` option, parsed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DbSpec {
+    /// The name plugins use (`sql = ["main"]`, `sql::query("main", ...)`).
+    pub name: String,
+    /// Which engine.
+    pub backend: Backend,
+    /// What the driver gets: the URL without wasmjobs's parameters
+    /// (PostgreSQL), or the file path as written (SQLite).
+    pub target: String,
+    /// Pool size, timeout and caps.
+    pub settings: Settings,
+}
+
+impl DbSpec {
+    /// The target with any password replaced by `***`, for logs and errors.
+    pub fn redacted(&self) -> String {
+        match self.backend {
+            Backend::Postgres => redact(&self.target),
+            Backend::Sqlite => format!("sqlite://{}", self.target),
+        }
+    }
+}
+
+impl fmt::Debug for DbSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbSpec")
+            .field("name", &self.name)
+            .field("target", &self.redacted())
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl FromStr for DbSpec {
+    type Err = anyhow::Error;
+
+    /// Parses `NAME=URL`.
+    fn from_str(text: &str) -> Result<Self> {
+        let (name, url) = text
+            .split_once('=')
+            .ok_or_else(|| anyhow!("expected NAME=URL, e.g. main=postgres://user@localhost/app"))?;
+        let name = name.trim();
+        if !valid_name(name) {
+            bail!("{name:?} is not a valid database name (1-64 letters, digits, '_' or '-')");
+        }
+        let (backend, rest) = if let Some(rest) = url.strip_prefix("sqlite://") {
+            (Backend::Sqlite, rest)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (Backend::Postgres, url)
+        } else {
+            bail!("database {name:?}: the URL must start with postgres://, postgresql:// or sqlite://");
+        };
+        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut settings = Settings {
+            pool: match backend {
+                Backend::Postgres => DEFAULT_POSTGRES_POOL,
+                Backend::Sqlite => DEFAULT_SQLITE_POOL,
+            },
+            timeout: DEFAULT_TIMEOUT,
+            max_rows: DEFAULT_MAX_ROWS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        };
+        let mut passed = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let context = || format!("database {name:?}: {key}={value}");
+            match key {
+                "pool" => {
+                    settings.pool = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_POOL).contains(n))
+                        .ok_or_else(|| {
+                            anyhow!("{}: expected a number of connections from 1 to {MAX_POOL}", context())
+                        })?;
+                }
+                "timeout" => {
+                    settings.timeout = value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|s| *s > 0.0)
+                        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                        .ok_or_else(|| anyhow!("{}: expected a positive number of seconds", context()))?;
+                }
+                "max_rows" => {
+                    settings.max_rows = value
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| anyhow!("{}: expected a positive number of rows", context()))?;
+                }
+                "max_bytes" => settings.max_bytes = parse_size(value).with_context(context)?,
+                _ if backend == Backend::Postgres => passed.push(pair),
+                _ => bail!(
+                    "database {name:?}: unknown parameter {key:?} (sqlite:// takes pool, timeout, max_rows, max_bytes)"
+                ),
+            }
+        }
+        let target = match backend {
+            Backend::Postgres if passed.is_empty() => base.to_owned(),
+            Backend::Postgres => format!("{base}?{}", passed.join("&")),
+            Backend::Sqlite if base.is_empty() => bail!("database {name:?}: sqlite:// needs a file path"),
+            Backend::Sqlite => base.to_owned(),
+        };
+        Ok(DbSpec {
+            name: name.to_owned(),
+            backend,
+            target,
+            settings,
+        })
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
+/// `scheme://user:secret@host/...` → `scheme://user:***@host/...`; also
+/// hides a `password=` parameter.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("password", _)) => "password=***".to_owned(),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_postgres_and_takes_out_our_parameters() {
+        let spec: DbSpec = "main=postgres://u:pw@db:5432/app?pool=100&connect_timeout=5&timeout=2.5"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.name, "main");
+        assert_eq!(spec.backend, Backend::Postgres);
+        assert_eq!(spec.target, "postgres://u:pw@db:5432/app?connect_timeout=5");
+        assert_eq!(spec.settings.pool, 100);
+        assert_eq!(spec.settings.timeout, Duration::from_millis(2500));
+        assert_eq!(spec.settings.max_rows, DEFAULT_MAX_ROWS);
+        assert_eq!(spec.redacted(), "postgres://u:***@db:5432/app?connect_timeout=5");
+        assert!(!format!("{spec:?}").contains("pw"));
+    }
+
+    #[test]
+    fn parses_sqlite() {
+        let spec: DbSpec = "local=sqlite://data/local.db?max_rows=10&max_bytes=1MiB"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.backend, Backend::Sqlite);
+        assert_eq!(spec.target, "data/local.db");
+        assert_eq!(spec.settings.pool, DEFAULT_SQLITE_POOL);
+        assert_eq!(spec.settings.max_rows, 10);
+        assert_eq!(spec.settings.max_bytes, 1 << 20);
+        let absolute: DbSpec = "a=sqlite:///tmp/x.db".parse().unwrap();
+        assert_eq!(absolute.target, "/tmp/x.db");
+    }
+
+    #[test]
+    fn rejects_bad_specs() {
+        for (text, needle) in [
+            ("main", "NAME=URL"),
+            ("m a=sqlite://x", "not a valid database name"),
+            ("m=mysql://x", "must start with"),
+            ("m=sqlite://x?pool=0", "pool=0"),
+            ("m=sqlite://x?cache=shared", "unknown parameter"),
+            ("m=sqlite://", "needs a file path"),
+            ("m=postgres://h/db?timeout=-1", "positive number of seconds"),
+        ] {
+            let err = text.parse::<DbSpec>().unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("postgres://h/db?user=u&password=x"),
+            "postgres://h/db?user=u&password=***"
+        );
+    }
+}

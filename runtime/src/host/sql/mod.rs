@@ -1,0 +1,390 @@
+//! `wasmjobs:job/sql`: SQL databases the runner configured, for the plugins
+//! whose manifest grants them.
+//!
+//! Why it looks like this:
+//! - **Databases belong to the runner** (`--db main=postgres://...`, see
+//!   [`config`]), opened once per process into [`Databases`] and shared by
+//!   every job, so connections are reused across jobs and a plugin never
+//!   sees a credential. A manifest only names what it may use
+//!   (`sql = ["main"]`); the per-job [`SqlView`] enforces that.
+//! - **Grants are checked before existence**: a name the manifest does not
+//!   grant is `not-granted` whether or not the runner has it (a plugin
+//!   cannot probe the runner's configuration); a granted name the runner
+//!   lacks is `unknown-database`. Neither breaks the plugin at load time,
+//!   because which databases exist is the runner's business.
+//! - **Parameters, never interpolation**: statements are prepared and values
+//!   bound by the driver (`postgres.rs`, `sqlite.rs`).
+//! - **One statement per call, nothing left behind**: each call runs in
+//!   autocommit on some pooled connection, so statements that would leave
+//!   session state on a connection the next job inherits are refused
+//!   (`check_statement`).
+//! - **Bounded**: a per-statement timeout (the statement is cancelled), and
+//!   a cap on rows and bytes returned (`Budget`) so a careless `SELECT *`
+//!   cannot exhaust the host's memory.
+//! - **Failures are values**: every problem becomes a `sql-error` for the
+//!   guest, never a trap and never a host panic.
+
+pub mod config;
+mod pg_values;
+mod postgres;
+mod sqlite;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+pub use config::{Backend, DbSpec, Settings};
+
+use crate::bindings::sql::{Host, Rows, SqlError, Value};
+use crate::plugin::Manifest;
+
+/// The databases of one runner process, by name. Built once at start-up and
+/// shared (behind an `Arc`) by every job.
+#[derive(Default)]
+pub struct Databases {
+    by_name: BTreeMap<String, Arc<Database>>,
+}
+
+/// One configured database.
+struct Database {
+    spec: DbSpec,
+    engine: Engine,
+}
+
+enum Engine {
+    Postgres(postgres::Postgres),
+    Sqlite(sqlite::Sqlite),
+}
+
+impl Databases {
+    /// No databases: every query fails with `not-granted` or
+    /// `unknown-database`. What tests and commands without `--db` use.
+    pub fn empty() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Opens the databases of `specs`. SQLite files are created (relative
+    /// paths under `data_dir`) and opened now, so a bad path stops the
+    /// runner at start-up; PostgreSQL pools connect lazily, so a database
+    /// that is down only fails the jobs that use it (as `connection`
+    /// errors, which they retry).
+    pub fn open(specs: &[DbSpec], data_dir: &Path) -> Result<Self> {
+        let mut by_name = BTreeMap::new();
+        for spec in specs {
+            if by_name.contains_key(&spec.name) {
+                bail!("--db {}: the name is configured twice", spec.name);
+            }
+            let engine = match spec.backend {
+                Backend::Postgres => Engine::Postgres(postgres::Postgres::open(spec)?),
+                Backend::Sqlite => Engine::Sqlite(sqlite::Sqlite::open(spec, data_dir)?),
+            };
+            tracing::info!(db = %spec.name, url = %spec.redacted(), pool = spec.settings.pool, "database configured");
+            let database = Database {
+                spec: spec.clone(),
+                engine,
+            };
+            by_name.insert(spec.name.clone(), Arc::new(database));
+        }
+        Ok(Self { by_name })
+    }
+
+    /// Opens `specs` on a blocking thread (SQLite files are created and
+    /// opened there), for callers on the async runtime.
+    pub async fn open_async(specs: Vec<DbSpec>, data_dir: PathBuf) -> Result<Arc<Self>> {
+        tokio::task::spawn_blocking(move || Self::open(&specs, &data_dir))
+            .await
+            .context("opening the databases panicked")?
+            .map(Arc::new)
+    }
+
+    /// The configured names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// Whether no database is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+/// What one job may reach: the runner's databases, filtered by the grants
+/// of the job's plugin. Lives in the job's store (`JobState`).
+pub struct SqlView {
+    databases: Arc<Databases>,
+    grants: Vec<String>,
+    manifest: PathBuf,
+}
+
+impl SqlView {
+    /// The view for a job of the plugin described by `manifest`.
+    pub fn new(databases: Arc<Databases>, manifest: &Manifest) -> Self {
+        Self {
+            databases,
+            grants: manifest.sql.clone(),
+            manifest: manifest.path.clone(),
+        }
+    }
+
+    /// The database `name`, if granted and configured.
+    fn database(&self, name: &str) -> Result<Arc<Database>, SqlError> {
+        if !self.grants.iter().any(|g| g == name) {
+            return Err(SqlError::NotGranted(format!(
+                "database {name:?} is not granted to this plugin: {} has {}",
+                self.manifest.display(),
+                if self.grants.is_empty() {
+                    "no `sql` grants".to_owned()
+                } else {
+                    format!("sql = {:?}", self.grants)
+                }
+            )));
+        }
+        self.databases.by_name.get(name).cloned().ok_or_else(|| {
+            SqlError::UnknownDatabase(format!(
+                "database {name:?} is granted but this runner has no such database (configure it with --db {name}=URL)"
+            ))
+        })
+    }
+
+    async fn run(&self, db: &str, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
+        let database = self.database(db)?;
+        check_statement(&statement)?;
+        let started = Instant::now();
+        let output = match &database.engine {
+            Engine::Postgres(pg) => pg.run(&statement, &params, want_rows).await,
+            Engine::Sqlite(lite) => lite.run(statement, params, want_rows).await,
+        };
+        match &output {
+            Ok(_) => tracing::debug!(
+                db,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "sql statement done"
+            ),
+            Err(SqlError::Connection(message)) => {
+                tracing::warn!(db, url = %database.spec.redacted(), "sql connection problem: {message}")
+            }
+            Err(error) => tracing::debug!(db, "sql statement failed: {error:?}"),
+        }
+        output
+    }
+}
+
+/// What a statement produced.
+pub(crate) enum Output {
+    /// The rows of a query.
+    Rows(Rows),
+    /// The row count of an `execute`.
+    Affected(u64),
+}
+
+impl Host for SqlView {
+    async fn query(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<Rows, SqlError> {
+        match self.run(&db, statement, params, true).await? {
+            Output::Rows(rows) => Ok(rows),
+            Output::Affected(_) => Ok(Rows {
+                columns: Vec::new(),
+                rows: Vec::new(),
+            }),
+        }
+    }
+
+    async fn execute(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<u64, SqlError> {
+        match self.run(&db, statement, params, false).await? {
+            Output::Affected(count) => Ok(count),
+            Output::Rows(rows) => Ok(rows.rows.len() as u64),
+        }
+    }
+}
+
+/// Statements that would leave state on a pooled connection for the next
+/// caller (another job, maybe another plugin): an open transaction, a
+/// session setting, a named prepared statement, a listener, an attached
+/// file. The first keyword decides, after leading blanks and comments.
+const SESSION_KEYWORDS: &[&str] = &[
+    "BEGIN",
+    "START",
+    "COMMIT",
+    "END",
+    "ROLLBACK",
+    "ABORT",
+    "SAVEPOINT",
+    "RELEASE",
+    "SET",
+    "RESET",
+    "PREPARE",
+    "DEALLOCATE",
+    "DISCARD",
+    "LISTEN",
+    "UNLISTEN",
+    "ATTACH",
+    "DETACH",
+];
+
+/// Refuses statements that would leave session state behind (see
+/// [`SESSION_KEYWORDS`]). This is a guard against accidents, not the
+/// security boundary: that is the database user in the runner's URL.
+pub(crate) fn check_statement(statement: &str) -> Result<(), SqlError> {
+    let keyword: String = skip_blanks_and_comments(statement)
+        .chars()
+        .take_while(|c| c.is_ascii_alphabetic())
+        .collect::<String>()
+        .to_ascii_uppercase();
+    if SESSION_KEYWORDS.contains(&keyword.as_str()) {
+        return Err(SqlError::Query(format!(
+            "{keyword} statements are not allowed: each call runs on its own pooled connection in autocommit, \
+             so session state (transactions, settings, prepared statements) would leak to other jobs; \
+             use a single statement (a CTE, INSERT ... ON CONFLICT, a function) for atomic work"
+        )));
+    }
+    Ok(())
+}
+
+/// `text` after leading whitespace, `-- line` and `/* block */` comments.
+fn skip_blanks_and_comments(mut text: &str) -> &str {
+    loop {
+        text = text.trim_start();
+        if let Some(rest) = text.strip_prefix("--") {
+            text = rest.split_once('\n').map_or("", |(_, after)| after);
+        } else if let Some(rest) = text.strip_prefix("/*") {
+            // PostgreSQL nests block comments; count them.
+            let mut depth = 1;
+            let mut chars = rest.char_indices().peekable();
+            let mut end = rest.len();
+            while let Some((i, c)) = chars.next() {
+                match (c, chars.peek().map(|&(_, n)| n)) {
+                    ('/', Some('*')) => {
+                        depth += 1;
+                        chars.next();
+                    }
+                    ('*', Some('/')) => {
+                        depth -= 1;
+                        chars.next();
+                        if depth == 0 {
+                            end = i + 2;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            text = &rest[end..];
+        } else {
+            return text;
+        }
+    }
+}
+
+/// Approximate cost of one value in a result: its payload plus the size of
+/// the value itself, so a million NULLs count too.
+const VALUE_OVERHEAD: usize = 16;
+
+/// Counts a result as it streams in and stops it at the database's caps.
+pub(crate) struct Budget<'a> {
+    db: &'a str,
+    settings: Settings,
+    rows: usize,
+    bytes: usize,
+}
+
+impl<'a> Budget<'a> {
+    /// A budget for one query on `db`.
+    pub(crate) fn new(db: &'a str, settings: Settings) -> Self {
+        Self {
+            db,
+            settings,
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Counts the column names.
+    pub(crate) fn columns(&mut self, columns: &[String]) -> Result<(), SqlError> {
+        self.bytes += columns.iter().map(|c| c.len() + VALUE_OVERHEAD).sum::<usize>();
+        self.check()
+    }
+
+    /// Counts one more row.
+    pub(crate) fn row(&mut self, row: &[Value]) -> Result<(), SqlError> {
+        self.rows += 1;
+        self.bytes += row.iter().map(value_size).sum::<usize>();
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), SqlError> {
+        if self.rows > self.settings.max_rows {
+            return Err(SqlError::Limit(format!(
+                "the result of this query on {:?} has more than {} rows (max_rows); select fewer (LIMIT, paging)",
+                self.db, self.settings.max_rows
+            )));
+        }
+        if self.bytes > self.settings.max_bytes {
+            return Err(SqlError::Limit(format!(
+                "the result of this query on {:?} is larger than {} bytes (max_bytes); select fewer rows or columns",
+                self.db, self.settings.max_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn value_size(value: &Value) -> usize {
+    VALUE_OVERHEAD
+        + match value {
+            Value::Text(text) => text.len(),
+            Value::Blob(bytes) => bytes.len(),
+            _ => 0,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_statements_are_refused_after_comments() {
+        for statement in [
+            "BEGIN",
+            "  begin;",
+            "-- c\nCOMMIT",
+            "/* a /* nested */ b */ set search_path = x",
+            "Rollback",
+            "ATTACH DATABASE '/etc/passwd' AS p",
+        ] {
+            assert!(
+                matches!(check_statement(statement), Err(SqlError::Query(_))),
+                "{statement}"
+            );
+        }
+        for statement in [
+            "SELECT 1",
+            "select begin_date from t",
+            "-- BEGIN\nSELECT 1",
+            "INSERT INTO settings VALUES (1)",
+            "",
+        ] {
+            assert!(check_statement(statement).is_ok(), "{statement}");
+        }
+    }
+
+    #[test]
+    fn the_budget_stops_at_rows_and_bytes() {
+        let settings = Settings {
+            pool: 1,
+            timeout: config::DEFAULT_TIMEOUT,
+            max_rows: 2,
+            max_bytes: 100,
+        };
+        let mut budget = Budget::new("db", settings);
+        budget.row(&[Value::Int(1)]).unwrap();
+        budget.row(&[Value::Null]).unwrap();
+        assert!(matches!(budget.row(&[Value::Int(3)]), Err(SqlError::Limit(_))));
+        let mut budget = Budget::new("db", settings);
+        assert!(matches!(
+            budget.row(&[Value::Text("x".repeat(100))]),
+            Err(SqlError::Limit(m)) if m.contains("max_bytes")
+        ));
+    }
+}

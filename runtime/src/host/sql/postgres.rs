@@ -1,0 +1,293 @@
+//! PostgreSQL: tokio-postgres connections in a deadpool pool.
+//!
+//! - **Async and pooled**: a job waiting on the server is a suspended task,
+//!   not a thread; the pool (`?pool=N`, see [`super::config`]) is created
+//!   once per runner and connections are reused across jobs. Waiting for a
+//!   free connection is bounded by the statement timeout.
+//! - **Prepared, cached**: each statement is prepared (so parameters are
+//!   bound by the protocol, never spliced into text, and the server tells
+//!   us their types, see [`super::pg_values`]) and the prepared statement
+//!   is cached per connection (at most [`STATEMENT_CACHE`] of them), so a
+//!   job class repeating one statement costs one round trip.
+//! - **Timeouts on both sides**: `statement_timeout` is set on every
+//!   connection, so the server stops a statement even if the job that sent
+//!   it is gone; the host also gives up after the same timeout. A
+//!   connection whose statement did not finish normally (timeout, result
+//!   too large, job dropped mid-statement) is never reused: its statement
+//!   is cancelled and the connection closed ([`Lease`]).
+//! - No TLS: `sslmode=require` is refused at start-up rather than failing
+//!   every job.
+
+use std::pin::pin;
+
+use anyhow::{Context, Result, bail};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
+use futures_util::StreamExt;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{NoTls, Statement};
+
+use super::pg_values::{PgParam, PgValue};
+use super::{Budget, DbSpec, Output, Settings};
+use crate::bindings::sql::{Rows, SqlError, Value};
+
+/// Most prepared statements kept per connection; past it the cache starts
+/// over (guests may send any number of distinct statements).
+const STATEMENT_CACHE: usize = 256;
+
+/// One PostgreSQL database: its pool and settings.
+pub(crate) struct Postgres {
+    name: String,
+    pool: Pool,
+    settings: Settings,
+}
+
+impl Postgres {
+    /// Builds the pool for `spec`; connects lazily.
+    pub(crate) fn open(spec: &DbSpec) -> Result<Self> {
+        let context = || format!("--db {}={}", spec.name, spec.redacted());
+        let mut config: tokio_postgres::Config = spec.target.parse().with_context(context)?;
+        if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
+            bail!(
+                "{}: TLS (sslmode=require) is not supported; connect over a trusted network or a unix socket",
+                context()
+            );
+        }
+        let timeout_ms = spec.settings.timeout.as_millis().max(1);
+        let options = match config.get_options() {
+            Some(options) => format!("{options} -c statement_timeout={timeout_ms}"),
+            None => format!("-c statement_timeout={timeout_ms}"),
+        };
+        config.options(options);
+        if config.get_application_name().is_none() {
+            config.application_name("wasmjobs");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(spec.settings.timeout);
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(spec.settings.pool)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(spec.settings.timeout))
+            .create_timeout(Some(spec.settings.timeout))
+            .recycle_timeout(Some(spec.settings.timeout))
+            .build()
+            .with_context(|| format!("{}: cannot build the connection pool", context()))?;
+        Ok(Self {
+            name: spec.name.clone(),
+            pool,
+            settings: spec.settings,
+        })
+    }
+
+    /// Runs one statement: its rows if `want_rows`, else the affected count.
+    pub(crate) async fn run(&self, statement: &str, params: &[Value], want_rows: bool) -> Result<Output, SqlError> {
+        let mut lease = self.lease().await?;
+        let mut retried = false;
+        loop {
+            lease.healthy = false;
+            let attempt = tokio::time::timeout(
+                self.settings.timeout,
+                self.attempt(&lease, statement, params, want_rows),
+            );
+            let failure = match attempt.await {
+                Ok(Ok(output)) => {
+                    lease.healthy();
+                    return Ok(output);
+                }
+                Ok(Err(failure)) => failure,
+                Err(_) => {
+                    return Err(SqlError::Timeout(format!(
+                        "{:?}: the statement took longer than {:?} and was cancelled",
+                        self.name, self.settings.timeout
+                    )));
+                }
+            };
+            match failure {
+                Failure::Postgres(error) => {
+                    // The server reported the error, so it is done with the
+                    // statement; other errors (a value that cannot be
+                    // converted) may leave rows in flight.
+                    if error.as_db_error().is_some() {
+                        lease.healthy();
+                    }
+                    // A cached statement the server forgot, or whose result
+                    // type changed (ALTER TABLE): start the cache over, once.
+                    let stale = matches!(
+                        error.code(),
+                        Some(&SqlState::FEATURE_NOT_SUPPORTED | &SqlState::INVALID_SQL_STATEMENT_NAME)
+                    );
+                    if stale && !retried {
+                        lease.client().statement_cache.clear();
+                        retried = true;
+                        continue;
+                    }
+                    return Err(self.postgres_error(&error));
+                }
+                // The result is still streaming in: leave the lease unhealthy
+                // so that the statement is cancelled and the connection closed.
+                Failure::Sql(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        lease: &Lease,
+        statement: &str,
+        params: &[Value],
+        want_rows: bool,
+    ) -> Result<Output, Failure> {
+        let client = lease.client();
+        if client.statement_cache.size() >= STATEMENT_CACHE {
+            client.statement_cache.clear();
+        }
+        let prepared: Statement = client.prepare_cached(statement).await?;
+        let params = params.iter().map(PgParam);
+        if !want_rows {
+            return Ok(Output::Affected(client.execute_raw(&prepared, params).await?));
+        }
+        let columns: Vec<String> = prepared.columns().iter().map(|c| c.name().to_owned()).collect();
+        let mut budget = Budget::new(&self.name, self.settings);
+        budget.columns(&columns)?;
+        let mut stream = pin!(client.query_raw(&prepared, params).await?);
+        let mut rows = Vec::new();
+        while let Some(row) = stream.next().await {
+            let row = row?;
+            let values = (0..row.len())
+                .map(|i| row.try_get::<_, PgValue>(i).map(|v| v.0))
+                .collect::<Result<Vec<Value>, _>>()?;
+            budget.row(&values)?;
+            rows.push(values);
+        }
+        Ok(Output::Rows(Rows { columns, rows }))
+    }
+
+    async fn lease(&self) -> Result<Lease, SqlError> {
+        match self.pool.get().await {
+            Ok(client) => Ok(Lease {
+                client: Some(client),
+                healthy: false,
+            }),
+            Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(SqlError::Timeout(format!(
+                "{:?}: no connection became free within {:?} (all {} in use; raise ?pool=N)",
+                self.name, self.settings.timeout, self.settings.pool
+            ))),
+            Err(PoolError::Backend(error)) => Err(SqlError::Connection(format!(
+                "{:?}: cannot connect: {}",
+                self.name,
+                chain(&error)
+            ))),
+            Err(error) => Err(SqlError::Connection(format!(
+                "{:?}: cannot connect: {error}",
+                self.name
+            ))),
+        }
+    }
+
+    fn postgres_error(&self, error: &tokio_postgres::Error) -> SqlError {
+        let name = &self.name;
+        if let Some(db) = error.as_db_error() {
+            let mut message = format!("{name:?}: {} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                message.push_str(&format!("; detail: {detail}"));
+            }
+            if let Some(hint) = db.hint() {
+                message.push_str(&format!("; hint: {hint}"));
+            }
+            return match *db.code() {
+                SqlState::QUERY_CANCELED => SqlError::Timeout(message),
+                SqlState::ADMIN_SHUTDOWN | SqlState::CRASH_SHUTDOWN | SqlState::CANNOT_CONNECT_NOW => {
+                    SqlError::Connection(message)
+                }
+                _ => SqlError::Query(message),
+            };
+        }
+        if error.is_closed() {
+            return SqlError::Connection(format!("{name:?}: the connection was lost: {}", chain(error)));
+        }
+        SqlError::Query(format!("{name:?}: {}", chain(error)))
+    }
+}
+
+/// Why an attempt failed: the server or driver said no, or we stopped it.
+enum Failure {
+    Postgres(tokio_postgres::Error),
+    Sql(SqlError),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Failure::Postgres(error)
+    }
+}
+
+impl From<SqlError> for Failure {
+    fn from(error: SqlError) -> Self {
+        Failure::Sql(error)
+    }
+}
+
+/// A pooled connection lent to one statement. Unless marked healthy (the
+/// statement ran to its end), dropping it cancels whatever the server is
+/// still doing for it and closes the connection instead of returning it to
+/// the pool: the next job must not inherit a half-read result or a
+/// statement still running.
+struct Lease {
+    client: Option<Object>,
+    healthy: bool,
+}
+
+impl Lease {
+    fn client(&self) -> &Object {
+        // Only `drop` takes the client out.
+        self.client
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a lease holds its client until dropped"))
+    }
+
+    fn healthy(&mut self) {
+        self.healthy = true;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.healthy {
+            return;
+        }
+        let Some(client) = self.client.take() else { return };
+        let token = client.cancel_token();
+        // Detached from the pool: dropping it closes the connection.
+        drop(Object::take(client));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = token.cancel_query(NoTls).await {
+                    tracing::debug!("cancelling an abandoned statement: {error}");
+                }
+            });
+        }
+    }
+}
+
+/// An error and its sources, `outer: inner: root`.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
