@@ -492,3 +492,40 @@ async fn a_plugin_at_its_concurrency_limit_does_not_hold_the_runners_slots() {
         "at most 2 slow jobs at a time, yet all done in {slow_done:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_recovered_and_poison_pills_buried() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["file-append"], &[]);
+    // A process that died on another host left two jobs behind: one never
+    // recovered before, one already recovered three times.
+    let ghost = "ghost-host:999999999:abcdef";
+    let fresh = json!({"class": "FileAppendJob", "args": ["orphans.txt", 1], "jid": "a1", "queue": "default"});
+    let pill = json!({"class": "FileAppendJob", "args": ["orphans.txt", 2], "jid": "a2", "queue": "default",
+        "wasmjobs_recoveries": 3});
+    let list = format!("wasmjobs:inprogress:{ghost}");
+    let _: () = conn
+        .lpush(&list, vec![fresh.to_string(), pill.to_string()])
+        .await
+        .expect("LPUSH");
+    let _: () = conn.sadd("wasmjobs:inprogress", ghost).await.expect("SADD");
+
+    // The ghost has no heartbeat, so the first sweep (at start) recovers it.
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success());
+    assert_eq!(lines(&dir.path().join("file-append/data/orphans.txt")), ["1"]);
+    let dead = zset(&mut conn, "dead").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].jid(), "a2");
+    assert_eq!(dead[0].str("error_class"), Some("wasmjobs::PoisonPill"));
+    assert!(
+        dead[0].str("error_message").is_some_and(|m| m.contains("4 processes")),
+        "{dead:?}"
+    );
+    let left: u64 = conn.llen(&list).await.expect("LLEN");
+    assert_eq!(left, 0);
+    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    assert!(owners.is_empty(), "{owners:?}");
+}
