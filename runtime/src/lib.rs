@@ -28,3 +28,4 @@ pub mod redis;
 pub mod runner;
 pub mod sandbox;
 pub mod telemetry;
+pub mod time;

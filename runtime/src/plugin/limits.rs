@@ -64,24 +64,12 @@ impl RawLimits {
             }
             None => None,
         };
-        let concurrency = match &self.concurrency {
-            Some(c) => Some(
-                u32::try_from(*c.get_ref())
-                    .ok()
-                    .filter(|&c| c > 0)
-                    .ok_or_else(|| anyhow!("{}: limits.concurrency must be a whole number ≥ 1", at(c.span())))?,
-            ),
-            None => None,
-        };
-        let fuel = match &self.fuel {
-            Some(f) => Some(
-                u64::try_from(*f.get_ref())
-                    .ok()
-                    .filter(|&f| f > 0)
-                    .ok_or_else(|| anyhow!("{}: limits.fuel must be a whole number ≥ 1", at(f.span())))?,
-            ),
-            None => None,
-        };
+        let concurrency = self
+            .concurrency
+            .as_ref()
+            .map(|c| at_least_one(c, "concurrency", at))
+            .transpose()?;
+        let fuel = self.fuel.as_ref().map(|f| at_least_one(f, "fuel", at)).transpose()?;
         Ok(PluginLimits {
             memory,
             timeout,
@@ -89,4 +77,12 @@ impl RawLimits {
             fuel,
         })
     }
+}
+
+/// A whole number ≥ 1 that fits `T`, or an error naming the key and line.
+fn at_least_one<T: TryFrom<i64>>(value: &Spanned<i64>, key: &str, at: &dyn Fn(Range<usize>) -> String) -> Result<T> {
+    Some(*value.get_ref())
+        .filter(|&v| v > 0)
+        .and_then(|v| T::try_from(v).ok())
+        .ok_or_else(|| anyhow!("{}: limits.{key} must be a whole number ≥ 1", at(value.span())))
 }

@@ -165,16 +165,7 @@ pub fn now_f64() -> f64 {
 /// Today's date in UTC as `YYYY-MM-DD` (the suffix of Sidekiq's daily stat keys).
 pub fn utc_date(epoch_secs: f64) -> String {
     let days = (epoch_secs / 86_400.0).floor() as i64;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::time::civil_from_days(days);
     format!("{year:04}-{month:02}-{day:02}")
 }
 

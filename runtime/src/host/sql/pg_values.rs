@@ -272,16 +272,7 @@ fn date(days: i32) -> String {
 }
 
 fn civil(days_since_2000: i64) -> String {
-    // Howard Hinnant's days → civil date, shifted to 0000-03-01.
-    let z = days_since_2000 + 10_957 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::time::civil_from_days(days_since_2000 + 10_957);
     if year <= 0 {
         format!("{:04}-{month:02}-{day:02} BC", 1 - year)
     } else {
