@@ -235,6 +235,32 @@ async fn guests_see_only_their_preopens() {
         );
     }
 
+    // A symlink inside the preopen pointing out of it leads nowhere.
+    std::os::unix::fs::symlink(temp.path().join("secret.txt"), plugin_dir.join("data/link.txt")).expect("symlink");
+    std::os::unix::fs::symlink(temp.path(), plugin_dir.join("data/up")).expect("symlink");
+    for path in ["/data/link.txt", "/data/up/secret.txt"] {
+        let escape = run(&executor, &chaos, "ChaosJob", &format!(r#"["read", "{path}"]"#)).await;
+        assert!(
+            matches!(escape.outcome, Outcome::Retry(_)),
+            "{path}: {:?}",
+            escape.outcome
+        );
+        assert!(
+            !messages(&escape).iter().any(|m| m.contains("outside")),
+            "{path} leaked"
+        );
+    }
+    let overwrite = run(&executor, &chaos, "ChaosJob", r#"["write", "/data/link.txt", "pwned"]"#).await;
+    assert!(
+        matches!(overwrite.outcome, Outcome::Retry(_)),
+        "{:?}",
+        overwrite.outcome
+    );
+    assert_eq!(
+        std::fs::read_to_string(temp.path().join("secret.txt")).expect("secret"),
+        "outside"
+    );
+
     let written = run(&executor, &chaos, "ChaosJob", r#"["write", "/data/out.txt", "hello"]"#).await;
     assert_eq!(written.outcome, Outcome::Success, "{:?}", written.outcome);
     assert_eq!(
