@@ -217,28 +217,17 @@ async fn guests_see_only_their_preopens() {
     assert_eq!(read.outcome, Outcome::Success, "{:?}", read.outcome);
     assert!(messages(&read).contains(&"read: inside".to_owned()), "{:?}", read.logs);
 
+    // Symlinks inside the preopen pointing out of it lead nowhere either.
+    std::os::unix::fs::symlink(temp.path().join("secret.txt"), plugin_dir.join("data/link.txt")).expect("symlink");
+    std::os::unix::fs::symlink(temp.path(), plugin_dir.join("data/up")).expect("symlink");
     for path in [
         "/data/../../secret.txt",
         "/data/../secret.txt",
         "/etc/passwd",
         "secret.txt",
+        "/data/link.txt",
+        "/data/up/secret.txt",
     ] {
-        let escape = run(&executor, &chaos, "ChaosJob", &format!(r#"["read", "{path}"]"#)).await;
-        assert!(
-            matches!(escape.outcome, Outcome::Retry(_)),
-            "{path}: {:?}",
-            escape.outcome
-        );
-        assert!(
-            !messages(&escape).iter().any(|m| m.contains("outside")),
-            "{path} leaked"
-        );
-    }
-
-    // A symlink inside the preopen pointing out of it leads nowhere.
-    std::os::unix::fs::symlink(temp.path().join("secret.txt"), plugin_dir.join("data/link.txt")).expect("symlink");
-    std::os::unix::fs::symlink(temp.path(), plugin_dir.join("data/up")).expect("symlink");
-    for path in ["/data/link.txt", "/data/up/secret.txt"] {
         let escape = run(&executor, &chaos, "ChaosJob", &format!(r#"["read", "{path}"]"#)).await;
         assert!(
             matches!(escape.outcome, Outcome::Retry(_)),
