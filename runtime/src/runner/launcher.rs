@@ -20,13 +20,13 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
-use super::RunOptions;
 use super::fetch::{FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
 use super::heartbeat::{Command, Heartbeat, Identity};
 use super::manager::{InFlightTable, Manager};
 use super::orphans::OrphanRecovery;
 use super::outcome::{self, Counters};
 use super::scheduled::Poller;
+use super::{RunOptions, fd_limit};
 use crate::host::sql::Databases;
 use crate::plugin::{Catalog, CompileCache};
 use crate::redis::payload::Payload;
@@ -55,6 +55,7 @@ pub struct RunSummary {
 /// Runs until told to stop; returns what happened.
 pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
+    fd_limit::raise_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
 
@@ -316,6 +317,10 @@ async fn fetch_loop(
                 jobs
             }
             Err(err) => {
+                // The script may have run and only its reply been lost (the
+                // connection broke mid-call): its jobs would then sit in our
+                // in-progress list with nobody running them.
+                fetcher.doubt();
                 tracing::warn!("{err:#}; retrying in {backoff:?}");
                 drop(permits);
                 tokio::select! {
@@ -370,8 +375,9 @@ async fn requeue(redis: &Redis, mode: FetchMode, inprogress: &str, jobs: Vec<Fet
             .await;
         match rest {
             Ok(rest) => {
+                let given: std::collections::HashSet<String> = jobs.iter().map(|j| j.raw.clone()).collect();
                 for raw in rest {
-                    if !jobs.iter().any(|j| j.raw == raw) {
+                    if !given.contains(&raw) {
                         let queue = Payload::parse(&raw)
                             .map(|p| p.queue().to_owned())
                             .unwrap_or_else(|_| "default".into());
