@@ -1,8 +1,116 @@
 //! Shared pieces of the wasmjobs benchmarks: the result table and where it
-//! is written (`benches/results/<name>.md`).
+//! is written (`benches/results/<name>.md`), and [`RunnerProcess`], the real
+//! `wasmjobs run` binary under measurement (its log, CPU and RSS).
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// A `wasmjobs run` process started by a benchmark, logging to a temp file.
+pub struct RunnerProcess {
+    child: Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl RunnerProcess {
+    /// Starts `bin run --redis URL --plugins DIR EXTRA…` with `RUST_LOG=filter`.
+    pub fn start(bin: &Path, redis_url: &str, plugins: &Path, extra: &[&str], filter: &str) -> Result<Self> {
+        let log = tempfile::NamedTempFile::new()?;
+        let data_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasmjobs-bench-data");
+        let child = Command::new(bin)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["run", "--redis", redis_url, "--plugins"])
+            .arg(plugins)
+            .args(extra)
+            .env("RUST_LOG", filter)
+            .stdout(Stdio::null())
+            .stderr(log.reopen()?)
+            .spawn()
+            .context("starting wasmjobs run")?;
+        Ok(Self { child, log })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// Waits (up to a minute) until the log contains `needle`.
+    pub fn wait_for_log(&mut self, needle: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.log().contains(needle) {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("wasmjobs run exited ({status}): {}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!("wasmjobs run did not log {needle:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then waits for a clean exit. Returns the whole log.
+    pub fn stop(mut self) -> Result<String> {
+        Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("wasmjobs run exited with {status}: {}", self.log());
+        }
+        Ok(self.log())
+    }
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// utime + stime of `pid`, in clock ticks (1/100 s).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0;
+    };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+/// The highest resident set size `pid` has had (`VmHWM`), in KiB.
+pub fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The value at quantile `p` (0..=1) of an ascending slice.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[index]
+}
 
 /// A benchmark report: rows of label → figure, printed and saved.
 pub struct Report {

@@ -16,7 +16,6 @@
 //! (`BENCH_QUICK=1` for 20,000 jobs).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -24,7 +23,10 @@ use redis::AsyncCommands;
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::Report;
+use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile};
+
+/// The wasmjobs binary built with this package.
+const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
 use wasmjobs_e2e::redis_server::TestRedis;
 
 fn main() -> Result<()> {
@@ -136,19 +138,18 @@ async fn drain(
             .collect();
         client::push_bulk(&mut conn, &mut payloads).await?;
     }
-    let log = tempfile::NamedTempFile::new()?;
     let spawned = Instant::now();
-    let mut runner = start_runner(
-        redis,
+    let mut runner = RunnerProcess::start(
+        BIN.as_ref(),
+        &redis.url(),
         plugins,
         &["--concurrency", &concurrency.to_string(), "--fetch", mode],
-        log.path(),
         "info",
     )?;
-    wait_for_log(log.path(), " running", &mut runner)?;
+    runner.wait_for_log(" running")?;
     let startup = spawned.elapsed();
-    let rss_start_kb = rss_kb(runner.id());
-    let (cpu_runner0, cpu_redis0) = (cpu_ticks(runner.id()), cpu_ticks(redis_pid));
+    let rss_start_kb = rss_kb(runner.pid());
+    let (cpu_runner0, cpu_redis0) = (cpu_ticks(runner.pid()), cpu_ticks(redis_pid));
     let started = Instant::now();
     loop {
         let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
@@ -161,9 +162,9 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let wall = started.elapsed();
-    let (cpu_runner1, cpu_redis1) = (cpu_ticks(runner.id()), cpu_ticks(redis_pid));
-    let rss_end_kb = rss_kb(runner.id());
-    stop(&mut runner)?;
+    let (cpu_runner1, cpu_redis1) = (cpu_ticks(runner.pid()), cpu_ticks(redis_pid));
+    let rss_end_kb = rss_kb(runner.pid());
+    runner.stop()?;
     let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
     if processed != jobs {
         bail!("{processed} processed for {jobs} jobs pushed");
@@ -184,15 +185,14 @@ async fn drain(
 async fn steady_latency(redis: &TestRedis, plugins: &Path) -> Result<Vec<f64>> {
     let mut conn = redis.conn().await;
     redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-    let log = tempfile::NamedTempFile::new()?;
-    let mut runner = start_runner(
-        redis,
+    let mut runner = RunnerProcess::start(
+        BIN.as_ref(),
+        &redis.url(),
         plugins,
         &["--log-format", "json"],
-        log.path(),
         "warn,wasmjobs::runner::launcher=info,wasmjobs::runner::processor=debug",
     )?;
-    wait_for_log(log.path(), "running", &mut runner)?;
+    runner.wait_for_log("running")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let count = 5_000u64;
     let mut ticker = tokio::time::interval(Duration::from_millis(1));
@@ -209,9 +209,9 @@ async fn steady_latency(redis: &TestRedis, plugins: &Path) -> Result<Vec<f64>> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    stop(&mut runner)?;
+    let log = runner.stop()?;
     let mut latencies = Vec::new();
-    for line in std::fs::read_to_string(log.path())?.lines() {
+    for line in log.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
@@ -224,68 +224,4 @@ async fn steady_latency(redis: &TestRedis, plugins: &Path) -> Result<Vec<f64>> {
     }
     latencies.sort_by(f64::total_cmp);
     Ok(latencies)
-}
-
-fn start_runner(redis: &TestRedis, plugins: &Path, extra: &[&str], log: &Path, filter: &str) -> Result<Child> {
-    let data_dir = wasmjobs_e2e::repo_root().join("target/wasmjobs-bench-data");
-    Command::new(env!("CARGO_BIN_EXE_wasmjobs-bench-runner"))
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(["run", "--redis", &redis.url(), "--plugins"])
-        .arg(plugins)
-        .args(extra)
-        .env("RUST_LOG", filter)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log)?)
-        .spawn()
-        .context("starting wasmjobs run")
-}
-
-fn wait_for_log(log: &Path, needle: &str, runner: &mut Child) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(log).unwrap_or_default().contains(needle) {
-        if let Some(status) = runner.try_wait()? {
-            bail!(
-                "wasmjobs run exited ({status}): {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        if Instant::now() > deadline {
-            bail!("wasmjobs run did not start");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-fn stop(runner: &mut Child) -> Result<()> {
-    Command::new("kill")
-        .args(["-TERM", &runner.id().to_string()])
-        .status()?;
-    let status = runner.wait()?;
-    if !status.success() {
-        bail!("wasmjobs run exited with {status}");
-    }
-    Ok(())
-}
-
-/// utime + stime of `pid`, in clock ticks (1/100 s).
-fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0;
-    };
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    field(11) + field(12)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[index]
 }

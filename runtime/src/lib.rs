@@ -29,3 +29,14 @@ pub mod runner;
 pub mod sandbox;
 pub mod telemetry;
 pub mod time;
+
+/// The memory allocator the `wasmjobs` binary installs (mimalloc).
+///
+/// Thousands of jobs in flight allocate and free stores, WASI contexts and
+/// HTTP connection buffers from both runtime threads at once. glibc's malloc
+/// spent ~20% of the runner's CPU on that at 1,000 concurrent HTTP jobs
+/// (arena locks, chunk consolidation) and kept fragmented arenas resident
+/// after a burst. Exported so every binary built from `src/main.rs` (the
+/// real one and the copies the tests and benchmarks build) uses the same
+/// allocator; the library itself does not install it.
+pub use mimalloc::MiMalloc as Allocator;

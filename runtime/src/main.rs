@@ -2,6 +2,9 @@
 
 use std::process::ExitCode;
 
+#[global_allocator]
+static ALLOCATOR: wasmjobs::Allocator = wasmjobs::Allocator;
+
 fn main() -> ExitCode {
     wasmjobs::cli::main()
 }

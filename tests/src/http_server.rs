@@ -18,7 +18,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
+
+/// Connections the kernel may queue before `accept` (capped by
+/// `net.core.somaxconn`, 4,096 on Debian 12).
+const BACKLOG: u32 = 16_384;
 
 /// A running server; stops when the runtime that started it stops.
 pub struct HttpServer {
@@ -31,7 +35,15 @@ pub struct HttpServer {
 impl HttpServer {
     /// Starts a server whose `/sleep` route waits `delay`.
     pub async fn start(delay: Duration) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        // A deep accept backlog: a burst of 10,000 connects against tokio's
+        // default of 1,024 overflows it, and each dropped SYN is retried
+        // by the client's kernel only after a second, which would measure
+        // the server's backlog rather than the runner.
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("loopback address"))
+            .expect("bind loopback");
+        let listener = socket.listen(BACKLOG).expect("listen");
         let addr = listener.local_addr().expect("local addr");
         let hits = Arc::new(AtomicUsize::new(0));
         let connections = Arc::new(AtomicUsize::new(0));

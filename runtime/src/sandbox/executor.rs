@@ -28,7 +28,7 @@ use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 use super::engine::{self, EngineConfig, Limits, TICK};
 use super::state::{JobState, mib};
 use crate::bindings::{PluginPre, WORLD};
-use crate::host::http::{HttpClient, HttpPolicy};
+use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
 use crate::host::sql::Databases;
 use crate::job::{Job, Outcome};
@@ -80,7 +80,13 @@ impl Executor {
             linker,
             limits: config.limits,
             fuel: config.fuel,
-            http: Arc::new(HttpClient::new(config.http)),
+            http: Arc::new(HttpClient::new(HttpLimits {
+                // Every job in flight may hold a connection to the same host:
+                // keeping fewer idle would close (and later reopen) the rest
+                // after each burst, ~3 new connections per job at 10,000.
+                idle_per_host: config.http.idle_per_host.max(config.concurrency as usize),
+                ..config.http
+            })),
             databases: Databases::empty(),
             slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
             ticker,

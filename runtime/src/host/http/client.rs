@@ -29,7 +29,8 @@ pub struct HttpLimits {
     pub between_bytes: Duration,
     /// Largest response body a guest may receive.
     pub max_body: u64,
-    /// Idle connections kept per host.
+    /// Idle connections kept per host (the executor raises it to the job
+    /// concurrency, so a burst's connections are all reused).
     pub idle_per_host: usize,
     /// Requests one job may have waiting for a response at once; more fail
     /// with `connection-limit-reached` (a guest cannot open thousands).
