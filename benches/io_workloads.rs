@@ -38,7 +38,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
 
 fn main() -> Result<()> {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
-    wasmjobs::runner::fd_limit::raise_for(10_000);
+    wasmjobs::runner::os_limits::raise_open_files(10_000);
     let rt = tokio::runtime::Runtime::new()?;
     let redis = TestRedis::start();
     let examples = wasmjobs_e2e::plugins_dir();

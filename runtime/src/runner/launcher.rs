@@ -26,7 +26,7 @@ use super::manager::{InFlightTable, Manager};
 use super::orphans::OrphanRecovery;
 use super::outcome::{self, Counters};
 use super::scheduled::Poller;
-use super::{RunOptions, fd_limit};
+use super::{RunOptions, os_limits};
 use crate::host::sql::Databases;
 use crate::plugin::{Catalog, CompileCache};
 use crate::redis::payload::Payload;
@@ -55,7 +55,7 @@ pub struct RunSummary {
 /// Runs until told to stop; returns what happened.
 pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let started = Instant::now();
-    fd_limit::raise_for(options.concurrency);
+    os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
 

@@ -12,18 +12,18 @@
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
 //! | [`orphans`] | recover the in-progress lists of processes that died |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
-//! | [`fd_limit`] | raise the open-file limit so thousands of jobs can hold sockets |
+//! | [`os_limits`] | raise the open-file limit, check the mapping limit, so thousands of jobs fit |
 //!
 //! A job's path: `fetch` → `manager` (slot) → `processor` → sandbox →
 //! `job_retry` → `outcome` (ack / retry / dead).
 
-pub mod fd_limit;
 pub mod fetch;
 pub mod heartbeat;
 pub mod job_retry;
 pub mod launcher;
 pub mod manager;
 pub mod orphans;
+pub mod os_limits;
 pub mod outcome;
 pub mod processor;
 pub mod queues;
