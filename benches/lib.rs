@@ -18,8 +18,21 @@ pub struct RunnerProcess {
 impl RunnerProcess {
     /// Starts `bin run --redis URL --plugins DIR EXTRA…` with `RUST_LOG=filter`.
     pub fn start(bin: &Path, redis_url: &str, plugins: &Path, extra: &[&str], filter: &str) -> Result<Self> {
-        let log = tempfile::NamedTempFile::new()?;
         let data_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wasmjobs-bench-data");
+        Self::start_in(bin, &data_dir, redis_url, plugins, extra, filter)
+    }
+
+    /// As [`RunnerProcess::start`], with its own data directory (and so its
+    /// own compilation cache).
+    pub fn start_in(
+        bin: &Path,
+        data_dir: &Path,
+        redis_url: &str,
+        plugins: &Path,
+        extra: &[&str],
+        filter: &str,
+    ) -> Result<Self> {
+        let log = tempfile::NamedTempFile::new()?;
         let child = Command::new(bin)
             .arg("--data-dir")
             .arg(data_dir)

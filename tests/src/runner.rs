@@ -61,6 +61,25 @@ impl Runner {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the log contains `needle` (panics with the log after `timeout`).
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(needle) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "wasmjobs run exited ({status}) before logging {needle:?}:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "wasmjobs run did not log {needle:?} in {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Waits until the runner logs "running" (plugins loaded, heartbeat written).
     pub fn wait_running(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -176,4 +195,21 @@ pub fn plugins(examples: &[&str], test_guests: &[&str]) -> tempfile::TempDir {
         crate::copy_plugin(&crate::test_guests_dir().join(name), dir.path());
     }
     dir
+}
+
+/// The lines of a text file (none if it does not exist yet).
+pub fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Moves every retry to "due now", as the clock would after the backoff.
+pub async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
+    let members: Vec<String> = conn.zrange("retry", 0, -1).await.expect("ZRANGE");
+    for member in members {
+        let _: () = conn.zadd("retry", member, 0).await.expect("ZADD");
+    }
 }

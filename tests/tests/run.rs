@@ -7,15 +7,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, plugins, push, wait_processed, zset};
-
-fn lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
+use wasmjobs_e2e::runner::{Runner, int, lines, make_retries_due, plugins, push, wait_processed, zset};
 
 fn counts(lines: &[String]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -157,16 +149,8 @@ async fn failures_follow_the_retry_policy() {
     assert!(runner.stop().success());
 }
 
-/// Moves every retry to "due now", as the clock would after the backoff.
-async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
-    let members: Vec<String> = conn.zrange("retry", 0, -1).await.expect("ZRANGE");
-    for member in members {
-        let _: () = conn.zadd("retry", member, 0).await.expect("ZADD");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_payloads_and_unknown_classes_go_to_the_dead_set_with_a_reason() {
+async fn malformed_payloads_go_dead_and_unknown_classes_retry_with_a_reason() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
     let dir = plugins(&["noop"], &[]);
@@ -174,13 +158,14 @@ async fn malformed_payloads_and_unknown_classes_go_to_the_dead_set_with_a_reason
         "this is not json",
         r#"{"class":"NoopJob"}"#,
         r#"{"class":"NoSuchJob","args":[1],"keep":true}"#,
+        r#"{"class":"NoSuchJob","args":[2],"retry":false}"#,
         "[1,2]",
     ] {
         let _: () = conn.lpush("queue:default", raw).await.expect("LPUSH");
     }
     push(&mut conn, "NoopJob", "default", vec![json!([])]).await;
     let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
-    wait_processed(&mut conn, 5, Duration::from_secs(30), || runner.log()).await;
+    wait_processed(&mut conn, 6, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
 
     let dead = zset(&mut conn, "dead").await;
@@ -193,6 +178,7 @@ async fn malformed_payloads_and_unknown_classes_go_to_the_dead_set_with_a_reason
     message("not valid JSON");
     message("has no \"args\"");
     message("not a JSON object");
+    // Never ran, so never dropped: `retry: false` goes to the dead set.
     message("no plugin serves job class \"NoSuchJob\"");
     let mut wrapped: Vec<&str> = dead.iter().filter_map(|d| d.str("malformed_payload")).collect();
     wrapped.sort();
@@ -201,12 +187,14 @@ async fn malformed_payloads_and_unknown_classes_go_to_the_dead_set_with_a_reason
         ["[1,2]", "this is not json"],
         "payloads that are not objects are kept verbatim"
     );
-    let unknown = dead
-        .iter()
-        .find(|d| d.class() == "NoSuchJob")
-        .expect("unknown class kept");
-    assert_eq!(unknown.get("keep"), Some(&Value::Bool(true)));
-    assert_eq!(int(&mut conn, "stat:processed").await, 5);
+    // An unknown class waits in the retry set for its plugin to appear,
+    // its payload intact.
+    let retries = zset(&mut conn, "retry").await;
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert_eq!(retries[0].class(), "NoSuchJob");
+    assert_eq!(retries[0].get("keep"), Some(&Value::Bool(true)));
+    assert_eq!(retries[0].str("error_class"), Some("wasmjobs::NoPlugin"));
+    assert_eq!(int(&mut conn, "stat:processed").await, 6);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
 //! `wasmjobs plugins`: what a plugins directory holds, and what is wrong.
 //!
 //! Loads every plugin exactly as the runner would (manifest, compile or
-//! cache, world check, grants) and prints one row per plugin, then the
-//! refused ones with their reasons. Exit status 1 if any plugin is broken,
+//! cache, world check, grants) and prints one row per plugin with its
+//! version id (the one `run` logs, puts in the heartbeat and in failed
+//! jobs' `error_plugin`) and status, then the refused ones' reasons. Exit status 1 if any plugin is broken,
 //! so it doubles as a deploy check.
 
 use std::io::Write;
@@ -36,7 +37,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
     writeln!(
         out,
         "{:<16} {:<12} {:<28} {:<44} {:<8} LOAD",
-        "PLUGIN", "VERSION", "CLASSES", "COMPONENT", "WORLD"
+        "PLUGIN", "VERSION", "CLASSES", "COMPONENT", "STATUS"
     )?;
     for plugin in catalog.plugins() {
         let load = match plugin.cache {
@@ -53,6 +54,15 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
             "ok",
             plugin.load_time.as_secs_f64() * 1000.0
         )?;
+    }
+    for broken in catalog.broken() {
+        let name = broken
+            .manifest
+            .parent()
+            .and_then(|root| root.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        writeln!(out, "{name:<16} {:<12} {:<28} {:<44} {:<8}", "-", "-", "-", "broken")?;
     }
     writeln!(out, "{} plugin(s) implement {WORLD}", catalog.plugins().len())?;
     if catalog.broken().is_empty() {

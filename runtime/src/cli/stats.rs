@@ -134,6 +134,14 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
                 "{:<width$}  {:<tag_width$}  {busy:>9}  {rss:>8}  {quiet:<5}  {beat:>9}",
                 p.identity, p.tag
             );
+            if !p.plugins.is_empty() {
+                let plugins: Vec<String> = p
+                    .plugins
+                    .iter()
+                    .map(|(name, version)| format!("{name}@{version}"))
+                    .collect();
+                let _ = writeln!(out, "  plugins: {}", plugins.join(" "));
+            }
         }
     }
     out
@@ -196,10 +204,12 @@ mod tests {
                 rss_kb: 2048,
                 rtt_us: 100,
                 version: None,
+                plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
             }],
         };
         let text = render(&stats, "redis://x", 100.0);
         assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
+        assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
         assert!(text.contains("default           7      12.5s"), "{text}");
         assert!(

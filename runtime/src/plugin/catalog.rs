@@ -5,6 +5,11 @@
 //! served by another plugin) is recorded in [`Catalog::broken`] with the
 //! reason, and every other plugin still loads: one bad plugin never takes
 //! the others down.
+//!
+//! A catalog is an immutable snapshot. Hot reload ([`crate::runner::reloader`])
+//! builds the next snapshot with [`Catalog::rescan`], which reloads one
+//! plugin directory and returns a new catalog plus what changed; jobs hold
+//! the `Arc<Plugin>` they started with, so they finish on that version.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,8 +68,33 @@ pub struct Broken {
     pub error: String,
 }
 
+/// What [`Catalog::rescan`] did to one plugin directory.
+#[derive(Debug)]
+pub enum Change {
+    /// Same component and manifest as the version loaded (or still absent).
+    Unchanged,
+    /// A new plugin.
+    Added(Arc<Plugin>),
+    /// A new version of a loaded plugin.
+    Replaced {
+        /// The version jobs started before the swap finish on.
+        old: Arc<Plugin>,
+        /// The version every later job gets.
+        new: Arc<Plugin>,
+    },
+    /// The directory or its manifest is gone.
+    Removed(Arc<Plugin>),
+    /// The new files do not load; `kept` (if any) keeps serving.
+    Rejected {
+        /// Why, naming the file.
+        error: String,
+        /// The version that stays in service.
+        kept: Option<Arc<Plugin>>,
+    },
+}
+
 /// Loaded plugins by job class, plus the ones that were refused.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Catalog {
     plugins: Vec<Arc<Plugin>>,
     by_class: BTreeMap<String, Arc<Plugin>>,
@@ -78,8 +108,12 @@ impl Catalog {
     pub fn load(dir: &Path, executor: &Executor, cache: &CompileCache) -> Result<Self> {
         let mut catalog = Catalog::default();
         for manifest in find_manifests(dir)? {
-            match load_plugin(&manifest, executor, cache) {
-                Ok(plugin) => catalog.add(plugin, manifest),
+            match read_plugin(&manifest).and_then(|source| build_plugin(source, executor, cache)) {
+                Ok(plugin) => {
+                    if let Err(broken) = catalog.insert(Arc::new(plugin)) {
+                        catalog.broken.push(broken);
+                    }
+                }
                 Err(err) => catalog.broken.push(Broken {
                     manifest,
                     error: format!("{err:#}"),
@@ -89,26 +123,111 @@ impl Catalog {
         Ok(catalog)
     }
 
-    fn add(&mut self, plugin: Plugin, manifest: PathBuf) {
+    /// Reloads the plugin in directory `root` (whether or not it was loaded
+    /// before) and returns the catalog with the result, and what changed.
+    /// A version that does not load is recorded as broken while the version
+    /// already loaded, if any, keeps serving. Blocking (reads, compiles).
+    pub fn rescan(&self, root: &Path, executor: &Executor, cache: &CompileCache) -> (Catalog, Change) {
+        let manifest = root.join(MANIFEST_FILE);
+        let old = self.plugin_at(root).cloned();
+        if !manifest.is_file() {
+            let mut next = self.clone();
+            next.remove(root);
+            return match old {
+                Some(old) => (next, Change::Removed(old)),
+                None => (next, Change::Unchanged),
+            };
+        }
+        let built = read_plugin(&manifest).and_then(|source| match &old {
+            Some(old) if old.version == source.version => Ok(None),
+            _ => build_plugin(source, executor, cache).map(Some),
+        });
+        let mut next = self.clone();
+        let plugin = match built {
+            Ok(None) => {
+                next.broken.retain(|b| b.manifest != manifest);
+                return (next, Change::Unchanged);
+            }
+            Ok(Some(mut plugin)) => {
+                if let Some(old) = &old {
+                    plugin.inherit(old);
+                }
+                Arc::new(plugin)
+            }
+            Err(err) => {
+                let error = format!("{err:#}");
+                next.set_broken(Broken {
+                    manifest,
+                    error: error.clone(),
+                });
+                return (next, Change::Rejected { error, kept: old });
+            }
+        };
+        next.remove_plugin(root);
+        match next.insert(plugin.clone()) {
+            Ok(()) => {
+                next.broken.retain(|b| b.manifest != manifest);
+                let change = match old {
+                    Some(old) => Change::Replaced { old, new: plugin },
+                    None => Change::Added(plugin),
+                };
+                (next, change)
+            }
+            Err(broken) => {
+                let error = broken.error.clone();
+                let mut kept = self.clone();
+                kept.set_broken(broken);
+                (kept, Change::Rejected { error, kept: old })
+            }
+        }
+    }
+
+    /// Adds `plugin`, unless another plugin already serves one of its classes.
+    fn insert(&mut self, plugin: Arc<Plugin>) -> Result<(), Broken> {
         if let Some((class, other)) = plugin
             .manifest
             .classes
             .iter()
             .find_map(|c| self.by_class.get(c).map(|p| (c, p)))
         {
-            let error = format!(
-                "{}: class {class:?} is already served by {}",
-                manifest.display(),
-                other.manifest.path.display()
-            );
-            self.broken.push(Broken { manifest, error });
-            return;
+            return Err(Broken {
+                manifest: plugin.manifest.path.clone(),
+                error: format!(
+                    "{}: class {class:?} is already served by {}",
+                    plugin.manifest.path.display(),
+                    other.manifest.path.display()
+                ),
+            });
         }
-        let plugin = Arc::new(plugin);
         for class in &plugin.manifest.classes {
             self.by_class.insert(class.clone(), plugin.clone());
         }
         self.plugins.push(plugin);
+        self.plugins.sort_by(|a, b| a.manifest.root.cmp(&b.manifest.root));
+        Ok(())
+    }
+
+    /// Drops the plugin loaded from `root`, if any.
+    fn remove_plugin(&mut self, root: &Path) {
+        self.plugins.retain(|p| p.manifest.root != root);
+        self.by_class.retain(|_, p| p.manifest.root != root);
+    }
+
+    /// Forgets everything about `root`.
+    fn remove(&mut self, root: &Path) {
+        self.remove_plugin(root);
+        self.broken.retain(|b| b.manifest.parent() != Some(root));
+    }
+
+    /// Records `broken`, replacing an earlier entry for the same manifest.
+    fn set_broken(&mut self, broken: Broken) {
+        self.broken.retain(|b| b.manifest != broken.manifest);
+        self.broken.push(broken);
+    }
+
+    /// The plugin loaded from directory `root`.
+    pub fn plugin_at(&self, root: &Path) -> Option<&Arc<Plugin>> {
+        self.plugins.iter().find(|p| p.manifest.root == root)
     }
 
     /// The plugin serving `class`, if any.
@@ -134,25 +253,46 @@ impl Catalog {
 
 /// Manifests under `dir`, sorted for a stable load order.
 fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
-    let own = dir.join(MANIFEST_FILE);
-    if own.is_file() {
-        return Ok(vec![own]);
-    }
-    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot read plugins directory {}", dir.display()))?;
-    let mut manifests = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("cannot read plugins directory {}", dir.display()))?;
-        let candidate = entry.path().join(MANIFEST_FILE);
-        if candidate.is_file() {
-            manifests.push(candidate);
-        }
-    }
-    manifests.sort();
-    Ok(manifests)
+    Ok(plugin_roots(dir)?
+        .into_iter()
+        .map(|root| root.join(MANIFEST_FILE))
+        .filter(|manifest| manifest.is_file())
+        .collect())
 }
 
-/// Reads, compiles, checks and pre-links one plugin.
-fn load_plugin(manifest_path: &Path, executor: &Executor, cache: &CompileCache) -> Result<Plugin> {
+/// The directories under `dir` that are (or may become) plugins: `dir`
+/// itself if it holds a `wasmjobs.toml`, else each immediate subdirectory
+/// whose name does not start with `.` (hidden directories are staging
+/// areas for atomic deploys), sorted.
+pub fn plugin_roots(dir: &Path) -> Result<Vec<PathBuf>> {
+    if dir.join(MANIFEST_FILE).is_file() {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot read plugins directory {}", dir.display()))?;
+    let mut roots = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot read plugins directory {}", dir.display()))?;
+        if entry.file_name().to_string_lossy().starts_with('.') || !entry.path().is_dir() {
+            continue;
+        }
+        roots.push(entry.path());
+    }
+    roots.sort();
+    Ok(roots)
+}
+
+/// A plugin's files, read but not compiled.
+struct Source {
+    started: Instant,
+    manifest: Manifest,
+    bytes: Vec<u8>,
+    content_hash: String,
+    version: String,
+}
+
+/// Reads and checks the manifest and component of one plugin, and computes
+/// its version: cheap next to compiling, so an unchanged plugin is skipped.
+fn read_plugin(manifest_path: &Path) -> Result<Source> {
     let started = Instant::now();
     let manifest_text =
         std::fs::read(manifest_path).with_context(|| format!("{}: cannot read manifest", manifest_path.display()))?;
@@ -178,6 +318,25 @@ fn load_plugin(manifest_path: &Path, executor: &Executor, cache: &CompileCache) 
     }
     let content_hash = sha256_hex(&bytes);
     let version = sha256_hex(format!("{content_hash}\n{}", sha256_hex(&manifest_text)).as_bytes())[..12].to_owned();
+    Ok(Source {
+        started,
+        manifest,
+        bytes,
+        content_hash,
+        version,
+    })
+}
+
+/// Compiles (or takes from the cache), checks and pre-links one plugin.
+fn build_plugin(source: Source, executor: &Executor, cache: &CompileCache) -> Result<Plugin> {
+    let Source {
+        started,
+        manifest,
+        bytes,
+        content_hash,
+        version,
+    } = source;
+    let manifest_path = manifest.path.clone();
     let (component, cache_use) = cache
         .component(executor.engine(), &bytes, &content_hash)
         .with_context(|| {
@@ -218,6 +377,18 @@ fn load_plugin(manifest_path: &Path, executor: &Executor, cache: &CompileCache) 
         slots,
         pre,
     })
+}
+
+impl Plugin {
+    /// Carries per-plugin state over from the version this one replaces:
+    /// the HTTP counters, and the concurrency slots when the limit is
+    /// unchanged (so old and new versions together stay within it).
+    fn inherit(&mut self, old: &Plugin) {
+        self.http_stats = old.http_stats.clone();
+        if self.manifest.limits.concurrency == old.manifest.limits.concurrency {
+            self.slots = old.slots.clone();
+        }
+    }
 }
 
 /// Component binaries start with `\0asm` and the component layer/version

@@ -79,6 +79,10 @@ pub struct ProcessInfo {
     /// Its Sidekiq (or wasmjobs) version, when it says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Plugin name → version id of the plugins it has loaded now (wasmjobs
+    /// processes only; it changes as plugins are hot-reloaded).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub plugins: std::collections::BTreeMap<String, String>,
 }
 
 /// The heartbeat fields read per process, in `ProcessSet`'s order.
@@ -221,6 +225,16 @@ fn process_info(identity: &str, fields: &[Option<String>]) -> Option<ProcessInfo
         rss_kb: int(4),
         rtt_us: int(5),
         version: info.get("version").and_then(Json::as_str).map(str::to_owned),
+        plugins: info
+            .get("plugins")
+            .and_then(Json::as_object)
+            .map(|plugins| {
+                plugins
+                    .iter()
+                    .filter_map(|(name, version)| Some((name.clone(), version.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 

@@ -17,6 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::manager::Manager;
+use super::reloader::LiveCatalog;
 use crate::redis::{Redis, keys, now_f64};
 
 /// Time between beats (Sidekiq's).
@@ -92,8 +93,9 @@ pub enum Command {
 pub struct Heartbeat {
     redis: Redis,
     identity: Identity,
-    info: String,
+    info: serde_json::Value,
     manager: Arc<Manager>,
+    catalog: LiveCatalog,
     quiet: Arc<AtomicBool>,
 }
 
@@ -105,6 +107,7 @@ impl Heartbeat {
         queues: Vec<String>,
         tag: &str,
         manager: Arc<Manager>,
+        catalog: LiveCatalog,
         quiet: Arc<AtomicBool>,
     ) -> Self {
         let info = json!({
@@ -117,13 +120,13 @@ impl Heartbeat {
             "labels": ["wasmjobs"],
             "identity": identity.identity,
             "version": format!("wasmjobs {}", env!("CARGO_PKG_VERSION")),
-        })
-        .to_string();
+        });
         Self {
             redis,
             identity,
             info,
             manager,
+            catalog,
             quiet,
         }
     }
@@ -176,7 +179,7 @@ impl Heartbeat {
         pipe.cmd("HSET")
             .arg(id)
             .arg("info")
-            .arg(&self.info)
+            .arg(self.info().to_string())
             .arg("busy")
             .arg(work.len())
             .arg("beat")
@@ -203,6 +206,22 @@ impl Heartbeat {
                 None
             }
         }))
+    }
+
+    /// The `info` field: this process's description, with the version of
+    /// every plugin loaded now (`"plugins": {"name": "version"}`), which
+    /// changes as plugins are reloaded.
+    pub fn info(&self) -> serde_json::Value {
+        let mut info = self.info.clone();
+        let plugins: serde_json::Map<String, serde_json::Value> = self
+            .catalog
+            .load()
+            .plugins()
+            .iter()
+            .map(|p| (p.name.clone(), serde_json::Value::String(p.version.clone())))
+            .collect();
+        info["plugins"] = serde_json::Value::Object(plugins);
+        info
     }
 
     /// Removes this process from Redis (on shutdown).

@@ -9,13 +9,21 @@
 //!   `retry: false` drops the job after the failure (as Sidekiq does), and
 //!   `dead: false` keeps an exhausted job out of the dead set.
 //!
-//! Unknown payload keys are kept: only the error fields change.
+//! A job whose class no plugin serves is retried on the same schedule, but
+//! never dropped: with `retry: false` or when its retries run out it goes
+//! to the dead set regardless, since the job itself never ran.
+//!
+//! Unknown payload keys are kept: only the error fields change (plus
+//! [`ERROR_PLUGIN`], the plugin version that failed).
 
 use rand::Rng;
 use serde_json::Value;
 
 use crate::job::Outcome;
 use crate::redis::payload::{Payload, RetryPolicy};
+
+/// Payload key naming the plugin version ("name@version") whose run failed.
+pub const ERROR_PLUGIN: &str = "error_plugin";
 
 /// Sidekiq's default number of retries.
 pub const DEFAULT_MAX_RETRIES: u64 = 25;
@@ -65,21 +73,48 @@ pub fn decide(payload: &Payload, outcome: &Outcome, now: f64) -> Write {
         Outcome::Retry(message) => {
             let mut failed = payload.clone();
             let count = record_failure(&mut failed, "wasmjobs::Retry", message, now);
-            let max = match payload.retry_policy() {
-                RetryPolicy::Never => return Write::Drop,
-                RetryPolicy::Default => DEFAULT_MAX_RETRIES,
-                RetryPolicy::Max(n) => n,
-            };
-            if count < max {
-                Write::Retry {
-                    at: now + delay_secs(count),
-                    payload: failed.to_json(),
-                }
-            } else {
-                to_morgue(failed)
+            match max_retries(payload) {
+                None => Write::Drop,
+                Some(max) => retry_or(failed, count, max, now, to_morgue),
             }
         }
     }
+}
+
+/// How many retries the payload allows; `None` for `retry: false`.
+fn max_retries(payload: &Payload) -> Option<u64> {
+    match payload.retry_policy() {
+        RetryPolicy::Never => None,
+        RetryPolicy::Default => Some(DEFAULT_MAX_RETRIES),
+        RetryPolicy::Max(n) => Some(n),
+    }
+}
+
+/// A retry at the backoff for failure `count` while it is below `max`,
+/// else what `exhausted` makes of the job.
+fn retry_or(failed: Payload, count: u64, max: u64, now: f64, exhausted: fn(Payload) -> Write) -> Write {
+    if count < max {
+        Write::Retry {
+            at: now + delay_secs(count),
+            payload: failed.to_json(),
+        }
+    } else {
+        exhausted(failed)
+    }
+}
+
+/// What to write for a job whose class no plugin serves: a retry while
+/// retries remain (at the usual backoff), else the dead set, even with
+/// `retry: false` or `dead: false`: it never ran, so dropping it would lose
+/// it.
+pub fn unserved(payload: &Payload, message: &str, now: f64) -> Write {
+    let mut failed = payload.clone();
+    failed.remove(ERROR_PLUGIN);
+    let count = record_failure(&mut failed, "wasmjobs::NoPlugin", message, now);
+    let max = max_retries(payload).unwrap_or(0);
+    retry_or(failed, count, max, now, |failed| Write::Dead {
+        payload: failed.to_json(),
+    })
 }
 
 fn to_morgue(payload: Payload) -> Write {
@@ -190,6 +225,22 @@ mod tests {
             decide(&payload(r#","retry":0,"dead":false"#), &Outcome::Retry("x".into()), 1.0),
             Write::Drop
         );
+    }
+
+    #[test]
+    fn a_job_nobody_serves_retries_and_is_never_dropped() {
+        let Write::Retry { payload: retried, .. } = unserved(&payload(""), "no plugin", 1000.0) else {
+            panic!("a first failure is a retry")
+        };
+        assert!(retried.contains(r#""error_class":"wasmjobs::NoPlugin""#), "{retried}");
+        for extra in [
+            r#","retry":false"#,
+            r#","retry":false,"dead":false"#,
+            r#","retry_count":24"#,
+        ] {
+            let write = unserved(&payload(extra), "no plugin", 1.0);
+            assert!(matches!(write, Write::Dead { .. }), "{extra}: {write:?}");
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ use super::heartbeat::{Command, Heartbeat, Identity};
 use super::manager::{InFlightTable, Manager};
 use super::orphans::OrphanRecovery;
 use super::outcome::{self, Counters};
+use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
 use super::{RunOptions, os_limits};
 use crate::host::sql::Databases;
@@ -73,7 +74,14 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         inflight.clone(),
         options.concurrency as usize * 2,
     );
-    let manager = Manager::new(executor, catalog, options.concurrency, completions, inflight.clone());
+    let catalog = reloader::live(catalog);
+    let manager = Manager::new(
+        executor.clone(),
+        catalog.clone(),
+        options.concurrency,
+        completions,
+        inflight.clone(),
+    );
     let quiet = Arc::new(AtomicBool::new(false));
     let heartbeat = Heartbeat::new(
         redis.clone(),
@@ -81,6 +89,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         options.queues.names(),
         &options.tag,
         manager.clone(),
+        catalog.clone(),
         quiet.clone(),
     );
     heartbeat.beat().await.context("writing the first heartbeat")?;
@@ -103,6 +112,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (quiet_tx, quiet_rx) = watch::channel(false);
     tokio::spawn(Poller::new(redis.clone(), options.poll_interval).run(stop_rx.clone()));
+    tokio::spawn(
+        Reloader::new(options.plugins.clone(), executor, cache(&options), catalog.clone()).run(stop_rx.clone()),
+    );
     if options.fetch == FetchMode::Reliable {
         let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
         tokio::spawn(recovery.run(stop_rx.clone()));
@@ -186,15 +198,11 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
 
 /// Opens the databases and loads the plugins on a blocking thread
 /// (compiling is CPU-heavy, opening SQLite files blocks).
-async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalog>)> {
+async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> {
     let plugins = options.plugins.clone();
     let databases = Databases::open_async(options.databases.clone(), options.data_dir.clone()).await?;
     let shared = databases.clone();
-    let cache = if options.no_cache {
-        CompileCache::disabled()
-    } else {
-        CompileCache::new(options.data_dir.join("cache"))
-    };
+    let cache = cache(options);
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
@@ -221,9 +229,18 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Arc<Catalo
         }
     }
     if catalog.plugins().is_empty() {
-        tracing::warn!(dir = %options.plugins.display(), "no plugin loaded: every job will go to the dead set");
+        tracing::warn!(dir = %options.plugins.display(), "no plugin loaded yet: jobs will retry until a plugin serves their class");
     }
-    Ok((Arc::new(executor), Arc::new(catalog)))
+    Ok((Arc::new(executor), catalog))
+}
+
+/// The compilation cache of this runner (shared with reloads).
+fn cache(options: &RunOptions) -> CompileCache {
+    if options.no_cache {
+        CompileCache::disabled()
+    } else {
+        CompileCache::new(options.data_dir.join("cache"))
+    }
 }
 
 /// Waits for SIGTERM/SIGINT or a Stop from the Web UI; SIGTSTP or Quiet

@@ -20,7 +20,7 @@ use super::fetch::Fetched;
 pub const LINGER: Duration = Duration::from_millis(1);
 use super::outcome::{Completion, CompletionSender};
 use super::processor;
-use crate::plugin::Catalog;
+use super::reloader::LiveCatalog;
 use crate::redis::now_f64;
 use crate::sandbox::Executor;
 
@@ -77,7 +77,7 @@ impl InFlightTable {
 /// The worker pool.
 pub struct Manager {
     executor: Arc<Executor>,
-    catalog: Arc<Catalog>,
+    catalog: LiveCatalog,
     slots: Arc<Semaphore>,
     concurrency: usize,
     completions: Mutex<Option<CompletionSender>>,
@@ -91,7 +91,7 @@ impl Manager {
     /// A pool of `concurrency` slots running `catalog`'s plugins.
     pub fn new(
         executor: Arc<Executor>,
-        catalog: Arc<Catalog>,
+        catalog: LiveCatalog,
         concurrency: u32,
         completions: CompletionSender,
         inflight: Arc<InFlightTable>,
@@ -190,7 +190,10 @@ impl Manager {
                 runner: &mut runner_slot,
                 parking: &manager.parking,
             };
-            let write = processor::process(&manager.executor, &manager.catalog, &job, slots).await;
+            // The snapshot current now: a reload during the job does not
+            // change the version it runs on.
+            let catalog = manager.catalog.load_full();
+            let write = processor::process(&manager.executor, &catalog, &job, slots).await;
             // The job stays in the in-flight table until the writer has
             // recorded its outcome: if the task is stopped at shutdown before
             // this send completes, it is still listed and gets requeued.

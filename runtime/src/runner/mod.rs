@@ -11,6 +11,7 @@
 //! | [`outcome`] | write results back in batches: ack, retry, dead, counters |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
 //! | [`orphans`] | recover the in-progress lists of processes that died |
+//! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
 //! | [`os_limits`] | raise the open-file limit, check the mapping limit, so thousands of jobs fit |
 //!
@@ -27,6 +28,7 @@ pub mod os_limits;
 pub mod outcome;
 pub mod processor;
 pub mod queues;
+pub mod reloader;
 pub mod scheduled;
 
 use std::path::PathBuf;

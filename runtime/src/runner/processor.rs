@@ -1,7 +1,9 @@
 //! One job, from fetched text to a decision: parse the payload, find the
 //! plugin for its class (dispatch), run it in the sandbox, and apply the
-//! retry policy. Never fails: a malformed payload or an unknown class is a
-//! job for the dead set with a clear `error_message`, not an error.
+//! retry policy. Never fails: a malformed payload goes to the dead set with
+//! a clear `error_message`; a class no plugin serves (not deployed yet, or
+//! removed while a new version is on its way) is retried with backoff, so
+//! it runs once a plugin for it appears ([`job_retry::unserved`]).
 
 use super::fetch::Fetched;
 use super::job_retry::{self, Write};
@@ -35,23 +37,23 @@ pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched, 
         let waited_us = ((now_f64() - enqueued_at) * 1e6) as i64;
         tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited_us, "job started");
     }
-    let outcome = match catalog.get(&job.class) {
-        Some(plugin) => {
-            let _plugin_slot = match plugin_slot(plugin, slots).await {
-                Ok(slot) => slot,
-                Err(outcome) => return decide(fetched, outcome),
-            };
-            executor.execute(plugin, &job, &ExecOptions::default()).await.outcome
-        }
-        None => {
-            tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; sent to the dead set");
-            Outcome::Dead(format!(
-                "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml)",
-                job.class
-            ))
-        }
+    let Some(plugin) = catalog.get(&job.class).cloned() else {
+        tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; it will be retried");
+        let message = format!(
+            "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml; the job is retried until one does)",
+            job.class
+        );
+        return match Payload::parse(&fetched.raw) {
+            Ok(payload) => job_retry::unserved(&payload, &message, now_f64()),
+            Err(error) => malformed(fetched, &error),
+        };
     };
-    decide(fetched, outcome)
+    let _plugin_slot = match plugin_slot(&plugin, slots).await {
+        Ok(slot) => slot,
+        Err(outcome) => return decide(fetched, outcome, &plugin),
+    };
+    let outcome = executor.execute(&plugin, &job, &ExecOptions::default()).await.outcome;
+    decide(fetched, outcome, &plugin)
 }
 
 /// Takes a slot of the plugin's `limits.concurrency`, if it has one.
@@ -73,14 +75,21 @@ async fn plugin_slot(
     }
 }
 
-/// The write for a finished job.
-fn decide(fetched: &Fetched, outcome: Outcome) -> Write {
+/// The write for a job `plugin` ran; a failure records which plugin
+/// version failed (`error_plugin`, "name@version").
+fn decide(fetched: &Fetched, outcome: Outcome, plugin: &Plugin) -> Write {
     match outcome {
         // Nothing to write into the payload: skip parsing it in full.
         Outcome::Success => Write::Ack,
         Outcome::Discard(_) => Write::Discard,
         failed => match Payload::parse(&fetched.raw) {
-            Ok(payload) => job_retry::decide(&payload, &failed, now_f64()),
+            Ok(mut payload) => {
+                payload.set(
+                    job_retry::ERROR_PLUGIN,
+                    serde_json::Value::String(format!("{}@{}", plugin.name, plugin.version)),
+                );
+                job_retry::decide(&payload, &failed, now_f64())
+            }
             Err(error) => malformed(fetched, &error),
         },
     }

@@ -26,6 +26,7 @@
 //! | `["http-flood", n, authority, path]` | start `n` GETs to `http://authority/path` at once, wait for all, log `flood: ok=A failed=B` |
 //! | `["fail-times", n]` | retry error while the job has been retried fewer than `n` times, then succeed |
 //! | `["slow-append", file, line, ms]` | sleep `ms`, then append `line\n` to `/data/<file>` (one write) |
+//! | `["marked-append", file, line, ms]` | as `slow-append`, the line prefixed with this build's [`MARKER`] and a space |
 //! | `["sql", db, statement, params?]` | `sql::query`; log `columns: [..]`, one `row: [..]` per row, `rows: N` |
 //! | `["sql-exec", db, statement, params?]` | `sql::execute`; log `affected: N` |
 //! | `["sql-typed", db, statement, params?]` | `sql::query` reading columns `i, f, t, b, flag, n` of each row through the SDK's typed getters; log `typed: ...` |
@@ -42,6 +43,12 @@ use std::time::Duration;
 
 use wasmjobs_guest::serde_json::Value;
 use wasmjobs_guest::{Job, JobError, JobInfo, export_job, http, log, sql};
+
+/// This build's marker, `wasmjobs-marker-v1`. The hot-reload tests make a
+/// second version of the component by replacing these bytes in the binary
+/// (`v1` → `v2`), then check which version ran each job.
+#[unsafe(no_mangle)]
+pub static MARKER: [u8; 18] = *b"wasmjobs-marker-v1";
 
 /// See the crate docs for the modes.
 pub struct ChaosJob;
@@ -88,16 +95,21 @@ impl Job for ChaosJob {
                 log::info!("succeeded after {} retries", job.retry_count);
                 Ok(())
             }
-            "slow-append" => {
+            "slow-append" | "marked-append" => {
                 let file = args.str(1)?;
                 if file.contains('/') || file.contains("..") {
                     return Err(JobError::dead(format!("bad file name {file:?}")));
                 }
                 std::thread::sleep(Duration::from_millis(args.u64(3)?));
-                let line = match args.get(2)? {
+                let mut line = match args.get(2)? {
                     Value::String(text) => format!("{text}\n"),
                     other => format!("{other}\n"),
                 };
+                if mode == "marked-append" {
+                    // Read through black_box so the bytes stay in the data segment.
+                    let marker = black_box(&MARKER);
+                    line = format!("{} {line}", String::from_utf8_lossy(marker));
+                }
                 let mut out = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
