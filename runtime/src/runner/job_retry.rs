@@ -22,6 +22,9 @@ use serde_json::Value;
 use crate::job::Outcome;
 use crate::redis::payload::{Payload, RetryPolicy};
 
+/// `error_class` of a job retried because no plugin served its class.
+pub const NO_PLUGIN: &str = "wasmjobs::NoPlugin";
+
 /// Payload key naming the plugin version ("name@version") whose run failed.
 pub const ERROR_PLUGIN: &str = "error_plugin";
 
@@ -110,7 +113,7 @@ fn retry_or(failed: Payload, count: u64, max: u64, now: f64, exhausted: fn(Paylo
 pub fn unserved(payload: &Payload, message: &str, now: f64) -> Write {
     let mut failed = payload.clone();
     failed.remove(ERROR_PLUGIN);
-    let count = record_failure(&mut failed, "wasmjobs::NoPlugin", message, now);
+    let count = record_failure(&mut failed, NO_PLUGIN, message, now);
     let max = max_retries(payload).unwrap_or(0);
     retry_or(failed, count, max, now, |failed| Write::Dead {
         payload: failed.to_json(),

@@ -112,9 +112,16 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (quiet_tx, quiet_rx) = watch::channel(false);
     tokio::spawn(Poller::new(redis.clone(), options.poll_interval).run(stop_rx.clone()));
+    let (served_tx, served) = mpsc::unbounded_channel();
     tokio::spawn(
-        Reloader::new(options.plugins.clone(), executor, cache(&options), catalog.clone()).run(stop_rx.clone()),
+        Reloader::new(options.plugins.clone(), executor, cache(&options), catalog.clone())
+            .on_new_classes(served_tx)
+            .run(stop_rx.clone()),
     );
+    tokio::spawn(release_unserved(
+        Poller::new(redis.clone(), options.poll_interval),
+        served,
+    ));
     if options.fetch == FetchMode::Reliable {
         let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
         tokio::spawn(recovery.run(stop_rx.clone()));
@@ -232,6 +239,21 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
         tracing::warn!(dir = %options.plugins.display(), "no plugin loaded yet: jobs will retry until a plugin serves their class");
     }
     Ok((Arc::new(executor), catalog))
+}
+
+/// Enqueues the jobs waiting in `retry` for a plugin as soon as a reload
+/// brings one for their class.
+async fn release_unserved(poller: Poller, mut served: mpsc::UnboundedReceiver<Vec<String>>) {
+    while let Some(classes) = served.recv().await {
+        match poller.release_unserved(&classes).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, ?classes, "enqueued jobs that were waiting for a plugin"),
+            Err(err) => tracing::warn!(
+                ?classes,
+                "cannot release jobs waiting for a plugin (they run at their retry time): {err:#}"
+            ),
+        }
+    }
 }
 
 /// The compilation cache of this runner (shared with reloads).

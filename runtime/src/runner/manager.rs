@@ -184,15 +184,15 @@ impl Manager {
             },
         );
         let manager = self.clone();
+        // The catalog as it is when the job is taken: a reload from now on
+        // does not change the version it runs on.
+        let catalog = self.catalog.load_full();
         let handle = tokio::spawn(async move {
             let mut runner_slot = Some(permit);
             let slots = processor::Slots {
                 runner: &mut runner_slot,
                 parking: &manager.parking,
             };
-            // The snapshot current now: a reload during the job does not
-            // change the version it runs on.
-            let catalog = manager.catalog.load_full();
             let write = processor::process(&manager.executor, &catalog, &job, slots).await;
             // The job stays in the in-flight table until the writer has
             // recorded its outcome: if the task is stopped at shutdown before

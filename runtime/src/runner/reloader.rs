@@ -1,9 +1,9 @@
 //! Hot reload: watch the plugins directory, swap in new plugin versions.
 //!
 //! The live catalog is an [`ArcSwap`]: every job takes the current snapshot
-//! when it starts and keeps the `Arc<Plugin>` it found, so jobs in flight
-//! finish on the version they started with while later jobs get the new
-//! one, and no job waits for a reload.
+//! when the manager takes it from the queue and keeps the `Arc<Plugin>` it
+//! finds, so jobs in flight finish on the version they started with while
+//! later jobs get the new one, and no job waits for a reload.
 //!
 //! Changes are seen through `notify` (inotify on Linux), one non-recursive
 //! watch on the plugins directory and one per plugin directory (and on the
@@ -63,6 +63,7 @@ pub struct Reloader {
     executor: Arc<Executor>,
     cache: CompileCache,
     live: LiveCatalog,
+    served: Option<mpsc::UnboundedSender<Vec<String>>>,
 }
 
 impl Reloader {
@@ -73,7 +74,15 @@ impl Reloader {
             executor,
             cache,
             live,
+            served: None,
         }
+    }
+
+    /// Sends the classes a reload starts serving (that no plugin served
+    /// before) to `served`, so jobs waiting for them can be released.
+    pub fn on_new_classes(mut self, served: mpsc::UnboundedSender<Vec<String>>) -> Self {
+        self.served = Some(served);
+        self
     }
 
     /// Watches until `stop` turns true. Without a working watcher (e.g. the
@@ -99,7 +108,8 @@ impl Reloader {
         };
         let mut watched = BTreeSet::new();
         if let Some(watcher) = watcher.as_mut() {
-            self.update_watches(watcher, &mut watched);
+            // Everything on disk was just loaded: nothing to rescan yet.
+            let _ = self.update_watches(watcher, &mut watched);
         }
         let mut pending: BTreeMap<PathBuf, Instant> = BTreeMap::new();
         loop {
@@ -142,7 +152,11 @@ impl Reloader {
                         }
                     }
                     if let Some(watcher) = watcher.as_mut() {
-                        self.update_watches(watcher, &mut watched);
+                        for path in self.update_watches(watcher, &mut watched) {
+                            if let Some(root) = self.relevant_root(&path) {
+                                pending.entry(root).or_insert_with(|| Instant::now() + SETTLE_DONE);
+                            }
+                        }
                     }
                 }
             }
@@ -215,8 +229,14 @@ impl Reloader {
 
     /// Watches the plugins directory, every plugin directory and every
     /// component's directory (non-recursively), dropping watches on what is
-    /// gone.
-    fn update_watches(&self, watcher: &mut notify::RecommendedWatcher, watched: &mut BTreeSet<PathBuf>) {
+    /// gone. Returns the directories newly watched: files written into them
+    /// before the watch existed were not seen, so they need a rescan.
+    fn update_watches(
+        &self,
+        watcher: &mut notify::RecommendedWatcher,
+        watched: &mut BTreeSet<PathBuf>,
+    ) -> Vec<PathBuf> {
+        let mut added = Vec::new();
         let mut wanted: BTreeSet<PathBuf> = BTreeSet::from([self.dir.clone()]);
         wanted.extend(plugin_roots(&self.dir).unwrap_or_default());
         for plugin in self.live.load().plugins() {
@@ -234,11 +254,13 @@ impl Reloader {
             }
             match watcher.watch(&path, RecursiveMode::NonRecursive) {
                 Ok(()) => {
-                    watched.insert(path);
+                    watched.insert(path.clone());
+                    added.push(path);
                 }
                 Err(err) => tracing::warn!(path = %path.display(), "cannot watch for plugin changes: {err}"),
             }
         }
+        added
     }
 
     /// Reloads the plugin in `root` and swaps the result in. Returns when to
@@ -266,6 +288,22 @@ impl Reloader {
         }
         self.live.store(Arc::new(next));
         report(&change);
+        let new_classes: Vec<String> = match &change {
+            Change::Added(plugin) => plugin.manifest.classes.clone(),
+            Change::Replaced { old, new } => new
+                .manifest
+                .classes
+                .iter()
+                .filter(|c| !old.manifest.classes.contains(c))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !new_classes.is_empty()
+            && let Some(served) = &self.served
+        {
+            let _ = served.send(new_classes);
+        }
         None
     }
 }

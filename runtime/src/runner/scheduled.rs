@@ -6,6 +6,10 @@
 //! `poll_interval × live processes`, so a cluster polls about once per
 //! `poll_interval` in total and processes do not stampede. The moved job gets
 //! a fresh `enqueued_at` (in its own time style); everything else is kept.
+//!
+//! When a plugin appears for a class that had none, the jobs of that class
+//! waiting in `retry` for it ([`Poller::release_unserved`]) are enqueued at
+//! once instead of at their backoff time.
 
 use std::time::Duration;
 
@@ -17,6 +21,9 @@ use tokio::sync::watch;
 
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
+
+/// The `error_class` of a job retried because no plugin served its class.
+const NO_PLUGIN: &str = super::job_retry::NO_PLUGIN;
 
 /// Jobs taken per `ZRANGEBYSCORE` round.
 const BATCH: isize = 100;
@@ -112,6 +119,39 @@ impl Poller {
         }
         if moved > 0 {
             tracing::debug!(moved, "enqueued due scheduled/retry jobs");
+        }
+        Ok(moved)
+    }
+
+    /// Enqueues now the jobs in `retry` that failed only because no plugin
+    /// served their class (`error_class` `wasmjobs::NoPlugin`) and whose
+    /// class is in `classes`. Returns how many moved.
+    pub async fn release_unserved(&self, classes: &[String]) -> Result<usize> {
+        let mut moved = 0;
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("ZSCAN")
+                .arg(keys::RETRY)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut self.redis.conn())
+                .await
+                .context("scanning the retry set")?;
+            // ZSCAN returns member, score, member, score...
+            for member in page.iter().step_by(2) {
+                if !member.contains(NO_PLUGIN) {
+                    continue;
+                }
+                let Ok(job) = Payload::parse(member) else { continue };
+                if job.str("error_class") == Some(NO_PLUGIN) && classes.iter().any(|c| c == job.class()) {
+                    moved += self.move_one(keys::RETRY, member, now_f64()).await? as usize;
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
         Ok(moved)
     }
