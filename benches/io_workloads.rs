@@ -19,16 +19,11 @@
 //! `BENCH_HTTP_ONLY=1000,10000` runs only the HTTP rows at those
 //! concurrencies and writes `io_workloads_partial.md` instead).
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
-use redis::AsyncCommands;
-use serde_json::{Value, json};
-use wasmjobs::redis::client;
-use wasmjobs::redis::payload::Payload;
-use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, peak_rss_kb};
+use serde_json::json;
+use wasmjobs_benches::{Report, drain};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
@@ -63,6 +58,7 @@ fn main() -> Result<()> {
         let n = (10 * u64::from(c)).max(1_000);
         let connections_before = server.connections();
         let run = rt.block_on(drain(
+            BIN.as_ref(),
             &redis,
             &examples,
             "HttpGetJob",
@@ -108,6 +104,7 @@ fn main() -> Result<()> {
     let db = format!("main={}?pool=100", postgres.url("postgres"));
     let n = if quick { 1_000 } else { 3_000 };
     let run = rt.block_on(drain(
+        BIN.as_ref(),
         &redis,
         &examples,
         "PgSleepJob",
@@ -137,6 +134,7 @@ fn main() -> Result<()> {
     wasmjobs_e2e::copy_plugin(&examples.join("file-append"), files.path());
     let n = if quick { 10_000 } else { 50_000 };
     let run = rt.block_on(drain(
+        BIN.as_ref(),
         &redis,
         files.path(),
         "FileAppendJob",
@@ -175,78 +173,4 @@ fn main() -> Result<()> {
     report.note("HTTP server, Redis (AOF, fsync every second) and PostgreSQL share the two cores with the runner; %CPU is per core.".into());
     report.finish()?;
     Ok(())
-}
-
-/// What one drain measured.
-struct Drain {
-    wall: Duration,
-    peak_rss_kb: u64,
-    rss_start_kb: u64,
-    rss_end_kb: u64,
-    cpu: f64,
-}
-
-/// Pushes `n` jobs of `class` (args from `args(i)`), runs `wasmjobs run`
-/// until all are processed, and checks that none failed.
-async fn drain(
-    redis: &TestRedis,
-    plugins: &Path,
-    class: &str,
-    n: u64,
-    args: impl Fn(u64) -> Value,
-    extra: &[&str],
-) -> Result<Drain> {
-    let mut conn = redis.conn().await;
-    redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-    let now = wasmjobs::redis::now_f64();
-    let mut pushed = 0;
-    while pushed < n {
-        let count = (n - pushed).min(10_000);
-        let mut payloads: Vec<Payload> = (pushed..pushed + count)
-            .map(|i| {
-                let args = args(i).as_array().cloned().unwrap_or_default();
-                Payload::new(class, args, "default", now)
-            })
-            .collect();
-        client::push_bulk(&mut conn, &mut payloads).await?;
-        pushed += count;
-    }
-    let mut runner = RunnerProcess::start(
-        BIN.as_ref(),
-        &redis.url(),
-        plugins,
-        extra,
-        "warn,wasmjobs::runner::launcher=info",
-    )?;
-    runner.wait_for_log(" running")?;
-    let rss_start_kb = rss_kb(runner.pid());
-    let cpu_start = cpu_ticks(runner.pid());
-    let started = Instant::now();
-    loop {
-        let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-        if processed >= n {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            bail!("only {processed} of {n} {class} processed: {}", runner.log());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let wall = started.elapsed();
-    let cpu = (cpu_ticks(runner.pid()) - cpu_start) as f64 / wall.as_secs_f64();
-    let rss_end_kb = rss_kb(runner.pid());
-    let peak_rss_kb = peak_rss_kb(runner.pid());
-    let log = runner.stop()?;
-    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
-    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-    if failed > 0 || processed != n {
-        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{log}");
-    }
-    Ok(Drain {
-        wall,
-        peak_rss_kb,
-        rss_start_kb,
-        rss_end_kb,
-        cpu,
-    })
 }

@@ -8,6 +8,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use redis::AsyncCommands;
+use serde_json::Value;
+use wasmjobs::redis::client;
+use wasmjobs::redis::payload::Payload;
+use wasmjobs::runner::heartbeat::rss_kb;
+use wasmjobs_e2e::redis_server::TestRedis;
 
 /// A `wasmjobs run` process started by a benchmark, logging to a temp file.
 pub struct RunnerProcess {
@@ -92,28 +98,12 @@ impl Drop for RunnerProcess {
 
 /// utime + stime of `pid`, in clock ticks (1/100 s).
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(after_name) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0;
-    };
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    field(11) + field(12)
+    wasmjobs::metrics::process::cpu_ticks_of(pid)
 }
 
 /// The highest resident set size `pid` has had (`VmHWM`), in KiB.
 pub fn peak_rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    wasmjobs::metrics::process::memory_kb_of(pid).1
 }
 
 /// The value at quantile `p` (0..=1) of an ascending slice.
@@ -222,4 +212,84 @@ fn command(program: &str, args: &[&str]) -> Option<String> {
         .status
         .success()
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// What one drain measured.
+pub struct Drain {
+    /// From "running" to the last job processed.
+    pub wall: Duration,
+    /// The runner's peak RSS (VmHWM), KiB.
+    pub peak_rss_kb: u64,
+    /// RSS when it reported "running", KiB.
+    pub rss_start_kb: u64,
+    /// RSS after the last job, KiB.
+    pub rss_end_kb: u64,
+    /// The runner's %CPU over the drain (100 = one core).
+    pub cpu: f64,
+}
+
+/// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
+/// `extra` flags until all are processed, and checks that none failed.
+pub async fn drain(
+    bin: &Path,
+    redis: &TestRedis,
+    plugins: &Path,
+    class: &str,
+    n: u64,
+    args: impl Fn(u64) -> Value,
+    extra: &[&str],
+) -> Result<Drain> {
+    let mut conn = redis.conn().await;
+    redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+    let now = wasmjobs::redis::now_f64();
+    let mut pushed = 0;
+    while pushed < n {
+        let count = (n - pushed).min(10_000);
+        let mut payloads: Vec<Payload> = (pushed..pushed + count)
+            .map(|i| {
+                let args = args(i).as_array().cloned().unwrap_or_default();
+                Payload::new(class, args, "default", now)
+            })
+            .collect();
+        client::push_bulk(&mut conn, &mut payloads).await?;
+        pushed += count;
+    }
+    let mut runner = RunnerProcess::start(
+        bin,
+        &redis.url(),
+        plugins,
+        extra,
+        "warn,wasmjobs::runner::launcher=info",
+    )?;
+    runner.wait_for_log(" running")?;
+    let rss_start_kb = rss_kb(runner.pid());
+    let cpu_start = cpu_ticks(runner.pid());
+    let started = Instant::now();
+    loop {
+        let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+        if processed >= n {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("only {processed} of {n} {class} processed: {}", runner.log());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let wall = started.elapsed();
+    let cpu = (cpu_ticks(runner.pid()) - cpu_start) as f64 / wall.as_secs_f64();
+    let rss_end_kb = rss_kb(runner.pid());
+    let peak_rss_kb = peak_rss_kb(runner.pid());
+    let log = runner.stop()?;
+    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
+    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+    if failed > 0 || processed != n {
+        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{log}");
+    }
+    Ok(Drain {
+        wall,
+        peak_rss_kb,
+        rss_start_kb,
+        rss_end_kb,
+        cpu,
+    })
 }

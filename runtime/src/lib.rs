@@ -14,7 +14,8 @@
 //! | [`sandbox`] | the Wasmtime engine and the [`sandbox::Executor`]: a fresh, limited instance per job, outcome mapping |
 //! | [`host`] | the capabilities a guest may import (WASI, HTTP, logging), each behind a narrow view of the store state |
 //! | [`redis`] | Redis in Sidekiq's format: connection, embedded server, payloads, client (push) and api (read side) |
-//! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat |
+//! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat, reloader, summary |
+//! | [`metrics`] | what jobs and the process cost: per-class HDR histograms, RSS/CPU sampling, Prometheus and JSON endpoints |
 //! | [`cli`] | the `wasmjobs` command line |
 //!
 //! Design notes for newcomers live in `docs/`.
@@ -23,6 +24,7 @@ pub mod bindings;
 pub mod cli;
 pub mod host;
 pub mod job;
+pub mod metrics;
 pub mod plugin;
 pub mod redis;
 pub mod runner;

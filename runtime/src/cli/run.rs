@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use clap::Args;
 
 use super::{Cli, DbArgs, PluginSource, RedisArgs};
@@ -56,6 +56,18 @@ pub struct RunArgs {
     /// Recoveries from dead processes after which a job is a poison pill (sent to dead).
     #[arg(long, default_value_t = 3)]
     pub max_recoveries: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics and JSON at /stats (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Do not record per-job metrics (no latency histograms, no per-class summary).
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Stop once every queue is empty and no job is in flight (batch runs, benchmarks).
+    #[arg(long)]
+    pub exit_when_empty: bool,
+    /// Also write the run summary printed at exit to FILE, as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<std::path::PathBuf>,
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration> {
@@ -82,19 +94,15 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,
         databases: args.db.databases.clone(),
+        metrics_addr: args.metrics_addr,
+        metrics: !args.no_metrics,
+        exit_when_empty: args.exit_when_empty,
     };
     let summary = runner::run(options).await?;
-    let rate = summary.processed as f64 / summary.wall.as_secs_f64().max(1e-9);
-    eprintln!(
-        "wasmjobs: {} jobs processed ({} failed: {} retry, {} dead; {} discarded; {} requeued) in {:.2} s, {:.0} jobs/s",
-        summary.processed,
-        summary.failed,
-        summary.retried,
-        summary.dead,
-        summary.discarded,
-        summary.requeued,
-        summary.wall.as_secs_f64(),
-        rate
-    );
+    eprint!("\nwasmjobs run summary\n{}", summary.table());
+    if let Some(path) = &args.summary_json {
+        let json = serde_json::to_string_pretty(&summary).context("encoding the run summary")?;
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write --summary-json {}", path.display()))?;
+    }
     Ok(ExitCode::SUCCESS)
 }

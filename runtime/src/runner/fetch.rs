@@ -28,7 +28,7 @@ use crate::redis::{Redis, keys};
 
 /// How long one blocking call waits in Redis before the loop re-checks
 /// whether it should still be waiting.
-pub const BLOCK: Duration = Duration::from_secs(2);
+pub const BLOCK: Duration = Duration::from_secs(5);
 
 /// The delivery guarantee.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

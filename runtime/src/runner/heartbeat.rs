@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::manager::Manager;
 use super::reloader::LiveCatalog;
+use crate::metrics::Metrics;
 use crate::redis::{Redis, keys, now_f64};
 
 /// Time between beats (Sidekiq's).
@@ -69,15 +70,7 @@ pub fn hostname() -> String {
 
 /// Resident set size of process `pid` in KiB (0 if unknown).
 pub fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    crate::metrics::process::memory_kb_of(pid).0
 }
 
 /// What the Web UI asked for.
@@ -97,6 +90,7 @@ pub struct Heartbeat {
     manager: Arc<Manager>,
     catalog: LiveCatalog,
     quiet: Arc<AtomicBool>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Heartbeat {
@@ -128,7 +122,14 @@ impl Heartbeat {
             manager,
             catalog,
             quiet,
+            metrics: None,
         }
+    }
+
+    /// Reports each measured Redis round trip to `metrics` as well.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Beats every [`INTERVAL`] until `commands` is closed, forwarding the
@@ -157,6 +158,9 @@ impl Heartbeat {
         let started = Instant::now();
         redis::cmd("PING").query_async::<()>(&mut conn).await.context("PING")?;
         let rtt_us = started.elapsed().as_micros() as u64;
+        if let Some(metrics) = &self.metrics {
+            metrics.process.redis_rtt_us.store(rtt_us, Ordering::Relaxed);
+        }
 
         let id = &self.identity.identity;
         let work = self.manager.snapshot();

@@ -27,31 +27,13 @@ use super::orphans::OrphanRecovery;
 use super::outcome::{self, Counters};
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
-use super::{RunOptions, os_limits};
+use super::{RunOptions, RunSummary, monitor, os_limits};
 use crate::host::sql::Databases;
+use crate::metrics::Metrics;
 use crate::plugin::{Catalog, CompileCache};
 use crate::redis::payload::Payload;
 use crate::redis::{Redis, connect, keys};
 use crate::sandbox::{EngineConfig, Executor};
-
-/// What a run did, for the summary printed at exit.
-#[derive(Debug, Clone, Default)]
-pub struct RunSummary {
-    /// Jobs whose outcome was recorded.
-    pub processed: u64,
-    /// Of those, failures.
-    pub failed: u64,
-    /// Failures scheduled for retry.
-    pub retried: u64,
-    /// Jobs sent to the dead set.
-    pub dead: u64,
-    /// Jobs discarded by their guest.
-    pub discarded: u64,
-    /// Jobs pushed back to their queue at shutdown.
-    pub requeued: u64,
-    /// How long the process ran.
-    pub wall: Duration,
-}
 
 /// Runs until told to stop; returns what happened.
 pub async fn run(options: RunOptions) -> Result<RunSummary> {
@@ -61,6 +43,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
 
     let (executor, catalog) = load_plugins(&options).await?;
+    let metrics = Arc::new(Metrics::new(options.metrics));
     let identity = Identity::current();
     let counters = Arc::new(Counters::default());
     let fetcher = Fetcher::new(options.fetch, redis.clone(), options.queues.clone(), &identity.identity);
@@ -76,6 +59,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     );
     let catalog = reloader::live(catalog);
     let manager = Manager::new(
+        metrics.clone(),
         executor.clone(),
         catalog.clone(),
         options.concurrency,
@@ -91,7 +75,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         manager.clone(),
         catalog.clone(),
         quiet.clone(),
-    );
+    )
+    .with_metrics(metrics.clone());
     heartbeat.beat().await.context("writing the first heartbeat")?;
     if options.fetch == FetchMode::Reliable {
         ::redis::cmd("SADD")
@@ -114,9 +99,15 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     tokio::spawn(Poller::new(redis.clone(), options.poll_interval).run(stop_rx.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
     tokio::spawn(
-        Reloader::new(options.plugins.clone(), executor, cache(&options), catalog.clone())
-            .on_new_classes(served_tx)
-            .run(stop_rx.clone()),
+        Reloader::new(
+            options.plugins.clone(),
+            executor.clone(),
+            cache(&options),
+            catalog.clone(),
+        )
+        .on_new_classes(served_tx)
+        .with_metrics(metrics.clone())
+        .run(stop_rx.clone()),
     );
     tokio::spawn(release_unserved(
         Poller::new(redis.clone(), options.poll_interval),
@@ -132,9 +123,21 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         let heartbeat = heartbeat.clone();
         async move { heartbeat.run(commands_tx).await }
     });
-    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), inflight, quiet_rx));
+    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), inflight.clone(), quiet_rx));
 
-    wait_for_stop(&mut commands, &quiet, &quiet_tx).await?;
+    monitor::start(
+        metrics.clone(),
+        executor,
+        inflight.clone(),
+        options.concurrency,
+        options.metrics_addr,
+        stop_rx.clone(),
+    )
+    .await?;
+    let drained = options
+        .exit_when_empty
+        .then(|| monitor::drained(redis.clone(), options.queues.names(), inflight.clone()));
+    wait_for_stop(&mut commands, &quiet, &quiet_tx, drained).await?;
 
     // Shutdown.
     tracing::info!(
@@ -198,8 +201,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         discarded: counters.discarded.load(Ordering::Relaxed),
         requeued,
         wall: started.elapsed(),
-    };
-    tracing::info!(?summary, "stopped");
+        ..RunSummary::default()
+    }
+    .with_metrics(&metrics);
+    tracing::info!(processed = summary.processed, failed = summary.failed, "stopped");
     Ok(summary)
 }
 
@@ -271,13 +276,22 @@ async fn wait_for_stop(
     commands: &mut mpsc::Receiver<Command>,
     quiet: &AtomicBool,
     quiet_tx: &watch::Sender<bool>,
+    drained: Option<impl Future<Output = ()>>,
 ) -> Result<()> {
+    let drained = async {
+        match drained {
+            Some(drained) => drained.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(drained);
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut tstp = signal(SignalKind::from_raw(20)).context("installing the SIGTSTP handler")?;
     loop {
         let go_quiet = tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
+            () = &mut drained => { tracing::info!("every queue is empty: stopping (--exit-when-empty)"); return Ok(()) }
             _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
             _ = tstp.recv() => { tracing::info!("SIGTSTP: quiet"); true }
             command = commands.recv() => match command {

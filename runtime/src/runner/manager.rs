@@ -21,6 +21,7 @@ pub const LINGER: Duration = Duration::from_millis(1);
 use super::outcome::{Completion, CompletionSender};
 use super::processor;
 use super::reloader::LiveCatalog;
+use crate::metrics::Metrics;
 use crate::redis::now_f64;
 use crate::sandbox::Executor;
 
@@ -78,6 +79,7 @@ impl InFlightTable {
 pub struct Manager {
     executor: Arc<Executor>,
     catalog: LiveCatalog,
+    metrics: Arc<Metrics>,
     slots: Arc<Semaphore>,
     concurrency: usize,
     completions: Mutex<Option<CompletionSender>>,
@@ -90,6 +92,7 @@ pub struct Manager {
 impl Manager {
     /// A pool of `concurrency` slots running `catalog`'s plugins.
     pub fn new(
+        metrics: Arc<Metrics>,
         executor: Arc<Executor>,
         catalog: LiveCatalog,
         concurrency: u32,
@@ -98,6 +101,7 @@ impl Manager {
     ) -> Arc<Self> {
         let concurrency = concurrency.max(1) as usize;
         Arc::new(Self {
+            metrics,
             executor,
             catalog,
             slots: Arc::new(Semaphore::new(concurrency)),
@@ -193,7 +197,7 @@ impl Manager {
                 runner: &mut runner_slot,
                 parking: &manager.parking,
             };
-            let write = processor::process(&manager.executor, &catalog, &job, slots).await;
+            let write = processor::process(&manager.executor, &catalog, &manager.metrics, &job, slots).await;
             // The job stays in the in-flight table until the writer has
             // recorded its outcome: if the task is stopped at shutdown before
             // this send completes, it is still listed and gets requeued.

@@ -13,6 +13,8 @@
 //! | [`orphans`] | recover the in-progress lists of processes that died |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
+//! | [`monitor`] | the process sampler, the `/metrics` endpoint, the `--exit-when-empty` check |
+//! | [`summary`] | the table (and JSON) of what a run did, printed at exit |
 //! | [`os_limits`] | raise the open-file limit, check the mapping limit, so thousands of jobs fit |
 //!
 //! A job's path: `fetch` → `manager` (slot) → `processor` → sandbox →
@@ -23,6 +25,7 @@ pub mod heartbeat;
 pub mod job_retry;
 pub mod launcher;
 pub mod manager;
+pub mod monitor;
 pub mod orphans;
 pub mod os_limits;
 pub mod outcome;
@@ -30,13 +33,15 @@ pub mod processor;
 pub mod queues;
 pub mod reloader;
 pub mod scheduled;
+pub mod summary;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use fetch::FetchMode;
-pub use launcher::{RunSummary, run};
+pub use launcher::run;
 pub use queues::Queues;
+pub use summary::RunSummary;
 
 use crate::redis::Target;
 use crate::sandbox::Limits;
@@ -75,4 +80,10 @@ pub struct RunOptions {
     /// The SQL databases plugins may use (`--db NAME=URL`), opened once and
     /// shared by every job.
     pub databases: Vec<crate::host::sql::DbSpec>,
+    /// Where to serve `/metrics` and `/stats`, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Record per-job metrics (off: no histograms, no per-class summary).
+    pub metrics: bool,
+    /// Stop once every queue is empty and no job is in flight.
+    pub exit_when_empty: bool,
 }

@@ -9,9 +9,11 @@ use super::fetch::Fetched;
 use super::job_retry::{self, Write};
 use crate::job::Outcome;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::metrics::{Counted, JobRecord, Metrics};
 use crate::plugin::{Catalog, Plugin};
 use crate::redis::now_f64;
 use crate::redis::payload::{self, Payload};
@@ -28,14 +30,26 @@ pub struct Slots<'a> {
 }
 
 /// Runs `fetched` and decides what to write for it.
-pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched, slots: Slots<'_>) -> Write {
+pub async fn process(
+    executor: &Executor,
+    catalog: &Catalog,
+    metrics: &Metrics,
+    fetched: &Fetched,
+    slots: Slots<'_>,
+) -> Write {
     let (job, enqueued_at) = match payload::job_from_raw(&fetched.raw) {
         Ok(head) => head,
-        Err(error) => return malformed(fetched, &error),
+        Err(error) => {
+            let write = malformed(fetched, &error);
+            record(metrics, MALFORMED, "", &write, None, None);
+            return write;
+        }
     };
-    if tracing::enabled!(tracing::Level::DEBUG) && enqueued_at > 0.0 {
-        let waited_us = ((now_f64() - enqueued_at) * 1e6) as i64;
-        tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited_us, "job started");
+    let queue_latency = (enqueued_at > 0.0).then(|| Duration::from_secs_f64((now_f64() - enqueued_at).max(0.0)));
+    if tracing::enabled!(tracing::Level::DEBUG)
+        && let Some(waited) = queue_latency
+    {
+        tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited.as_micros() as u64, "job started");
     }
     let Some(plugin) = catalog.get(&job.class).cloned() else {
         tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; it will be retried");
@@ -43,17 +57,56 @@ pub async fn process(executor: &Executor, catalog: &Catalog, fetched: &Fetched, 
             "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml; the job is retried until one does)",
             job.class
         );
-        return match Payload::parse(&fetched.raw) {
+        let write = match Payload::parse(&fetched.raw) {
             Ok(payload) => job_retry::unserved(&payload, &message, now_f64()),
             Err(error) => malformed(fetched, &error),
         };
+        record(metrics, &job.class, "", &write, queue_latency, None);
+        return write;
     };
     let _plugin_slot = match plugin_slot(&plugin, slots).await {
         Ok(slot) => slot,
         Err(outcome) => return decide(fetched, outcome, &plugin),
     };
-    let outcome = executor.execute(&plugin, &job, &ExecOptions::default()).await.outcome;
-    decide(fetched, outcome, &plugin)
+    let execution = executor.execute(&plugin, &job, &ExecOptions::default()).await;
+    let write = decide(fetched, execution.outcome, &plugin);
+    record(
+        metrics,
+        &job.class,
+        &plugin.version,
+        &write,
+        queue_latency,
+        Some(execution.duration),
+    );
+    write
+}
+
+/// The class recorded for payloads that cannot be parsed.
+const MALFORMED: &str = "(malformed)";
+
+/// Records a finished job in the metrics.
+fn record(
+    metrics: &Metrics,
+    class: &str,
+    version: &str,
+    write: &Write,
+    queue_latency: Option<Duration>,
+    execution: Option<Duration>,
+) {
+    let outcome = match write {
+        Write::Ack => Counted::Success,
+        Write::Discard => Counted::Discard,
+        Write::Retry { .. } => Counted::Retry,
+        Write::Dead { .. } => Counted::Dead,
+        Write::Drop => Counted::Drop,
+    };
+    metrics.record(&JobRecord {
+        class,
+        version,
+        outcome,
+        queue_latency,
+        execution,
+    });
 }
 
 /// Takes a slot of the plugin's `limits.concurrency`, if it has one.

@@ -35,6 +35,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
+use crate::metrics::Metrics;
 use crate::plugin::catalog::{Change, plugin_roots};
 use crate::plugin::{Catalog, CompileCache, MANIFEST_FILE};
 use crate::sandbox::Executor;
@@ -64,6 +65,7 @@ pub struct Reloader {
     cache: CompileCache,
     live: LiveCatalog,
     served: Option<mpsc::UnboundedSender<Vec<String>>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Reloader {
@@ -75,7 +77,14 @@ impl Reloader {
             cache,
             live,
             served: None,
+            metrics: None,
         }
+    }
+
+    /// Counts reloads by outcome in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Sends the classes a reload starts serving (that no plugin served
@@ -288,6 +297,19 @@ impl Reloader {
         }
         self.live.store(Arc::new(next));
         report(&change);
+        if let Some(metrics) = &self.metrics {
+            let gauges = &metrics.process;
+            let counter = match &change {
+                Change::Unchanged => None,
+                Change::Added(_) => Some(&gauges.reloads_added),
+                Change::Replaced { .. } => Some(&gauges.reloads_replaced),
+                Change::Removed(_) => Some(&gauges.reloads_removed),
+                Change::Rejected { .. } => Some(&gauges.reloads_rejected),
+            };
+            if let Some(counter) = counter {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         let new_classes: Vec<String> = match &change {
             Change::Added(plugin) => plugin.manifest.classes.clone(),
             Change::Replaced { old, new } => new

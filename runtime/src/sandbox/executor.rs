@@ -66,6 +66,7 @@ pub struct Executor {
     http: Arc<HttpClient>,
     databases: Arc<Databases>,
     slots: Arc<Semaphore>,
+    concurrency: usize,
     ticker: EpochTicker,
 }
 
@@ -89,6 +90,7 @@ impl Executor {
             })),
             databases: Databases::empty(),
             slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
+            concurrency: config.concurrency.max(1) as usize,
             ticker,
         })
     }
@@ -99,6 +101,12 @@ impl Executor {
     pub fn with_databases(mut self, databases: Arc<Databases>) -> Self {
         self.databases = databases;
         self
+    }
+
+    /// Instances alive now (jobs between taking an executor slot and
+    /// dropping their store).
+    pub fn live_instances(&self) -> usize {
+        self.concurrency - self.slots.available_permits()
     }
 
     /// The engine components must be compiled for.

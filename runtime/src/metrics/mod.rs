@@ -1,0 +1,317 @@
+//! What every job costs, recorded by the host and read without locks on the
+//! hot path.
+//!
+//! | module | role |
+//! |---|---|
+//! | (this) [`Metrics`] | per class × plugin version: outcome counts and HDR histograms of queue latency and execution time |
+//! | [`process`] | per process: RSS now and peak, %CPU sampled every second, and the gauges the runner reports |
+//! | [`exposition`] | the Prometheus text format (`/metrics`) and the JSON document (`/stats`) |
+//! | [`server`] | the HTTP endpoint of `wasmjobs run --metrics-addr` |
+//!
+//! Recording is sharded: each thread records into its own shard (a mutex no
+//! other thread normally touches), and readers merge the shards. Workers
+//! never contend on one shared structure per job (the noop benchmark runs
+//! within noise with recording on or off; see `docs/observability.md`).
+
+pub mod exposition;
+pub mod process;
+pub mod server;
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+pub use process::{ProcessGauges, ProcessSampler};
+
+/// Largest value a histogram holds, in microseconds (one hour); longer
+/// values are recorded as one hour.
+const MAX_MICROS: u64 = 3_600_000_000;
+/// Significant decimal digits kept: 1% resolution, ~32 KB per histogram.
+const SIGFIG: u8 = 2;
+
+/// How a job ended, as counted per class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Acked.
+    Success,
+    /// Failed, scheduled for a retry.
+    Retry,
+    /// Failed, sent to the dead set.
+    Dead,
+    /// Discarded at the guest's request.
+    Discard,
+    /// Failed with `retry: false`: gone.
+    Drop,
+}
+
+/// One finished job, as recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRecord<'a> {
+    /// Its class.
+    pub class: &'a str,
+    /// The plugin version that ran it ("" when no plugin did).
+    pub version: &'a str,
+    /// How it ended.
+    pub outcome: Counted,
+    /// From `enqueued_at` to its start, if the payload said when it was enqueued.
+    pub queue_latency: Option<Duration>,
+    /// From instantiation to the end of `perform`, if it ran.
+    pub execution: Option<Duration>,
+}
+
+/// Counts and histograms of one class × version.
+#[derive(Debug, Clone)]
+pub struct ClassStats {
+    /// Jobs finished (Sidekiq's "processed").
+    pub processed: u64,
+    /// Of those, failed (retry, dead or dropped).
+    pub failed: u64,
+    /// Failures scheduled for a retry.
+    pub retried: u64,
+    /// Sent to the dead set.
+    pub dead: u64,
+    /// Discarded by their guest.
+    pub discarded: u64,
+    /// Queue latency, microseconds.
+    pub queue_latency: Histogram<u64>,
+    /// Sum of the queue latencies, microseconds (for Prometheus `_sum`).
+    pub queue_latency_sum: u64,
+    /// Execution time, microseconds.
+    pub execution: Histogram<u64>,
+    /// Sum of the execution times, microseconds.
+    pub execution_sum: u64,
+}
+
+impl ClassStats {
+    fn new() -> Self {
+        Self {
+            processed: 0,
+            failed: 0,
+            retried: 0,
+            dead: 0,
+            discarded: 0,
+            queue_latency: histogram(),
+            queue_latency_sum: 0,
+            execution: histogram(),
+            execution_sum: 0,
+        }
+    }
+
+    fn record(&mut self, job: &JobRecord<'_>) {
+        self.processed += 1;
+        match job.outcome {
+            Counted::Success => {}
+            Counted::Retry => {
+                self.failed += 1;
+                self.retried += 1;
+            }
+            Counted::Dead => {
+                self.failed += 1;
+                self.dead += 1;
+            }
+            Counted::Drop => self.failed += 1,
+            Counted::Discard => self.discarded += 1,
+        }
+        if let Some(latency) = job.queue_latency {
+            let us = micros(latency);
+            self.queue_latency.saturating_record(us);
+            self.queue_latency_sum = self.queue_latency_sum.saturating_add(us);
+        }
+        if let Some(execution) = job.execution {
+            let us = micros(execution);
+            self.execution.saturating_record(us);
+            self.execution_sum = self.execution_sum.saturating_add(us);
+        }
+    }
+
+    fn merge(&mut self, other: &ClassStats) {
+        self.processed += other.processed;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.discarded += other.discarded;
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.queue_latency.add(&other.queue_latency);
+        let _ = self.execution.add(&other.execution);
+        self.queue_latency_sum = self.queue_latency_sum.saturating_add(other.queue_latency_sum);
+        self.execution_sum = self.execution_sum.saturating_add(other.execution_sum);
+    }
+
+    /// p50 / p90 / p99 / max of a histogram, in milliseconds.
+    pub fn percentiles_ms(histogram: &Histogram<u64>) -> Percentiles {
+        let at = |q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+        Percentiles {
+            count: histogram.len(),
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            max: histogram.max() as f64 / 1000.0,
+        }
+    }
+}
+
+/// Summary of a latency histogram, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Values recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Constant, valid bounds: this cannot fail.
+    Histogram::new_with_bounds(1, MAX_MICROS, SIGFIG).unwrap_or_else(|_| unreachable!("valid histogram bounds"))
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+/// class → version → stats.
+type Shard = HashMap<String, HashMap<String, ClassStats>>;
+
+/// The job recorder of one process.
+pub struct Metrics {
+    shards: Box<[Mutex<Shard>]>,
+    enabled: bool,
+    /// Gauges of the process (RSS, CPU, in flight, reloads...).
+    pub process: ProcessGauges,
+}
+
+thread_local! {
+    /// This thread's shard, assigned on first use.
+    static SHARD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+impl Metrics {
+    /// A recorder; with `enabled` false, [`Metrics::record`] does nothing
+    /// (`wasmjobs run --no-metrics`).
+    pub fn new(enabled: bool) -> Self {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let shards = (0..(threads * 4).max(8)).map(|_| Mutex::new(Shard::new())).collect();
+        Self {
+            shards,
+            enabled,
+            process: ProcessGauges::default(),
+        }
+    }
+
+    /// Whether jobs are recorded.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Records one finished job in this thread's shard.
+    pub fn record(&self, job: &JobRecord<'_>) {
+        if !self.enabled {
+            return;
+        }
+        let index = SHARD.with(|cell| {
+            *cell.get().get_or_insert_with(|| {
+                let index = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
+                cell.set(Some(index));
+                index
+            })
+        }) % self.shards.len();
+        let mut shard = self.shards[index].lock().unwrap_or_else(PoisonError::into_inner);
+        let versions = match shard.get_mut(job.class) {
+            Some(versions) => versions,
+            None => shard.entry(job.class.to_owned()).or_default(),
+        };
+        let stats = match versions.get_mut(job.version) {
+            Some(stats) => stats,
+            None => versions.entry(job.version.to_owned()).or_insert_with(ClassStats::new),
+        };
+        stats.record(job);
+    }
+
+    /// Every class × version, merged across shards, sorted.
+    pub fn snapshot(&self) -> BTreeMap<(String, String), ClassStats> {
+        let mut merged: BTreeMap<(String, String), ClassStats> = BTreeMap::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for (class, versions) in shard.iter() {
+                for (version, stats) in versions {
+                    merged
+                        .entry((class.clone(), version.clone()))
+                        .or_insert_with(ClassStats::new)
+                        .merge(stats);
+                }
+            }
+        }
+        merged
+    }
+
+    /// Per class, all versions merged, sorted by class.
+    pub fn by_class(&self) -> BTreeMap<String, ClassStats> {
+        let mut classes: BTreeMap<String, ClassStats> = BTreeMap::new();
+        for ((class, _), stats) in self.snapshot() {
+            classes.entry(class).or_insert_with(ClassStats::new).merge(&stats);
+        }
+        classes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(class: &'static str, outcome: Counted, exec_ms: u64) -> JobRecord<'static> {
+        JobRecord {
+            class,
+            version: "v1",
+            outcome,
+            queue_latency: Some(Duration::from_micros(500)),
+            execution: Some(Duration::from_millis(exec_ms)),
+        }
+    }
+
+    #[test]
+    fn records_from_many_threads_merge_exactly() {
+        let metrics = std::sync::Arc::new(Metrics::new(true));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let metrics = metrics.clone();
+                std::thread::spawn(move || {
+                    for i in 0..1_000 {
+                        metrics.record(&job("Fast", Counted::Success, 1));
+                        if i % 10 == 0 {
+                            metrics.record(&job("Slow", Counted::Retry, 200));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("recording thread");
+        }
+        let classes = metrics.by_class();
+        assert_eq!(classes["Fast"].processed, 8_000);
+        assert_eq!(classes["Slow"].processed, 800);
+        assert_eq!(classes["Slow"].retried, 800);
+        assert_eq!(classes["Slow"].failed, 800);
+        let slow = ClassStats::percentiles_ms(&classes["Slow"].execution);
+        assert!((198.0..=202.0).contains(&slow.p50), "{slow:?}");
+        assert_eq!(slow.count, 800);
+    }
+
+    #[test]
+    fn disabled_records_nothing() {
+        let metrics = Metrics::new(false);
+        metrics.record(&job("Fast", Counted::Success, 1));
+        assert!(metrics.snapshot().is_empty());
+    }
+}

@@ -1,0 +1,255 @@
+//! Per-process figures: memory and CPU sampled once a second while jobs run
+//! (every 10 s while idle),
+//! and the gauges other parts of the runner keep current (jobs in flight,
+//! live instances, Redis round trip, reloads).
+//!
+//! Everything is an atomic: writers (the sampler, the heartbeat, the
+//! reloader) store, readers (`/metrics`, `/stats`, the run summary) load;
+//! nothing here is on a job's path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+/// How often RSS and CPU are sampled while jobs run.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How often while the process is idle (no job in flight): an idle runner
+/// should not wake up every second (peak RSS is the kernel's high-water
+/// mark, so nothing is missed).
+pub const SAMPLE_IDLE: Duration = Duration::from_secs(10);
+
+/// The process's gauges and counters.
+#[derive(Debug, Default)]
+pub struct ProcessGauges {
+    /// Resident set size now, KiB.
+    pub rss_kb: AtomicU64,
+    /// Highest resident set size so far (`VmHWM`), KiB.
+    pub peak_rss_kb: AtomicU64,
+    /// RSS when the runner started, KiB.
+    pub start_rss_kb: AtomicU64,
+    /// user + system CPU time so far, clock ticks (1/100 s).
+    pub cpu_ticks: AtomicU64,
+    /// %CPU over the last sample interval, × 100 (so 12.5% is 1250).
+    pub cpu_percent_x100: AtomicU64,
+    /// Jobs in flight (taken from Redis, outcome not yet written).
+    pub in_flight: AtomicU64,
+    /// The configured concurrency.
+    pub concurrency: AtomicU64,
+    /// Wasm instances alive now.
+    pub live_instances: AtomicU64,
+    /// Last Redis round trip measured by the heartbeat, microseconds.
+    pub redis_rtt_us: AtomicU64,
+    /// Plugins added by hot reload.
+    pub reloads_added: AtomicU64,
+    /// Plugins replaced by a new version.
+    pub reloads_replaced: AtomicU64,
+    /// Plugins removed.
+    pub reloads_removed: AtomicU64,
+    /// New versions refused (the old one kept serving).
+    pub reloads_rejected: AtomicU64,
+    /// Start time, epoch seconds × 1000.
+    pub started_at_ms: AtomicU64,
+}
+
+/// A copy of the gauges, for the JSON document and the summary.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProcessSnapshot {
+    /// Resident set size now, KiB.
+    pub rss_kb: u64,
+    /// Highest resident set size so far, KiB.
+    pub peak_rss_kb: u64,
+    /// RSS at start, KiB.
+    pub start_rss_kb: u64,
+    /// CPU time used so far, seconds.
+    pub cpu_seconds: f64,
+    /// %CPU over the last second (100 = one core).
+    pub cpu_percent: f64,
+    /// Jobs in flight.
+    pub in_flight: u64,
+    /// Configured concurrency.
+    pub concurrency: u64,
+    /// Wasm instances alive.
+    pub live_instances: u64,
+    /// Last Redis round trip, milliseconds.
+    pub redis_rtt_ms: f64,
+    /// Hot reloads by outcome.
+    pub reloads: Reloads,
+    /// Start time, epoch seconds.
+    pub started_at: f64,
+}
+
+/// Hot reload counts by outcome.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Reloads {
+    /// New plugins.
+    pub added: u64,
+    /// New versions.
+    pub replaced: u64,
+    /// Plugins removed.
+    pub removed: u64,
+    /// Versions refused.
+    pub rejected: u64,
+}
+
+impl ProcessGauges {
+    /// A consistent-enough copy of every gauge.
+    pub fn snapshot(&self) -> ProcessSnapshot {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProcessSnapshot {
+            rss_kb: get(&self.rss_kb),
+            peak_rss_kb: get(&self.peak_rss_kb),
+            start_rss_kb: get(&self.start_rss_kb),
+            cpu_seconds: get(&self.cpu_ticks) as f64 / 100.0,
+            cpu_percent: get(&self.cpu_percent_x100) as f64 / 100.0,
+            in_flight: get(&self.in_flight),
+            concurrency: get(&self.concurrency),
+            live_instances: get(&self.live_instances),
+            redis_rtt_ms: get(&self.redis_rtt_us) as f64 / 1000.0,
+            reloads: Reloads {
+                added: get(&self.reloads_added),
+                replaced: get(&self.reloads_replaced),
+                removed: get(&self.reloads_removed),
+                rejected: get(&self.reloads_rejected),
+            },
+            started_at: get(&self.started_at_ms) as f64 / 1000.0,
+        }
+    }
+
+    /// Reads RSS (`/proc/self/statm`), peak RSS and CPU time
+    /// (`getrusage`) now: two cheap calls, no text to parse beyond one line,
+    /// so sampling every second costs an idle process next to nothing.
+    pub fn sample_memory_and_cpu(&self) {
+        let rss = statm_rss_kb();
+        let (cpu_ticks, peak) = rusage();
+        self.rss_kb.store(rss, Ordering::Relaxed);
+        self.peak_rss_kb.fetch_max(peak.max(rss), Ordering::Relaxed);
+        self.cpu_ticks.store(cpu_ticks, Ordering::Relaxed);
+    }
+}
+
+/// Samples the gauges every [`SAMPLE_EVERY`] until `stop` turns true.
+pub struct ProcessSampler;
+
+impl ProcessSampler {
+    /// Runs the sampling loop; `refresh` updates the gauges that live
+    /// elsewhere (in flight, live instances) at each tick.
+    pub async fn run(gauges: &ProcessGauges, refresh: impl Fn(&ProcessGauges), mut stop: watch::Receiver<bool>) {
+        let mut last = (Instant::now(), cpu_ticks());
+        loop {
+            let idle = gauges.in_flight.load(Ordering::Relaxed) == 0;
+            let pause = if idle { SAMPLE_IDLE } else { SAMPLE_EVERY };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                _ = stop.wait_for(|&s| s) => return,
+            }
+            gauges.sample_memory_and_cpu();
+            refresh(gauges);
+            let now = (Instant::now(), gauges.cpu_ticks.load(Ordering::Relaxed));
+            let wall = now.0.duration_since(last.0).as_secs_f64();
+            if wall > 0.0 {
+                // ticks are 1/100 s: ticks / wall = percent; ×100 for storage.
+                let percent = now.1.saturating_sub(last.1) as f64 / wall;
+                gauges
+                    .cpu_percent_x100
+                    .store((percent * 100.0).round() as u64, Ordering::Relaxed);
+            }
+            last = now;
+        }
+    }
+}
+
+/// Resident set size of this process in KiB, from `/proc/self/statm`
+/// (second field, in pages).
+fn statm_rss_kb() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else {
+        return 0;
+    };
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a configuration value.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096) / 1024
+}
+
+/// (CPU time in 1/100 s, peak RSS in KiB) of this process, from `getrusage`.
+fn rusage() -> (u64, u64) {
+    // SAFETY: getrusage writes into the zeroed struct passed.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return (cpu_ticks(), 0);
+    }
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    let cpu = (micros(usage.ru_utime) + micros(usage.ru_stime)) / 10_000;
+    (cpu, usage.ru_maxrss as u64)
+}
+
+/// (VmRSS, VmHWM) of process `pid` in KiB (0 when unknown).
+pub fn memory_kb_of(pid: u32) -> (u64, u64) {
+    memory_kb_at(&format!("/proc/{pid}/status"))
+}
+
+fn memory_kb_at(path: &str) -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// utime + stime of this process, in clock ticks (1/100 s on Linux).
+pub fn cpu_ticks() -> u64 {
+    cpu_ticks_at("/proc/self/stat")
+}
+
+/// utime + stime of process `pid`, in clock ticks (0 when unknown).
+pub fn cpu_ticks_of(pid: u32) -> u64 {
+    cpu_ticks_at(&format!("/proc/{pid}/stat"))
+}
+
+fn cpu_ticks_at(path: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    // Fields after the command name (which may contain spaces) in parentheses.
+    let Some(rest) = stat.rfind(')').and_then(|i| stat.get(i + 2..)) else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_cpu_are_read_from_proc() {
+        let gauges = ProcessGauges::default();
+        // Burn CPU until the tick counter moves (10 ms resolution).
+        let started = Instant::now();
+        let mut x = 0u64;
+        while cpu_ticks() == 0 && started.elapsed() < Duration::from_secs(5) {
+            for i in 0..1_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+        }
+        gauges.sample_memory_and_cpu();
+        let snapshot = gauges.snapshot();
+        assert!(snapshot.rss_kb > 0);
+        assert!(snapshot.peak_rss_kb >= snapshot.rss_kb);
+        assert!(snapshot.cpu_seconds > 0.0, "{snapshot:?}");
+    }
+}

@@ -1,0 +1,95 @@
+//! The HTTP endpoint of `wasmjobs run --metrics-addr ADDR`: `GET /metrics`
+//! (Prometheus text format) and `GET /stats` (JSON). Read-only, no auth:
+//! bind it to loopback or a private interface.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::Metrics;
+use super::exposition::{prometheus, stats_document};
+
+/// Binds `addr` (so a bad address fails at start, not later) and returns
+/// the bound address and the serving future, which runs until `stop`.
+pub async fn bind(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, impl Future<Output = ()>)> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+    let bound = listener.local_addr().context("metrics listener address")?;
+    Ok((bound, serve(listener, metrics, stop)))
+}
+
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|&s| s) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                tracing::warn!("metrics endpoint: accept failed: {err}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&request, &metrics)) }
+            });
+            if let Err(err) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!("metrics endpoint connection: {err}");
+            }
+        });
+    }
+}
+
+fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            prometheus(metrics),
+        ),
+        (&Method::GET, "/stats") => match serde_json::to_string_pretty(&stats_document(metrics)) {
+            Ok(json) => (StatusCode::OK, "application/json", json),
+            Err(err) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                format!("cannot encode the stats: {err}\n"),
+            ),
+        },
+        (&Method::GET, _) => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics or /stats\n".to_owned(),
+        ),
+        _ => (StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".to_owned()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = http::HeaderValue::from_str(content_type) {
+        response.headers_mut().insert(http::header::CONTENT_TYPE, value);
+    }
+    response
+}

@@ -1,0 +1,85 @@
+//! Watching the runner from outside: the once-a-second process sampler, the
+//! `--metrics-addr` endpoint, and the `--exit-when-empty` drain check.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::sync::watch;
+
+use super::manager::InFlightTable;
+use crate::metrics::{Metrics, ProcessSampler, server};
+use crate::redis::{Redis, keys};
+use crate::sandbox::Executor;
+
+/// How often `--exit-when-empty` checks the queues.
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
+
+/// Starts the sampler (and the metrics endpoint, if `addr` is set); both
+/// stop when `stop` turns true. Fails only if `addr` cannot be bound.
+pub async fn start(
+    metrics: Arc<Metrics>,
+    executor: Arc<Executor>,
+    inflight: Arc<InFlightTable>,
+    concurrency: u32,
+    addr: Option<SocketAddr>,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let gauges = &metrics.process;
+    gauges.concurrency.store(u64::from(concurrency), Ordering::Relaxed);
+    gauges.sample_memory_and_cpu();
+    gauges
+        .start_rss_kb
+        .store(gauges.rss_kb.load(Ordering::Relaxed), Ordering::Relaxed);
+    gauges
+        .started_at_ms
+        .store((crate::redis::now_f64() * 1000.0) as u64, Ordering::Relaxed);
+    if let Some(addr) = addr {
+        let (bound, serving) = server::bind(addr, metrics.clone(), stop.clone()).await?;
+        tracing::info!(%bound, "metrics at http://{bound}/metrics and /stats");
+        tokio::spawn(serving);
+    }
+    tokio::spawn(async move {
+        let refresh = |gauges: &crate::metrics::ProcessGauges| {
+            gauges.in_flight.store(inflight.len() as u64, Ordering::Relaxed);
+            gauges
+                .live_instances
+                .store(executor.live_instances() as u64, Ordering::Relaxed);
+        };
+        ProcessSampler::run(&metrics.process, refresh, stop).await;
+    });
+    Ok(())
+}
+
+/// Resolves once every queue in `queues` is empty and no job is in flight,
+/// seen on two checks in a row (a job can be between the queue and the
+/// in-flight table during one check).
+pub async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InFlightTable>) {
+    let mut empty_checks = 0;
+    loop {
+        tokio::time::sleep(DRAIN_CHECK).await;
+        let mut pipe = ::redis::pipe();
+        for queue in &queues {
+            pipe.cmd("LLEN").arg(keys::queue(queue));
+        }
+        let busy_before = inflight.len();
+        let lengths: Vec<u64> = match pipe.query_async(&mut redis.conn()).await {
+            Ok(lengths) => lengths,
+            Err(err) => {
+                tracing::debug!("--exit-when-empty: cannot read the queues: {err}");
+                empty_checks = 0;
+                continue;
+            }
+        };
+        if busy_before == 0 && inflight.is_empty() && lengths.iter().all(|&n| n == 0) {
+            empty_checks += 1;
+            if empty_checks >= 2 {
+                return;
+            }
+        } else {
+            empty_checks = 0;
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Metrics end to end: a real `wasmjobs run` with `--metrics-addr`, a
+//! known mix of jobs, the JSON and Prometheus endpoints read over HTTP, and
+//! `--exit-when-empty` with its JSON summary.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, int, plugins, push, wait_processed};
+
+/// A free loopback address for the metrics endpoint.
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// `GET path` on `addr`; returns the body (panics on a non-200).
+fn get(addr: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+/// Pushes the known mix: 200 NoopJob (fast), 20 ChaosJob sleeping 300 ms
+/// in a host call (slow), 10 FibJob with bad args (failing: dead).
+async fn push_mix(conn: &mut redis::aio::MultiplexedConnection) {
+    push(conn, "NoopJob", "default", (0..200).map(|i| json!([i])).collect()).await;
+    push(
+        conn,
+        "ChaosJob",
+        "default",
+        (0..20).map(|_| json!(["sleep", 300])).collect(),
+    )
+    .await;
+    push(
+        conn,
+        "FibJob",
+        "default",
+        (0..10).map(|_| json!(["not a number"])).collect(),
+    )
+    .await;
+}
+
+fn class<'a>(stats: &'a Value, name: &str) -> &'a Value {
+    stats["classes"]
+        .as_array()
+        .and_then(|classes| classes.iter().find(|c| c["class"] == name))
+        .unwrap_or_else(|| panic!("no class {name} in {stats:#}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_mix_is_counted_exactly_and_timed_sanely() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "fib"], &["chaos"]);
+    let addr = free_addr();
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--metrics-addr", &addr]);
+    runner.wait_running();
+    push_mix(&mut conn).await;
+    wait_processed(&mut conn, 230, Duration::from_secs(60), || runner.log()).await;
+    // Outcomes are recorded in the runner before they are written to Redis.
+    let stats: Value = serde_json::from_str(&get(&addr, "/stats")).expect("JSON");
+
+    let noop = class(&stats, "NoopJob");
+    assert_eq!(noop["processed"], 200);
+    assert_eq!(noop["failed"], 0);
+    let slow = class(&stats, "ChaosJob");
+    assert_eq!(slow["processed"], 20);
+    let exec_p50 = slow["execution_ms"]["p50"].as_f64().expect("p50");
+    assert!((300.0..2_000.0).contains(&exec_p50), "slow p50 {exec_p50} ms");
+    assert!(slow["execution_ms"]["max"].as_f64() >= slow["execution_ms"]["p99"].as_f64());
+    let fast_p50 = noop["execution_ms"]["p50"].as_f64().expect("p50");
+    assert!(fast_p50 < exec_p50, "noop {fast_p50} ms vs slow {exec_p50} ms");
+    let failing = class(&stats, "FibJob");
+    assert_eq!(failing["processed"], 10);
+    assert_eq!(failing["failed"], 10);
+    assert_eq!(failing["dead"], 10);
+    for name in ["NoopJob", "ChaosJob", "FibJob"] {
+        let queue = &class(&stats, name)["queue_latency_ms"];
+        let (p50, p99) = (
+            queue["p50"].as_f64().unwrap_or(-1.0),
+            queue["p99"].as_f64().unwrap_or(-1.0),
+        );
+        assert!(p50 >= 0.0 && p50 <= p99 && p99 < 30_000.0, "{name}: {queue}");
+    }
+    let process = &stats["process"];
+    assert!(process["rss_kb"].as_u64() > Some(1_000), "{process}");
+    assert!(process["peak_rss_kb"].as_u64() >= process["rss_kb"].as_u64());
+    assert_eq!(process["concurrency"], 100);
+    // Per plugin version too: the chaos row carries its version id.
+    let versions = stats["versions"].as_array().expect("versions");
+    assert!(
+        versions
+            .iter()
+            .any(|v| v["class"] == "ChaosJob" && v["version"].as_str().is_some_and(|s| s.len() == 12))
+    );
+    assert!(runner.stop().success(), "{}", runner.log());
+    assert!(runner.log().contains("wasmjobs run summary"), "{}", runner.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prometheus_endpoint_parses_with_the_expected_families() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "fib"], &["chaos"]);
+    let addr = free_addr();
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--metrics-addr", &addr]);
+    runner.wait_running();
+    push_mix(&mut conn).await;
+    wait_processed(&mut conn, 230, Duration::from_secs(60), || runner.log()).await;
+    // Let the sampler take its once-a-second reading.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let text = get(&addr, "/metrics");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid exposition");
+    let samples = |name: &'static str| scrape.samples.iter().filter(move |s| s.metric == name);
+
+    let noop_success = samples("wasmjobs_jobs_total")
+        .find(|s| s.labels.get("class") == Some("NoopJob") && s.labels.get("outcome") == Some("success"))
+        .expect("wasmjobs_jobs_total for NoopJob");
+    assert!(matches!(noop_success.value, prometheus_parse::Value::Counter(n) if n == 200.0));
+    assert!(noop_success.labels.get("version").is_some_and(|v| v.len() == 12));
+    let dead = samples("wasmjobs_jobs_total")
+        .find(|s| s.labels.get("class") == Some("FibJob") && s.labels.get("outcome") == Some("dead"))
+        .expect("dead FibJob");
+    assert!(matches!(dead.value, prometheus_parse::Value::Counter(n) if n == 10.0));
+
+    for family in ["wasmjobs_job_execution_seconds", "wasmjobs_job_queue_latency_seconds"] {
+        let chaos = samples(family)
+            .find(|s| s.labels.get("class") == Some("ChaosJob"))
+            .unwrap_or_else(|| panic!("{family} for ChaosJob:\n{text}"));
+        let prometheus_parse::Value::Histogram(buckets) = &chaos.value else {
+            panic!("{family} is not a histogram: {:?}", chaos.value)
+        };
+        assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count), "cumulative");
+        if family == "wasmjobs_job_execution_seconds" {
+            let under_a_quarter = buckets.iter().find(|b| b.less_than == 0.25).expect("0.25 bucket");
+            let under_half = buckets.iter().find(|b| b.less_than == 0.5).expect("0.5 bucket");
+            assert_eq!(under_a_quarter.count, 0.0, "every slow job slept 300 ms");
+            assert_eq!(under_half.count, 20.0);
+        }
+    }
+    for gauge in [
+        "process_resident_memory_bytes",
+        "wasmjobs_process_resident_memory_peak_bytes",
+        "wasmjobs_concurrency",
+        "wasmjobs_jobs_in_flight",
+        "wasmjobs_instances_live",
+        "wasmjobs_redis_rtt_seconds",
+    ] {
+        let sample = samples(gauge).next().unwrap_or_else(|| panic!("{gauge}:\n{text}"));
+        assert!(matches!(sample.value, prometheus_parse::Value::Gauge(_)), "{gauge}");
+    }
+    let rss = samples("process_resident_memory_bytes").next().expect("rss");
+    assert!(matches!(rss.value, prometheus_parse::Value::Gauge(b) if b > 1e6));
+    assert!(samples("process_cpu_seconds_total").next().is_some());
+    assert!(samples("wasmjobs_plugin_reloads_total").count() == 4);
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_when_empty_stops_after_the_last_job_with_a_matching_summary() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "fib"], &["chaos"]);
+    push_mix(&mut conn).await;
+    let summary_dir = tempfile::tempdir().expect("tempdir");
+    let summary_path = summary_dir.path().join("summary.json");
+    let mut runner = Runner::start(
+        &redis.url(),
+        dir.path(),
+        &[
+            "--exit-when-empty",
+            "--summary-json",
+            summary_path.to_str().expect("utf-8 path"),
+        ],
+    );
+    let status = runner.wait(Duration::from_secs(60));
+    assert!(status.success(), "{}", runner.log());
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary_path).expect("summary written")).expect("summary JSON");
+    let processed = int(&mut conn, "stat:processed").await;
+    assert_eq!(processed, 230);
+    assert_eq!(summary["processed"], processed);
+    assert_eq!(summary["failed"], 10);
+    assert_eq!(summary["dead"], 10);
+    assert!(summary["peak_rss_kb"].as_u64() >= summary["start_rss_kb"].as_u64());
+    assert!(summary["wall_secs"].as_f64() > Some(0.0));
+    let classes = summary["classes"].as_array().expect("classes");
+    assert_eq!(classes.len(), 3, "{summary:#}");
+    let log = runner.log();
+    assert!(log.contains("every queue is empty"), "{log}");
+    assert!(log.contains("Peak RSS") && log.contains("Exec p99"), "{log}");
+}
