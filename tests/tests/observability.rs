@@ -57,16 +57,40 @@ fn class<'a>(stats: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no class {name} in {stats:#}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_known_mix_is_counted_exactly_and_timed_sanely() {
+/// A runner serving metrics on a free port, after the known mix has run.
+struct MixRun {
+    _redis: TestRedis,
+    _plugins: tempfile::TempDir,
+    runner: Runner,
+    addr: String,
+}
+
+async fn run_mix() -> MixRun {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
-    let dir = plugins(&["noop", "fib"], &["chaos"]);
+    let plugins = plugins(&["noop", "fib"], &["chaos"]);
     let addr = free_addr();
-    let mut runner = Runner::start(&redis.url(), dir.path(), &["--metrics-addr", &addr]);
+    let mut runner = Runner::start(&redis.url(), plugins.path(), &["--metrics-addr", &addr]);
     runner.wait_running();
     push_mix(&mut conn).await;
     wait_processed(&mut conn, 230, Duration::from_secs(60), || runner.log()).await;
+    MixRun {
+        _redis: redis,
+        _plugins: plugins,
+        runner,
+        addr,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_mix_is_counted_exactly_and_timed_sanely() {
+    // Every field bound (no `..`): Redis and the plugins must outlive the runner.
+    let MixRun {
+        _redis,
+        _plugins,
+        mut runner,
+        addr,
+    } = run_mix().await;
     // Outcomes are recorded in the runner before they are written to Redis.
     let stats: Value = serde_json::from_str(&get(&addr, "/stats")).expect("JSON");
 
@@ -109,16 +133,13 @@ async fn a_known_mix_is_counted_exactly_and_timed_sanely() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prometheus_endpoint_parses_with_the_expected_families() {
-    let redis = TestRedis::start();
-    let mut conn = redis.conn().await;
-    let dir = plugins(&["noop", "fib"], &["chaos"]);
-    let addr = free_addr();
-    let mut runner = Runner::start(&redis.url(), dir.path(), &["--metrics-addr", &addr]);
-    runner.wait_running();
-    push_mix(&mut conn).await;
-    wait_processed(&mut conn, 230, Duration::from_secs(60), || runner.log()).await;
-    // Let the sampler take its once-a-second reading.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    // Every field bound (no `..`): Redis and the plugins must outlive the runner.
+    let MixRun {
+        _redis,
+        _plugins,
+        mut runner,
+        addr,
+    } = run_mix().await;
     let text = get(&addr, "/metrics");
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid exposition");
     let samples = |name: &'static str| scrape.samples.iter().filter(move |s| s.metric == name);
