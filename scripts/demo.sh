@@ -20,7 +20,15 @@ unset REDIS_URL
 www=$(mktemp -d)
 echo "hello from the demo server" > "$www/index.html"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-python3 -m http.server "$port" --bind 127.0.0.1 --directory "$www" >/dev/null 2>&1 &
+# Python's http.server, with a listen backlog of 128 instead of socketserver's
+# 5: the demo's 20 concurrent requests would otherwise overflow it, and each
+# dropped connect is retried by the kernel only after a second.
+python3 - "$port" "$www" >/dev/null 2>&1 <<'PY' &
+import functools, http.server, sys
+http.server.ThreadingHTTPServer.request_queue_size = 128
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), handler).serve_forever()
+PY
 server=$!
 
 "$wasmjobs" run --plugins ./plugins --concurrency 50 &
