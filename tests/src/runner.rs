@@ -206,6 +206,17 @@ pub fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Jobs held in every process's in-progress list (taken, outcome not
+/// written yet).
+pub async fn jobs_in_progress(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let lists: Vec<String> = conn.keys("wasmjobs:inprogress:*").await.expect("KEYS");
+    let mut held = 0;
+    for list in &lists {
+        held += conn.llen::<_, u64>(list).await.expect("LLEN");
+    }
+    held
+}
+
 /// Moves every retry to "due now", as the clock would after the backoff.
 pub async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
     let members: Vec<String> = conn.zrange("retry", 0, -1).await.expect("ZRANGE");

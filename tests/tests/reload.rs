@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use serde_json::json;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, lines, plugins, push, wait_processed, zset};
+use wasmjobs_e2e::runner::{Runner, int, jobs_in_progress, lines, plugins, push, wait_processed, zset};
 
 const MARKER_V1: &[u8] = b"wasmjobs-marker-v1";
 
@@ -94,11 +94,7 @@ async fn jobs_in_flight_finish_on_v1_while_later_jobs_run_on_v2() {
     push_marked(&mut conn, "swap.txt", 0, 1_000, 3_000).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let inprogress: Vec<String> = conn.keys("wasmjobs:inprogress:*").await.expect("KEYS");
-        let mut held = 0u64;
-        for key in &inprogress {
-            held += conn.llen::<_, u64>(key).await.expect("LLEN");
-        }
+        let held = jobs_in_progress(&mut conn).await;
         if held == 1_000 {
             break;
         }

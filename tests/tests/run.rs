@@ -7,7 +7,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, lines, make_retries_due, plugins, push, wait_processed, zset};
+use wasmjobs_e2e::runner::{
+    Runner, int, jobs_in_progress, lines, make_retries_due, plugins, push, wait_processed, zset,
+};
 
 fn counts(lines: &[String]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -362,11 +364,7 @@ async fn a_redis_restart_mid_run_loses_no_job() {
     // Every outcome is recorded once Redis is back.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let inprogress: Vec<String> = conn.keys("wasmjobs:inprogress:*").await.expect("KEYS");
-        let mut left = 0u64;
-        for key in &inprogress {
-            left += conn.llen::<_, u64>(key).await.expect("LLEN");
-        }
+        let left = jobs_in_progress(&mut conn).await;
         if left == 0 {
             break;
         }
