@@ -228,6 +228,28 @@ pub struct Drain {
     pub cpu: f64,
 }
 
+/// Polls `stat:processed` every 2 ms until it reaches `n`; returns how long
+/// that took (the benchmark's wall time), or fails with the runner's log
+/// after `timeout`.
+pub async fn wait_for_processed(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: u64,
+    timeout: Duration,
+    runner: &RunnerProcess,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+        if processed >= n {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            bail!("only {processed} of {n} jobs processed: {}", runner.log());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
 /// `extra` flags until all are processed, and checks that none failed.
 pub async fn drain(
@@ -264,18 +286,7 @@ pub async fn drain(
     runner.wait_for_log(" running")?;
     let rss_start_kb = rss_kb(runner.pid());
     let cpu_start = cpu_ticks(runner.pid());
-    let started = Instant::now();
-    loop {
-        let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-        if processed >= n {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            bail!("only {processed} of {n} {class} processed: {}", runner.log());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let wall = started.elapsed();
+    let wall = wait_for_processed(&mut conn, n, Duration::from_secs(600), &runner).await?;
     let cpu = (cpu_ticks(runner.pid()) - cpu_start) as f64 / wall.as_secs_f64();
     let rss_end_kb = rss_kb(runner.pid());
     let peak_rss_kb = peak_rss_kb(runner.pid());

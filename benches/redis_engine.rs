@@ -23,7 +23,7 @@ use redis::AsyncCommands;
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile};
+use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile, wait_for_processed};
 
 /// The wasmjobs binary built with this package.
 const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
@@ -150,18 +150,7 @@ async fn drain(
     let startup = spawned.elapsed();
     let rss_start_kb = rss_kb(runner.pid());
     let (cpu_runner0, cpu_redis0) = (cpu_ticks(runner.pid()), cpu_ticks(redis_pid));
-    let started = Instant::now();
-    loop {
-        let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-        if processed >= jobs {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("only {processed} of {jobs} processed");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let wall = started.elapsed();
+    let wall = wait_for_processed(&mut conn, jobs, Duration::from_secs(300), &runner).await?;
     let (cpu_runner1, cpu_redis1) = (cpu_ticks(runner.pid()), cpu_ticks(redis_pid));
     let rss_end_kb = rss_kb(runner.pid());
     runner.stop()?;
