@@ -136,7 +136,10 @@ impl ProcessSampler {
     /// Runs the sampling loop; `refresh` updates the gauges that live
     /// elsewhere (in flight, live instances) at each tick.
     pub async fn run(gauges: &ProcessGauges, refresh: impl Fn(&ProcessGauges), mut stop: watch::Receiver<bool>) {
-        let mut last = (Instant::now(), cpu_ticks());
+        // Same source as every later reading (getrusage), so the first
+        // interval's %CPU is not a difference of two different clocks.
+        gauges.sample_memory_and_cpu();
+        let mut last = (Instant::now(), gauges.cpu_ticks.load(Ordering::Relaxed));
         loop {
             let idle = gauges.in_flight.load(Ordering::Relaxed) == 0;
             let pause = if idle { SAMPLE_IDLE } else { SAMPLE_EVERY };
