@@ -78,6 +78,29 @@ impl RunnerProcess {
         Ok(())
     }
 
+    /// Whether the process has exited.
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own (as
+    /// `--exit-when-empty` does); fails with the log unless it exits 0.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("wasmjobs run exited with {status}: {}", self.log());
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("wasmjobs run still running after {timeout:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// SIGTERM, then waits for a clean exit. Returns the whole log.
     pub fn stop(mut self) -> Result<String> {
         Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
@@ -180,17 +203,20 @@ impl Report {
     }
 }
 
-fn date() -> String {
+/// Now, as `YYYY-MM-DD HH:MM UTC`.
+pub fn date() -> String {
     command("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_else(|| "unknown date".into())
 }
 
-fn hostname() -> String {
+/// This machine's host name.
+pub fn hostname() -> String {
     std::fs::read_to_string("/etc/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "unknown".into())
 }
 
-fn cpu_model() -> String {
+/// The CPU model from `/proc/cpuinfo`.
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|info| {
@@ -202,11 +228,13 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-fn cores() -> usize {
+/// Cores available to this process.
+pub fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-fn command(program: &str, args: &[&str]) -> Option<String> {
+/// The trimmed stdout of a command that succeeded.
+pub fn command(program: &str, args: &[&str]) -> Option<String> {
     let output = std::process::Command::new(program).args(args).output().ok()?;
     output
         .status

@@ -1,0 +1,220 @@
+//! `wasmjobs-bench`: the benchmark suite, one command that reproduces every
+//! workload of the seed report through the real path and writes
+//! `benches/results/<date>-<host>.md`, the JSON beside it and SVG charts.
+//! Normally started by `scripts/bench.sh`, which builds what it needs.
+//!
+//! ```text
+//! wasmjobs-bench --wasmjobs target/release/wasmjobs [--quick] [--only noop,http] [--out DIR]
+//! ```
+//!
+//! It starts its own `redis-server`, PostgreSQL (for `pg-sleep`) and a
+//! 200 ms HTTP server on loopback; see [`plan`] for the cases, [`measure`]
+//! for how one is timed and checked, and [`output`] for the report. Exits
+//! non-zero when any job was lost or failed.
+
+mod chart;
+mod measure;
+mod output;
+mod plan;
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use wasmjobs_benches::{command, cores, cpu_model, date, hostname, percentile};
+use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::redis_server::TestRedis;
+
+use measure::{Bench, Row};
+use output::{Machine, Native, Results};
+use plan::Workload;
+
+const USAGE: &str =
+    "usage: wasmjobs-bench --wasmjobs PATH [--quick] [--only noop,http,pg-sleep,file-append,fib,idle] [--out DIR]";
+
+struct Args {
+    wasmjobs: PathBuf,
+    quick: bool,
+    only: Vec<Workload>,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Args> {
+    let repo = wasmjobs_e2e::guests::repo_root();
+    let mut args = Args {
+        wasmjobs: repo.join("target/release/wasmjobs"),
+        quick: false,
+        only: Vec::new(),
+        out: repo.join("benches/results"),
+    };
+    let mut argv = std::env::args().skip(1);
+    while let Some(arg) = argv.next() {
+        let mut value = || argv.next().with_context(|| format!("{arg} needs a value\n{USAGE}"));
+        match arg.as_str() {
+            "--wasmjobs" => args.wasmjobs = value()?.into(),
+            "--quick" => args.quick = true,
+            "--only" => args.only = plan::parse_only(&value()?)?,
+            "--out" => args.out = value()?.into(),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    if !args.wasmjobs.is_file() {
+        bail!(
+            "{} is not built (cargo build --release -p wasmjobs)",
+            args.wasmjobs.display()
+        );
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    wasmjobs::runner::os_limits::raise_open_files(20_000);
+    let cases = plan::cases(args.quick, &args.only);
+    let native = args
+        .only
+        .iter()
+        .chain(if args.only.is_empty() { &Workload::ALL[..] } else { &[] })
+        .any(|w| *w == Workload::Fib)
+        .then(native_fib);
+
+    let rt = tokio::runtime::Runtime::new()?;
+    let repo = wasmjobs_e2e::guests::repo_root();
+    let mut bench = Bench {
+        bin: args.wasmjobs.clone(),
+        plugins: wasmjobs_e2e::plugins_dir(),
+        data_dir: repo.join("target/wasmjobs-bench-data"),
+        redis: TestRedis::start(),
+        http: rt.block_on(HttpServer::start(Duration::from_millis(200))),
+        postgres: None,
+    };
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        eprint!(
+            "[{:>2}/{}] {:<11} {:<8} C={:<6} N={:<9} ",
+            i + 1,
+            cases.len(),
+            case.workload.name(),
+            case.fetch.flag(),
+            case.concurrency,
+            output::group(case.jobs)
+        );
+        let row = rt.block_on(bench.run(case)).unwrap_or_else(|err| Row {
+            problems: vec![format!("the case did not run: {err:#}")],
+            ..measure::empty_row(case)
+        });
+        eprintln!(
+            "{:>8.2} s {:>9.0} jobs/s  peak {:>7.1} MB  {:>5.1}% CPU  {}",
+            row.time_s,
+            row.jobs_per_sec,
+            row.peak_rss_kb as f64 / 1024.0,
+            row.cpu_percent,
+            if row.problems.is_empty() {
+                "ok".to_owned()
+            } else {
+                row.problems.join("; ")
+            }
+        );
+        rows.push(row);
+    }
+    drop(bench);
+
+    let machine = machine(&args);
+    let stem = format!(
+        "{}-{}{}",
+        machine.date.get(..10).unwrap_or("undated"),
+        machine.host,
+        if args.quick { "-quick" } else { "" }
+    );
+    let results = Results {
+        targets: output::targets(&rows, native),
+        machine,
+        quick: args.quick,
+        native,
+        rows,
+    };
+    let path = results.write(&args.out, &stem)?;
+    println!("{}", results.markdown(&stem)?);
+    eprintln!(
+        "\n{} cases in {:.1} min; written to {} (+ .json, -*.svg)",
+        results.rows.len(),
+        started.elapsed().as_secs_f64() / 60.0,
+        path.display()
+    );
+    let broken = results.problems().count();
+    if broken > 0 {
+        bail!("{broken} runs lost or failed jobs (see the report)");
+    }
+    Ok(())
+}
+
+/// fib(25) natively: the same source as `plugins/fib/src/lib.rs`.
+#[inline(never)]
+fn fib(n: u32) -> u64 {
+    if n <= 1 { 1 } else { fib(n - 1).wrapping_add(fib(n - 2)) }
+}
+
+/// Median of 100 native fib(25) calls, after 10 warm-up calls.
+fn native_fib() -> Native {
+    for _ in 0..10 {
+        black_box(fib(black_box(25)));
+    }
+    let mut times: Vec<f64> = (0..100)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(fib(black_box(25)));
+            start.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    Native {
+        fib25_ms: percentile(&times, 0.5),
+    }
+}
+
+fn machine(args: &Args) -> Machine {
+    let memory_mib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?.to_owned();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb / 1024);
+    let commit = command("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = command("git", &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let mut invocation = "scripts/bench.sh".to_owned();
+    if args.quick {
+        invocation.push_str(" --quick");
+    }
+    if !args.only.is_empty() {
+        let names: Vec<_> = args.only.iter().map(|w| w.name()).collect();
+        invocation.push_str(&format!(" --only {}", names.join(",")));
+    }
+    Machine {
+        date: date(),
+        host: hostname(),
+        cpu: cpu_model(),
+        cores: cores(),
+        memory_mib,
+        kernel: command("uname", &["-sr"]).unwrap_or_default(),
+        redis: command("redis-server", &["--version"])
+            .and_then(|v| {
+                v.split_whitespace()
+                    .find(|w| w.starts_with("v="))
+                    .map(|v| format!("Redis {}", &v[2..]))
+            })
+            .unwrap_or_else(|| "Redis (unknown version)".into()),
+        wasmjobs: format!(
+            "{} at {commit}{}",
+            env!("CARGO_PKG_VERSION"),
+            if dirty { " (uncommitted changes)" } else { "" }
+        ),
+        command: invocation,
+    }
+}

@@ -1,0 +1,366 @@
+//! Running one [`Case`] through the real path and checking it: jobs pushed
+//! into Redis first (Sidekiq format), then `wasmjobs run --exit-when-empty`
+//! drains them. Timing starts when the runner logs "running" and stops when
+//! `stat:processed` reaches N; RSS and CPU are read from `/proc` at both
+//! ends; per-job execution percentiles come from the runner's
+//! `--summary-json`. Afterwards every job is accounted for: processed
+//! count, failures, what is left in the queue, the retry and dead sets and
+//! the in-progress lists, plus the workload's own evidence (HTTP requests
+//! served, lines in the appended file).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use redis::AsyncCommands;
+use serde::Serialize;
+use serde_json::{Value, json};
+use wasmjobs::redis::client;
+use wasmjobs::redis::payload::Payload;
+use wasmjobs::runner::heartbeat::rss_kb;
+use wasmjobs_benches::{RunnerProcess, cpu_ticks, peak_rss_kb};
+use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::postgres::TestPostgres;
+use wasmjobs_e2e::redis_server::TestRedis;
+
+use crate::plan::{Case, Fetch, Workload};
+
+/// No progress for this long ends a drain as stalled (and reports the loss).
+const STALL: Duration = Duration::from_secs(60);
+
+/// What one case measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The workload.
+    pub workload: Workload,
+    /// `--fetch`.
+    pub fetch: Fetch,
+    /// `--concurrency`.
+    pub concurrency: u32,
+    /// Jobs pushed (0 for idle).
+    pub jobs: u64,
+    /// Seconds from "running" to the last job processed (idle: watched).
+    pub time_s: f64,
+    /// RSS when the runner was ready, KiB.
+    pub start_rss_kb: u64,
+    /// RSS after the last job (idle: at the end), KiB.
+    pub finish_rss_kb: u64,
+    /// Highest RSS of the runner's life (`VmHWM`), KiB.
+    pub peak_rss_kb: u64,
+    /// The runner's user + system CPU over `time_s` (100 = one core).
+    pub cpu_percent: f64,
+    /// Jobs per second over `time_s`.
+    pub jobs_per_sec: f64,
+    /// IO workloads: N × wait / C, the wall time with perfect overlap.
+    pub floor_s: Option<f64>,
+    /// IO workloads: `floor_s / time_s`.
+    pub efficiency: Option<f64>,
+    /// Median job execution time, ms (instantiate + perform), from the runner.
+    pub exec_p50_ms: Option<f64>,
+    /// 99th percentile job execution time, ms.
+    pub exec_p99_ms: Option<f64>,
+    /// Jobs that ran and succeeded.
+    pub processed: u64,
+    /// Jobs that failed.
+    pub failed: u64,
+    /// Jobs neither processed nor failed: lost.
+    pub lost: u64,
+    /// Everything the checks found wrong (empty when every job is accounted for).
+    pub problems: Vec<String>,
+}
+
+/// The servers and binaries every case uses.
+pub struct Bench {
+    /// The `wasmjobs` binary under measurement.
+    pub bin: PathBuf,
+    /// `plugins/`, built.
+    pub plugins: PathBuf,
+    /// The runner's data dir (its compilation cache survives between cases).
+    pub data_dir: PathBuf,
+    /// The suite's own Redis.
+    pub redis: TestRedis,
+    /// The 200 ms endpoint.
+    pub http: HttpServer,
+    /// Started on first use by a `pg-sleep` case.
+    pub postgres: Option<TestPostgres>,
+}
+
+impl Bench {
+    /// Runs one case and checks it.
+    pub async fn run(&mut self, case: &Case) -> Result<Row> {
+        if case.workload == Workload::Idle {
+            return self.idle(case).await;
+        }
+        let mut conn = self.redis.conn().await;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        let files = tempfile::tempdir()?;
+        let plugins = match case.workload {
+            Workload::FileAppend => {
+                wasmjobs_e2e::copy_plugin(&self.plugins.join("file-append"), files.path());
+                files.path().to_path_buf()
+            }
+            _ => self.plugins.clone(),
+        };
+        let url = self.http.url("/sleep");
+        push(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
+            Workload::Http => json!([url]),
+            Workload::FileAppend => json!(["bench.txt", i]),
+            Workload::Fib => json!([25]),
+            _ => json!([]),
+        })
+        .await?;
+
+        let summary = tempfile::NamedTempFile::new()?;
+        let concurrency = case.concurrency.to_string();
+        let mut extra = vec![
+            "--concurrency",
+            &concurrency,
+            "--fetch",
+            case.fetch.flag(),
+            "--exit-when-empty",
+            "--summary-json",
+        ];
+        let summary_path = summary.path().to_string_lossy().into_owned();
+        extra.push(&summary_path);
+        let db;
+        if case.workload == Workload::PgSleep {
+            let postgres = self.postgres.get_or_insert_with(TestPostgres::start);
+            db = format!("main={}?pool={}", postgres.url("postgres"), case.concurrency);
+            extra.extend(["--db", &db]);
+        }
+        let hits_before = self.http.hits();
+        let mut runner = self.start(&plugins, &extra)?;
+        runner.wait_for_log(" running")?;
+        let pid = runner.pid();
+        let (rss_start, cpu_start) = (rss_kb(pid), cpu_ticks(pid));
+        let (elapsed, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
+        let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
+        let mut problems = Vec::new();
+        if let Err(err) = runner.wait_exit(Duration::from_secs(60)) {
+            problems.push(format!("the runner did not exit cleanly: {err:#}"));
+        }
+        let (exec_p50_ms, exec_p99_ms) = execution_percentiles(summary.path());
+
+        let lost = case.jobs.saturating_sub(processed + failed);
+        problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
+        match case.workload {
+            Workload::Http => {
+                let served = (self.http.hits() - hits_before) as u64;
+                if served != case.jobs {
+                    problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));
+                }
+            }
+            Workload::FileAppend => {
+                let file = plugins.join("file-append/data/bench.txt");
+                problems.extend(check_appended(&file, case.jobs));
+            }
+            _ => {}
+        }
+        let secs = elapsed.as_secs_f64();
+        let floor_s = case
+            .workload
+            .io_wait()
+            .map(|wait| case.jobs as f64 * wait.as_secs_f64() / f64::from(case.concurrency));
+        Ok(Row {
+            workload: case.workload,
+            fetch: case.fetch,
+            concurrency: case.concurrency,
+            jobs: case.jobs,
+            time_s: secs,
+            start_rss_kb: rss_start,
+            finish_rss_kb: rss_end,
+            peak_rss_kb: peak,
+            cpu_percent: cpu,
+            jobs_per_sec: processed as f64 / secs,
+            floor_s,
+            efficiency: floor_s.map(|floor| floor / secs),
+            exec_p50_ms,
+            exec_p99_ms,
+            processed,
+            failed,
+            lost,
+            problems,
+        })
+    }
+
+    /// Starts the runner with no jobs and watches it for `case.idle`.
+    async fn idle(&mut self, case: &Case) -> Result<Row> {
+        let mut conn = self.redis.conn().await;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        let concurrency = case.concurrency.to_string();
+        let mut runner = self.start(&self.plugins.clone(), &["--concurrency", &concurrency])?;
+        runner.wait_for_log(" running")?;
+        let pid = runner.pid();
+        // Let start-up work (compilation-cache loads, the first samples) finish.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss_start, cpu_start) = (rss_kb(pid), cpu_ticks(pid));
+        tokio::time::sleep(case.idle).await;
+        let cpu = (cpu_ticks(pid) - cpu_start) as f64 / case.idle.as_secs_f64();
+        let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
+        let mut problems = Vec::new();
+        if let Err(err) = runner.stop() {
+            problems.push(format!("the runner did not stop cleanly: {err:#}"));
+        }
+        Ok(Row {
+            time_s: case.idle.as_secs_f64(),
+            start_rss_kb: rss_start,
+            finish_rss_kb: rss_end,
+            peak_rss_kb: peak,
+            cpu_percent: cpu,
+            problems,
+            ..empty_row(case)
+        })
+    }
+
+    fn start(&self, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
+        RunnerProcess::start_in(
+            &self.bin,
+            &self.data_dir,
+            &self.redis.url(),
+            plugins,
+            extra,
+            "warn,wasmjobs::runner::launcher=info",
+        )
+    }
+}
+
+/// A row for `case` with nothing measured.
+pub fn empty_row(case: &Case) -> Row {
+    Row {
+        workload: case.workload,
+        fetch: case.fetch,
+        concurrency: case.concurrency,
+        jobs: case.jobs,
+        time_s: 0.0,
+        start_rss_kb: 0,
+        finish_rss_kb: 0,
+        peak_rss_kb: 0,
+        cpu_percent: 0.0,
+        jobs_per_sec: 0.0,
+        floor_s: None,
+        efficiency: None,
+        exec_p50_ms: None,
+        exec_p99_ms: None,
+        processed: 0,
+        failed: 0,
+        lost: case.jobs,
+        problems: Vec::new(),
+    }
+}
+
+/// Pushes `n` jobs of `class` in batches of 10,000.
+async fn push(
+    conn: &mut redis::aio::MultiplexedConnection,
+    class: &str,
+    n: u64,
+    args: impl Fn(u64) -> Value,
+) -> Result<()> {
+    let now = wasmjobs::redis::now_f64();
+    let mut pushed = 0;
+    while pushed < n {
+        let count = (n - pushed).min(10_000);
+        let mut payloads: Vec<Payload> = (pushed..pushed + count)
+            .map(|i| Payload::new(class, args(i).as_array().cloned().unwrap_or_default(), "default", now))
+            .collect();
+        client::push_bulk(conn, &mut payloads).await.context("pushing jobs")?;
+        pushed += count;
+    }
+    Ok(())
+}
+
+/// Polls `stat:processed` + `stat:failed` every 2 ms until they reach `n`,
+/// the runner exits, or nothing moves for [`STALL`]. Returns the elapsed
+/// time and both counters.
+async fn wait_until_done(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: u64,
+    runner: &mut RunnerProcess,
+) -> Result<(Duration, u64, u64)> {
+    let started = Instant::now();
+    let mut last = (0, 0);
+    let mut last_move = Instant::now();
+    loop {
+        let (processed, failed): (Option<u64>, Option<u64>) = redis::pipe()
+            .get("stat:processed")
+            .get("stat:failed")
+            .query_async(conn)
+            .await?;
+        let now = (processed.unwrap_or(0), failed.unwrap_or(0));
+        if now.0 + now.1 >= n || runner.has_exited() || last_move.elapsed() > STALL {
+            return Ok((started.elapsed(), now.0, now.1));
+        }
+        if now != last {
+            last = now;
+            last_move = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// What the counters and keys say is wrong after a drain of `n` jobs.
+async fn leftovers(
+    conn: &mut redis::aio::MultiplexedConnection,
+    n: u64,
+    processed: u64,
+    failed: u64,
+) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    if processed != n {
+        problems.push(format!("{processed} of {n} jobs processed"));
+    }
+    if failed > 0 {
+        problems.push(format!("{failed} jobs failed"));
+    }
+    let queued: u64 = conn.llen("queue:default").await?;
+    let retry: u64 = conn.zcard("retry").await?;
+    let dead: u64 = conn.zcard("dead").await?;
+    let held = wasmjobs_e2e::runner::jobs_in_progress(conn).await;
+    for (count, place) in [
+        (queued, "left in the queue"),
+        (retry, "in the retry set"),
+        (dead, "in the dead set"),
+        (held, "held in an in-progress list"),
+    ] {
+        if count > 0 {
+            problems.push(format!("{count} jobs {place}"));
+        }
+    }
+    Ok(problems)
+}
+
+/// Checks that `file` holds exactly the ids `0..n`, one per line.
+fn check_appended(file: &Path, n: u64) -> Vec<String> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(err) => return vec![format!("cannot read {}: {err}", file.display())],
+    };
+    let lines = text.lines().count() as u64;
+    let ids: BTreeSet<u64> = text.lines().filter_map(|line| line.parse().ok()).collect();
+    let mut problems = Vec::new();
+    if lines != n {
+        problems.push(format!("{} has {lines} lines for {n} jobs", file.display()));
+    }
+    if ids.len() as u64 != n || ids.iter().next_back().is_some_and(|&max| max + 1 != n) {
+        problems.push(format!(
+            "{} holds {} distinct ids, not 0..{n}",
+            file.display(),
+            ids.len()
+        ));
+    }
+    problems
+}
+
+/// Execution p50 / p99 (ms) of the run's only class, from `--summary-json`.
+fn execution_percentiles(summary: &Path) -> (Option<f64>, Option<f64>) {
+    let parsed: Option<Value> = std::fs::read(summary)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let execution = parsed
+        .as_ref()
+        .and_then(|s| s.pointer("/classes/0/execution_ms"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    (execution["p50"].as_f64(), execution["p99"].as_f64())
+}

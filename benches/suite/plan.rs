@@ -1,0 +1,222 @@
+//! What the suite runs: the seed report's workloads
+//! (`../shared/reference/seeds/000_49d14a81a23d6fa0.txt`) as a list of
+//! [`Case`]s, in full or reduced (`--quick`).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// One of the seed's job kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// `NoopJob`: does nothing; measures the engine's own cost per job.
+    Noop,
+    /// `HttpGetJob` against a local endpoint that sleeps 200 ms.
+    Http,
+    /// `PgSleepJob`: `SELECT pg_sleep(0.1)` on a real PostgreSQL.
+    PgSleep,
+    /// `FileAppendJob`: appends its id to one file in its preopened dir.
+    FileAppend,
+    /// `FibJob(25)`: recursive Fibonacci, CPU only.
+    Fib,
+    /// No jobs: what the runner costs while waiting.
+    Idle,
+}
+
+impl Workload {
+    /// Every workload, in the order the suite runs them.
+    pub const ALL: [Workload; 6] = [
+        Workload::Noop,
+        Workload::Http,
+        Workload::PgSleep,
+        Workload::FileAppend,
+        Workload::Fib,
+        Workload::Idle,
+    ];
+
+    /// The name used by `--only` and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Noop => "noop",
+            Workload::Http => "http",
+            Workload::PgSleep => "pg-sleep",
+            Workload::FileAppend => "file-append",
+            Workload::Fib => "fib",
+            Workload::Idle => "idle",
+        }
+    }
+
+    /// The job class it pushes.
+    pub fn class(self) -> &'static str {
+        match self {
+            Workload::Noop | Workload::Idle => "NoopJob",
+            Workload::Http => "HttpGetJob",
+            Workload::PgSleep => "PgSleepJob",
+            Workload::FileAppend => "FileAppendJob",
+            Workload::Fib => "FibJob",
+        }
+    }
+
+    /// How long one job waits on IO, for the efficiency floor
+    /// (N × wait / C); `None` for workloads that are not IO-bound.
+    pub fn io_wait(self) -> Option<Duration> {
+        match self {
+            Workload::Http => Some(Duration::from_millis(200)),
+            Workload::PgSleep => Some(Duration::from_millis(100)),
+            _ => None,
+        }
+    }
+}
+
+/// How the runner takes jobs off the queue (`--fetch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fetch {
+    /// At-least-once: each job is held in a per-process list until acked.
+    Reliable,
+    /// At-most-once: a plain pop, as Sidekiq's default `BasicFetch`.
+    Basic,
+}
+
+impl Fetch {
+    /// The `--fetch` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Fetch::Reliable => "reliable",
+            Fetch::Basic => "basic",
+        }
+    }
+}
+
+/// One measured run: a workload, a fetch mode, a concurrency and a job
+/// count (or, for [`Workload::Idle`], a duration).
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    /// What the jobs do.
+    pub workload: Workload,
+    /// `--fetch`.
+    pub fetch: Fetch,
+    /// `--concurrency`.
+    pub concurrency: u32,
+    /// Jobs pushed before the runner starts (0 for idle).
+    pub jobs: u64,
+    /// How long an idle case watches the runner.
+    pub idle: Duration,
+}
+
+impl Case {
+    fn new(workload: Workload, fetch: Fetch, concurrency: u32, jobs: u64) -> Self {
+        Self {
+            workload,
+            fetch,
+            concurrency,
+            jobs,
+            idle: Duration::ZERO,
+        }
+    }
+}
+
+/// The cases to run: the seed's full set, or the `--quick` subset (under
+/// five minutes on a 2-core machine), restricted to `only` when given.
+pub fn cases(quick: bool, only: &[Workload]) -> Vec<Case> {
+    let mut cases = Vec::new();
+    let io_concurrencies: &[u32] = if quick { &[100] } else { &[5, 10, 15, 50, 100] };
+    for workload in Workload::ALL {
+        if !only.is_empty() && !only.contains(&workload) {
+            continue;
+        }
+        match workload {
+            Workload::Noop => {
+                let sizes: &[u64] = if quick { &[100_000] } else { &[100_000, 1_000_000] };
+                let concurrencies: &[u32] = if quick { &[10, 100] } else { &[5, 10, 50, 100, 1_000] };
+                for &jobs in sizes {
+                    for fetch in [Fetch::Reliable, Fetch::Basic] {
+                        for &c in concurrencies {
+                            cases.push(Case::new(workload, fetch, c, jobs));
+                        }
+                    }
+                }
+            }
+            Workload::Http => {
+                for &c in io_concurrencies {
+                    cases.push(Case::new(workload, Fetch::Reliable, c, 1_000));
+                }
+                cases.push(Case::new(workload, Fetch::Reliable, 1_000, 10_000));
+                if !quick {
+                    cases.push(Case::new(workload, Fetch::Reliable, 10_000, 50_000));
+                }
+            }
+            Workload::PgSleep => {
+                for &c in io_concurrencies {
+                    cases.push(Case::new(workload, Fetch::Reliable, c, 1_000));
+                }
+            }
+            Workload::FileAppend => {
+                for &c in io_concurrencies {
+                    cases.push(Case::new(workload, Fetch::Reliable, c, 50_000));
+                }
+            }
+            Workload::Fib => {
+                let concurrencies: &[u32] = if quick { &[5] } else { &[5, 10] };
+                for &c in concurrencies {
+                    cases.push(Case::new(workload, Fetch::Reliable, c, 100));
+                }
+            }
+            Workload::Idle => {
+                let concurrencies: &[u32] = if quick { &[100] } else { &[5, 10, 100, 1_000] };
+                let idle = Duration::from_secs(if quick { 20 } else { 180 });
+                for &c in concurrencies {
+                    cases.push(Case {
+                        idle,
+                        ..Case::new(workload, Fetch::Reliable, c, 0)
+                    });
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// Parses `--only noop,http`.
+pub fn parse_only(list: &str) -> anyhow::Result<Vec<Workload>> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            Workload::ALL.into_iter().find(|w| w.name() == name).ok_or_else(|| {
+                let names: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
+                anyhow::anyhow!("unknown workload {name:?} (expected one of {})", names.join(", "))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_full_set_matches_the_seed() {
+        let cases = cases(false, &[]);
+        let count = |w: Workload| cases.iter().filter(|c| c.workload == w).count();
+        assert_eq!(count(Workload::Noop), 20);
+        assert_eq!(count(Workload::Http), 7);
+        assert_eq!(count(Workload::PgSleep), 5);
+        assert_eq!(count(Workload::FileAppend), 5);
+        assert_eq!(count(Workload::Fib), 2);
+        assert_eq!(count(Workload::Idle), 4);
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.workload == Workload::Http && c.concurrency == 10_000 && c.jobs == 50_000)
+        );
+    }
+
+    #[test]
+    fn only_filters_and_rejects_unknown_names() {
+        let only = parse_only("http, idle").unwrap();
+        assert!(cases(true, &only).iter().all(|c| only.contains(&c.workload)));
+        assert!(parse_only("nope").unwrap_err().to_string().contains("unknown workload"));
+    }
+}

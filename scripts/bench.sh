@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The benchmark suite: every workload of the seed report (noop, HTTP, pg
+# sleep, file append, fib, idle) through Redis and `wasmjobs run
+# --exit-when-empty`, with its own redis-server, PostgreSQL and 200 ms HTTP
+# server on loopback. Writes benches/results/<date>-<host>[-quick].md, the
+# JSON beside it and three SVG charts.
+#
+# Usage: scripts/bench.sh [--quick] [--only noop,http,pg-sleep,file-append,fib,idle]
+#   --quick  a reduced set, under 5 minutes on a 2-core machine
+#   (default) the full set, about 25 minutes on a 2-core machine
+#
+# Run it on an otherwise idle machine: every figure is sensitive to other load.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# redis-server and PostgreSQL's binaries (the suite starts its own servers).
+bash scripts/setup.sh test
+bash scripts/build-plugins.sh
+cargo build --release --locked -p wasmjobs --bin wasmjobs -p wasmjobs-benches --bin wasmjobs-bench
+export WASMJOBS_SKIP_GUEST_BUILD=1
+exec target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "$@"
