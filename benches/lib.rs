@@ -124,6 +124,37 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     wasmjobs::metrics::process::cpu_ticks_of(pid)
 }
 
+/// CPU time of each live thread of `pid` (`/proc/PID/task/*/schedstat`),
+/// in nanoseconds: precise where [`cpu_ticks`] counts 10 ms ticks, which
+/// matters for an idle process using a few ms a second.
+pub fn thread_cpu_ns(pid: u32) -> std::collections::HashMap<u32, u64> {
+    let mut times = std::collections::HashMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return times;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let ns = std::fs::read_to_string(task.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()));
+        if let Some(ns) = ns {
+            times.insert(tid, ns);
+        }
+    }
+    times
+}
+
+/// CPU nanoseconds `pid`'s threads used since `before` (from
+/// [`thread_cpu_ns`]); threads that exited in between are not counted.
+pub fn cpu_ns_since(pid: u32, before: &std::collections::HashMap<u32, u64>) -> u64 {
+    thread_cpu_ns(pid)
+        .into_iter()
+        .map(|(tid, ns)| ns.saturating_sub(before.get(&tid).copied().unwrap_or(0)))
+        .sum()
+}
+
 /// The highest resident set size `pid` has had (`VmHWM`), in KiB.
 pub fn peak_rss_kb(pid: u32) -> u64 {
     wasmjobs::metrics::process::memory_kb_of(pid).1

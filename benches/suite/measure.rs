@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{RunnerProcess, cpu_ticks, peak_rss_kb};
+use wasmjobs_benches::{RunnerProcess, cpu_ns_since, cpu_ticks, peak_rss_kb, thread_cpu_ns};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
@@ -195,9 +195,9 @@ impl Bench {
         let pid = runner.pid();
         // Let start-up work (compilation-cache loads, the first samples) finish.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (rss_start, cpu_start) = (rss_kb(pid), cpu_ticks(pid));
+        let (rss_start, cpu_start) = (rss_kb(pid), thread_cpu_ns(pid));
         tokio::time::sleep(case.idle).await;
-        let cpu = (cpu_ticks(pid) - cpu_start) as f64 / case.idle.as_secs_f64();
+        let cpu = cpu_ns_since(pid, &cpu_start) as f64 / 1e7 / case.idle.as_secs_f64();
         let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
         let mut problems = Vec::new();
         if let Err(err) = runner.stop() {

@@ -512,6 +512,13 @@ async fn wasmjobs_run_serves_sql_jobs_with_db_options() {
         &["--concurrency", "100", "--db", &main, "--db", &local],
     );
     runner.wait_running();
+    // The pool was filled before the first job: the first wave of 100
+    // PgSleepJobs does not queue behind 100 simultaneous connects.
+    let warm = pg.psql(
+        "app",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'wasmjobs'",
+    );
+    assert_eq!(warm, "100", "{}", runner.log());
 
     push(
         &mut conn,

@@ -27,8 +27,12 @@ use super::queues::Queues;
 use crate::redis::{Redis, keys};
 
 /// How long one blocking call waits in Redis before the loop re-checks
-/// whether it should still be waiting.
-pub const BLOCK: Duration = Duration::from_secs(5);
+/// whether it should still be waiting. Shutdown does not wait for it
+/// (`CLIENT UNBLOCK`), so it is long: each return is a wake-up, and on a VM
+/// a wake-up costs ~0.4 ms of CPU, the bulk of an idle runner's cost
+/// (docs/performance.md). A connection that dies silently is noticed after
+/// this plus the response timeout.
+pub const BLOCK: Duration = Duration::from_secs(15);
 
 /// The delivery guarantee.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -277,10 +281,7 @@ impl Waiters {
             {
                 tracing::warn!("cannot unblock a fetch waiter: {err}");
             }
-            if tokio::time::timeout(BLOCK + Duration::from_secs(1), task)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(6), task).await.is_err() {
                 tracing::warn!("a fetch waiter did not stop in time");
             }
         }

@@ -213,6 +213,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
 async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> {
     let plugins = options.plugins.clone();
     let databases = Databases::open_async(options.databases.clone(), options.data_dir.clone()).await?;
+    databases.warm_up(options.concurrency as usize).await;
     let shared = databases.clone();
     let cache = cache(options);
     let config = EngineConfig {

@@ -76,51 +76,57 @@ impl Poller {
                 () = tokio::time::sleep(pause) => {}
                 _ = stop.wait_for(|&s| s) => return,
             }
-            if let Err(err) = self.enqueue_due().await {
-                tracing::warn!("scheduled poller: {err:#}");
-            }
-            pause = self.next_pause().await;
+            let processes = match self.poll().await {
+                Ok((_, processes)) => processes,
+                Err(err) => {
+                    tracing::warn!("scheduled poller: {err:#}");
+                    1
+                }
+            };
+            let average = self.average.mul_f64(processes.max(1) as f64);
+            pause = average.mul_f64(rand::rng().random_range(0.5..1.5));
         }
-    }
-
-    async fn next_pause(&self) -> Duration {
-        let processes: u64 = redis::cmd("SCARD")
-            .arg(keys::PROCESSES)
-            .query_async(&mut self.redis.conn())
-            .await
-            .unwrap_or(1);
-        let average = self.average.mul_f64(processes.max(1) as f64);
-        average.mul_f64(rand::rng().random_range(0.5..1.5))
     }
 
     /// Moves every due job of `schedule` and `retry`; returns how many moved.
     pub async fn enqueue_due(&self) -> Result<usize> {
-        let mut moved = 0;
+        Ok(self.poll().await?.0)
+    }
+
+    /// One poll: the first batch of due jobs of both sets and the number of
+    /// live processes (for the next pause) in a single round trip, which is
+    /// all an idle cluster costs; then moves what is due, batch by batch.
+    /// Returns (jobs moved, live processes).
+    async fn poll(&self) -> Result<(usize, u64)> {
+        let now = now_f64();
+        let mut pipe = redis::pipe();
         for set in [keys::SCHEDULE, keys::RETRY] {
+            pipe.add_command(due_batch(set, now));
+        }
+        pipe.cmd("SCARD").arg(keys::PROCESSES);
+        let (schedule, retry, processes): (Vec<String>, Vec<String>, u64) = pipe
+            .query_async(&mut self.redis.conn())
+            .await
+            .context("reading due scheduled and retry jobs")?;
+        let mut moved = 0;
+        for (set, mut due) in [(keys::SCHEDULE, schedule), (keys::RETRY, retry)] {
             loop {
-                let now = now_f64();
-                let due: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                    .arg(set)
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(BATCH)
-                    .query_async(&mut self.redis.conn())
-                    .await
-                    .with_context(|| format!("reading due jobs from {set}"))?;
                 for member in &due {
                     moved += self.move_one(set, member, now).await? as usize;
                 }
                 if (due.len() as isize) < BATCH {
                     break;
                 }
+                due = due_batch(set, now_f64())
+                    .query_async(&mut self.redis.conn())
+                    .await
+                    .with_context(|| format!("reading due jobs from {set}"))?;
             }
         }
         if moved > 0 {
             tracing::debug!(moved, "enqueued due scheduled/retry jobs");
         }
-        Ok(moved)
+        Ok((moved, processes))
     }
 
     /// Enqueues now the jobs in `retry` that failed only because no plugin
@@ -190,4 +196,11 @@ impl Poller {
         };
         Ok(moved == 1)
     }
+}
+
+/// `ZRANGEBYSCORE set -inf now LIMIT 0 BATCH`: the next due members of `set`.
+fn due_batch(set: &str, now: f64) -> redis::Cmd {
+    let mut cmd = redis::cmd("ZRANGEBYSCORE");
+    cmd.arg(set).arg("-inf").arg(now).arg("LIMIT").arg(0).arg(BATCH);
+    cmd
 }

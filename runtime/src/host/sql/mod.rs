@@ -59,6 +59,9 @@ enum Engine {
     Sqlite(sqlite::Sqlite),
 }
 
+/// Longest start-up wait for one database's connections ([`Databases::warm_up`]).
+pub const WARM_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Databases {
     /// No databases: every query fails with `not-granted` or
     /// `unknown-database`. What tests and commands without `--db` use.
@@ -98,6 +101,25 @@ impl Databases {
             .await
             .context("opening the databases panicked")?
             .map(Arc::new)
+    }
+
+    /// Opens up to `count` connections per PostgreSQL pool now (SQLite
+    /// opens its files at start-up already), so jobs start on warm
+    /// connections. Gives up on a database after [`WARM_UP_LIMIT`], so an
+    /// unreachable server delays start-up by no more than that. Returns the
+    /// connections opened.
+    pub async fn warm_up(&self, count: usize) -> usize {
+        let mut opened = 0;
+        for database in self.by_name.values() {
+            if let Engine::Postgres(pg) = &database.engine {
+                let warmed = tokio::time::timeout(WARM_UP_LIMIT, pg.warm_up(count))
+                    .await
+                    .unwrap_or(0);
+                tracing::info!(db = %database.spec.name, connections = warmed, "connection pool warmed");
+                opened += warmed;
+            }
+        }
+        opened
     }
 
     /// The configured names, sorted.

@@ -87,6 +87,24 @@ impl Postgres {
         })
     }
 
+    /// Opens up to `count` connections at once (at most the pool size) and
+    /// returns them to the pool idle, so the first wave of jobs does not
+    /// queue behind a hundred simultaneous connects. Returns how many
+    /// opened; a server that is down is logged, not fatal (jobs retry).
+    pub(crate) async fn warm_up(&self, count: usize) -> usize {
+        let count = count.min(self.settings.pool);
+        let attempts = (0..count).map(|_| self.pool.get());
+        let results = futures_util::future::join_all(attempts).await;
+        let opened = results.iter().filter(|r| r.is_ok()).count();
+        if let Some(Err(err)) = results.iter().find(|r| r.is_err()) {
+            tracing::warn!(
+                db = %self.name,
+                "opened {opened} of {count} connections at start-up: {err}; jobs will connect as they need"
+            );
+        }
+        opened
+    }
+
     /// Runs one statement: its rows if `want_rows`, else the affected count.
     pub(crate) async fn run(&self, statement: &str, params: &[Value], want_rows: bool) -> Result<Output, SqlError> {
         let mut lease = self.lease().await?;
