@@ -126,9 +126,12 @@ impl Manager {
     ///
     /// Under load, slots free up one at a time; fetching as soon as one is
     /// free would cost a Redis round trip per job. So once one slot is free,
-    /// this waits up to [`LINGER`] for a batch's worth (an eighth of the
+    /// this waits up to [`LINGER`] for a batch's worth (half the
     /// concurrency, capped by `max`) before taking whatever is free. An idle
-    /// pool has every slot free and returns at once.
+    /// pool has every slot free and returns at once. Half, not less: at
+    /// C=10 an eighth is one job per round trip (noop 29k jobs/s; half:
+    /// 38k), and at C=100 half gave 86k against 74k; waiting for every slot
+    /// was no better than half, as nothing overlaps the round trip then.
     pub async fn slots(&self, max: usize) -> Vec<OwnedSemaphorePermit> {
         let mut permits = Vec::new();
         let Ok(first) = self.slots.clone().acquire_owned().await else {
@@ -136,7 +139,7 @@ impl Manager {
         };
         permits.push(first);
         self.take_free(&mut permits, max);
-        let batch = (self.concurrency / 8).clamp(1, max);
+        let batch = (self.concurrency / 2).clamp(1, max);
         let held: usize = permits.iter().map(|p| p.num_permits()).sum();
         if held < batch {
             let more = (batch - held) as u32;
