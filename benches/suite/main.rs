@@ -110,7 +110,7 @@ fn main() -> Result<()> {
             ..measure::empty_row(case)
         });
         eprintln!(
-            "{:>8.2} s {:>9.0} jobs/s  peak {:>7.1} MB  {:>5.1}% CPU  {}",
+            "{:>8.2} s {:>9.0} jobs/s  peak {:>7.1} MB  {:>6.2}% CPU  {}",
             row.time_s,
             row.jobs_per_sec,
             row.peak_rss_kb as f64 / 1024.0,

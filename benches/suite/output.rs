@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::chart::{Chart, Series};
 use crate::measure::Row;
 use crate::plan::{Fetch, Workload};
+pub use wasmjobs::runner::summary::group;
 
 /// Sidekiq's best 50,000-job file-append time in the seed report, seconds.
 const SIDEKIQ_FILE_APPEND_SECS: f64 = 17.03;
@@ -180,7 +181,7 @@ fn table(md: &mut String, workload: Workload, rows: &[&Row], native: Option<Nati
                 md,
                 "| {} | {} | {:.0} sec | {} | {} | {} | {:.2} |",
                 processor(r),
-                r.concurrency,
+                group(u64::from(r.concurrency)),
                 r.time_s,
                 kb(r.start_rss_kb),
                 kb(r.finish_rss_kb),
@@ -251,19 +252,6 @@ fn ms(value: f64) -> String {
     } else {
         format!("{value:.1} ms")
     }
-}
-
-/// `1_000_000`.
-pub fn group(value: u64) -> String {
-    let digits = value.to_string();
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push('_');
-        }
-        out.push(ch);
-    }
-    out
 }
 
 /// The three charts, by file-name suffix.
@@ -464,18 +452,4 @@ pub fn targets(rows: &[Row], native: Option<Native>) -> Vec<Target> {
             idle_cpu.map(|cpu| (format!("{cpu:.2}%"), cpu <= 0.1)),
         ),
     ]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::group;
-
-    #[test]
-    fn numbers_are_grouped_like_the_seed_report() {
-        assert_eq!(group(0), "0");
-        assert_eq!(group(999), "999");
-        assert_eq!(group(1_000), "1_000");
-        assert_eq!(group(1_000_000), "1_000_000");
-        assert_eq!(group(131_068), "131_068");
-    }
 }

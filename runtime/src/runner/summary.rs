@@ -126,8 +126,9 @@ fn ms(count: u64, value: f64) -> String {
     }
 }
 
-/// `1234567` → `1_234_567`, as the seed reports write numbers.
-fn group(n: u64) -> String {
+/// `1234567` → `1_234_567`, as the seed reports write numbers (also the
+/// benchmark suite's report).
+pub fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -143,6 +144,15 @@ fn group(n: u64) -> String {
 mod tests {
     use super::*;
     use crate::metrics::{Counted, JobRecord};
+
+    #[test]
+    fn numbers_are_grouped_like_the_seed_report() {
+        assert_eq!(group(0), "0");
+        assert_eq!(group(999), "999");
+        assert_eq!(group(1_000), "1_000");
+        assert_eq!(group(1_000_000), "1_000_000");
+        assert_eq!(group(131_068), "131_068");
+    }
 
     #[test]
     fn the_table_reads_like_the_seed_reports() {
