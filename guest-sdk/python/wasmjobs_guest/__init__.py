@@ -1,0 +1,126 @@
+"""wasmjobs guest SDK for Python: write a job as one decorated function.
+
+    # app.py, built with componentize-py (see guest-sdk/python/README.md)
+    from wasmjobs_guest import WitWorld, job, log, http, Retry  # noqa: F401 (WitWorld is the export)
+
+    @job
+    def perform(info, url):
+        response = http.get(url)
+        log.info(f"GET {url}: {response.status}")
+        if not response.ok:
+            raise Retry(f"HTTP {response.status}")
+
+* **Arguments**: the job's JSON args array is decoded and spread into the
+  function after ``info`` (a :class:`JobInfo`). Args that do not fit the
+  signature fail the job as *dead*: retrying the same args cannot help.
+* **Outcome**: returning succeeds; raising :class:`Retry`, :class:`Discard`
+  or :class:`Dead` says what the host should do; any other exception is a
+  *retry* whose message is ``ExceptionType: message`` (the traceback is
+  logged at error level).
+* **Capabilities**: :mod:`log`, :mod:`http` and :mod:`sql` call the host
+  through the ``wasmjobs:job`` WIT imports; files are plain ``open()`` on
+  the directories the plugin's manifest preopens.
+
+The module runs when the component is *built* (componentize-py snapshots
+the interpreter), so import everything at the top of ``app.py``, and call no
+capability at import time: the host is not there yet.
+"""
+
+import inspect
+import json
+import traceback
+from dataclasses import dataclass
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import wasmjobs_job_types as _types
+
+from . import http, log, sql
+
+__all__ = ["WitWorld", "job", "JobInfo", "Retry", "Discard", "Dead", "http", "log", "sql"]
+
+# How much of the args text an "invalid args" message quotes.
+_ARGS_IN_MESSAGE = 200
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """The job being run, as fetched from the queue."""
+
+    jid: str
+    class_name: str
+    queue: str
+    args: str
+    retry_count: int
+    enqueued_at_ms: int
+
+
+class JobFailure(Exception):
+    """Base of the exceptions that choose a job's outcome."""
+
+
+class Retry(JobFailure):
+    """A transient failure: retry the job following its retry policy."""
+
+
+class Discard(JobFailure):
+    """The job cannot succeed and nobody needs to see it: drop it."""
+
+
+class Dead(JobFailure):
+    """The job cannot succeed: move it to the dead set for a person to look at."""
+
+
+_perform = None
+
+
+def job(function):
+    """Registers ``function(info, *args)`` as the plugin's job (one per plugin)."""
+    global _perform
+    if _perform is not None:
+        raise RuntimeError(f"a job is already registered ({_perform.__name__}); a plugin has one")
+    _perform = function
+    return function
+
+
+def _run(wit_job):
+    info = JobInfo(
+        jid=wit_job.jid,
+        class_name=wit_job.class_,
+        queue=wit_job.queue,
+        args=wit_job.args,
+        retry_count=wit_job.retry_count,
+        enqueued_at_ms=wit_job.enqueued_at_ms,
+    )
+    if _perform is None:
+        raise Dead("the plugin registered no job: decorate its function with @wasmjobs_guest.job")
+    quoted = info.args[:_ARGS_IN_MESSAGE]
+    try:
+        args = json.loads(info.args)
+    except ValueError as error:
+        raise Dead(f"invalid args for {info.class_name} {quoted}: not JSON: {error}") from None
+    if not isinstance(args, list):
+        raise Dead(f"invalid args for {info.class_name} {quoted}: expected a JSON array")
+    try:
+        inspect.signature(_perform).bind(info, *args)
+    except TypeError as error:
+        raise Dead(f"invalid args for {info.class_name} {quoted}: {error}") from None
+    _perform(info, *args)
+
+
+class WitWorld(wit_world.WitWorld):
+    """The component's export: import it into ``app.py`` (componentize-py
+    looks for a class of this name in the app module)."""
+
+    def perform(self, wit_job):
+        try:
+            _run(wit_job)
+        except Retry as failure:
+            raise Err(_types.JobError_Retry(str(failure))) from None
+        except Discard as failure:
+            raise Err(_types.JobError_Discard(str(failure))) from None
+        except Dead as failure:
+            raise Err(_types.JobError_Dead(str(failure))) from None
+        except Exception as error:  # noqa: BLE001 - every other exception is a retry
+            log.error("".join(traceback.format_exception(error)).rstrip())
+            raise Err(_types.JobError_Retry(f"{type(error).__name__}: {error}")) from None
