@@ -83,7 +83,11 @@ const MAX_MEMORY: usize = 4 << 30;
 const KEEP_RESIDENT: usize = 64 << 10;
 /// Most core modules instantiated by one component. Rust guests use 3–4
 /// (the program plus wit-component's shims); interpreters for other
-/// languages use more.
+/// languages use more (a componentize-py guest: CPython and its libraries
+/// linked as ~12 shared objects). The pool's total is this times the
+/// slots: for core instances it is only a counter (no memory is reserved
+/// per core instance), and with 6 per slot 1,000 Python jobs at once ran
+/// out ("maximum concurrent limit ... for core instances reached").
 const CORE_INSTANCES_PER_COMPONENT: u32 = 50;
 /// Most linear memories per component.
 const MEMORIES_PER_COMPONENT: u32 = 4;
@@ -95,7 +99,7 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
     let slots = config.concurrency.max(1).saturating_add(16);
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(slots)
-        .total_core_instances(slots.saturating_mul(6))
+        .total_core_instances(slots.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
         .total_memories(slots.saturating_mul(2))
         .total_tables(slots.saturating_mul(4))
         .total_stacks(slots)
