@@ -2,6 +2,9 @@
 # Build every guest (the example plugins in plugins/ and the test guests in
 # tests/guests/) for wasm32-wasip2 in release mode, and copy each component
 # next to its wasmjobs.toml, under the name the manifest's `component` gives.
+# Plugins written in Python (app.py) or JavaScript (job.js) are built by
+# scripts/build-polyglot.sh (componentize-py / componentize-js), sourced at
+# the end.
 #
 # Usage: scripts/build-plugins.sh
 #
@@ -216,6 +219,8 @@ copied=0
 for manifest in "$ROOT"/plugins/*/wasmjobs.toml "$ROOT"/tests/guests/*/wasmjobs.toml; do
     [ -f "$manifest" ] || continue
     dir=$(dirname "$manifest")
+    # Python (app.py) and JavaScript (job.js) plugins are built below.
+    [ -f "$dir/app.py" ] || [ -f "$dir/job.js" ] && continue
     component=$(sed -n 's/^component[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$manifest" | head -n 1)
     [ -n "$component" ] || die "${manifest#"$ROOT"/}: no component = \"...\" line"
     # A cdylib's artifact is named after its lib name (underscores), a bin's
@@ -242,3 +247,8 @@ for manifest in "$ROOT"/plugins/*/wasmjobs.toml "$ROOT"/tests/guests/*/wasmjobs.
     copied=$((copied + 1))
 done
 [ "$copied" -gt 0 ] || die "no wasmjobs.toml found under plugins/ or tests/guests/"
+
+# --- Python and JavaScript plugins ------------------------------------------
+
+# shellcheck source=scripts/build-polyglot.sh
+source "$ROOT/scripts/build-polyglot.sh"

@@ -111,7 +111,7 @@ fn plugins_lists_the_examples_and_flags_broken_ones() {
         assert!(stdout.contains(class), "{class} missing from:\n{stdout}");
     }
     assert!(
-        stdout.contains("7 plugin(s) implement wasmjobs:job/plugin@0.1.0"),
+        stdout.contains("13 plugin(s) implement wasmjobs:job/plugin@0.1.0"),
         "{stdout}"
     );
 

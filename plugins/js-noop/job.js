@@ -1,0 +1,4 @@
+// JsNoopJob: does nothing; what a JavaScript job costs the runner by itself.
+import { job } from './wasmjobs-guest.js';
+
+export const perform = job(async () => {});
