@@ -1,0 +1,156 @@
+//! Jobs in Python and JavaScript next to Rust, through Redis and the real
+//! `wasmjobs run`:
+//!
+//! - start-up: `wasmjobs run` from an empty compilation cache (the plugin is
+//!   compiled) and again with the cache warm, to "running";
+//! - noop: jobs/s and the runner's CPU per job;
+//! - http (a 200 ms endpoint) at C = 1,000: efficiency (N × 0.2 s / C ÷ wall)
+//!   and RSS per in-flight instance ((peak − start) / C, all 1,000 jobs are
+//!   waiting on the server at once).
+//!
+//! Run: `cargo bench -p wasmjobs-benches --bench polyglot` (after
+//! `scripts/build-plugins.sh`, which builds the Python and JS plugins).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::json;
+use wasmjobs_benches::{Report, RunnerProcess, drain};
+use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::redis_server::TestRedis;
+
+/// The wasmjobs binary built with this package.
+const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
+
+/// (language, noop plugin dir and class, http plugin dir and class, noop jobs).
+const LANGUAGES: [(&str, (&str, &str), (&str, &str), u64); 3] = [
+    ("Rust", ("noop", "NoopJob"), ("http-get", "HttpGetJob"), 100_000),
+    (
+        "Python",
+        ("py-noop", "PyNoopJob"),
+        ("py-http-get", "PyHttpGetJob"),
+        2_000,
+    ),
+    (
+        "JavaScript",
+        ("js-noop", "JsNoopJob"),
+        ("js-http-get", "JsHttpGetJob"),
+        2_000,
+    ),
+];
+
+fn main() -> Result<()> {
+    wasmjobs::runner::os_limits::raise_open_files(10_000);
+    let rt = tokio::runtime::Runtime::new()?;
+    let redis = TestRedis::start();
+    let examples = wasmjobs_e2e::plugins_dir();
+    let server = rt.block_on(HttpServer::start(Duration::from_millis(200)));
+    let url = server.url("/sleep");
+    let mut report = Report::new("polyglot", "Jobs in Python and JavaScript next to Rust");
+
+    for (language, (noop_dir, noop), (http_dir, http), noop_jobs) in LANGUAGES {
+        let plugins = tempfile::tempdir()?;
+        wasmjobs_e2e::copy_plugin(&examples.join(noop_dir), plugins.path());
+        wasmjobs_e2e::copy_plugin(&examples.join(http_dir), plugins.path());
+        let size = std::fs::read_dir(plugins.path().join(http_dir))?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "wasm"))
+            .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+            .sum::<u64>();
+        report.row(
+            &format!("{language}: HTTP component size (MB)"),
+            format!("{:.1}", size as f64 / 1e6),
+            "",
+        );
+
+        let data = tempfile::tempdir()?;
+        let cold = time_to_running(&redis, data.path(), plugins.path())?;
+        let warm = time_to_running(&redis, data.path(), plugins.path())?;
+        report.row(
+            &format!("{language}: start, 2 plugins compiled / cached (ms)"),
+            format!("{:.0} / {:.0}", cold.as_secs_f64() * 1e3, warm.as_secs_f64() * 1e3),
+            "",
+        );
+
+        let run = rt.block_on(drain(
+            BIN.as_ref(),
+            &redis,
+            plugins.path(),
+            noop,
+            noop_jobs,
+            |_| json!([]),
+            &["--concurrency", "100"],
+        ))?;
+        let rate = noop_jobs as f64 / run.wall.as_secs_f64();
+        report.row(&format!("{language}: noop C=100 (jobs/s)"), format!("{rate:.0}"), "");
+        report.row(
+            &format!("{language}: noop CPU per job (ms)"),
+            format!(
+                "{:.3}",
+                run.cpu / 100.0 * run.wall.as_secs_f64() / noop_jobs as f64 * 1e3
+            ),
+            "",
+        );
+
+        let concurrency = 1_000;
+        let n = 2 * concurrency;
+        let run = rt.block_on(drain(
+            BIN.as_ref(),
+            &redis,
+            plugins.path(),
+            http,
+            n,
+            |_| json!([url]),
+            &["--concurrency", &concurrency.to_string()],
+        ))?;
+        let floor = n as f64 * 0.2 / concurrency as f64;
+        report.row(
+            &format!("{language}: http C=1000, N={n}: efficiency"),
+            format!(
+                "{:.2} ({:.2} s)",
+                floor / run.wall.as_secs_f64(),
+                run.wall.as_secs_f64()
+            ),
+            "",
+        );
+        report.row(
+            &format!("{language}: http C=1000: peak RSS (MB)"),
+            format!("{:.0}", run.peak_rss_kb as f64 / 1024.0),
+            "",
+        );
+        report.row(
+            &format!("{language}: RSS per in-flight instance (KB)"),
+            format!(
+                "{:.0}",
+                run.peak_rss_kb.saturating_sub(run.rss_start_kb) as f64 / concurrency as f64
+            ),
+            "",
+        );
+    }
+    report.note("Start: `wasmjobs run` until it logs \"running\", with an empty compilation cache, then with it warm (same data dir).".into());
+    report.note("RSS per in-flight instance: (peak − ready) / 1,000 while 1,000 HTTP jobs wait on the 200 ms server; it includes each job's hyper connection (~23 KB).".into());
+    report.note(
+        "CPU per job: the runner's user + system CPU over the drain ÷ jobs (Redis and the server excluded).".into(),
+    );
+    report.finish()?;
+    Ok(())
+}
+
+/// Starts `wasmjobs run` on `plugins` with `data_dir` and returns how long it
+/// took to log "running"; stops it.
+fn time_to_running(redis: &TestRedis, data_dir: &Path, plugins: &Path) -> Result<Duration> {
+    let started = Instant::now();
+    let mut runner = RunnerProcess::start_in(
+        BIN.as_ref(),
+        data_dir,
+        &redis.url(),
+        plugins,
+        &[],
+        "warn,wasmjobs::runner::launcher=info",
+    )?;
+    runner.wait_for_log(" running")?;
+    let elapsed = started.elapsed();
+    runner.stop()?;
+    Ok(elapsed)
+}
