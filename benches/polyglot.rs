@@ -23,21 +23,36 @@ use wasmjobs_e2e::redis_server::TestRedis;
 /// The wasmjobs binary built with this package.
 const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
 
-/// (language, noop plugin dir and class, http plugin dir and class, noop jobs).
-const LANGUAGES: [(&str, (&str, &str), (&str, &str), u64); 3] = [
-    ("Rust", ("noop", "NoopJob"), ("http-get", "HttpGetJob"), 100_000),
-    (
-        "Python",
-        ("py-noop", "PyNoopJob"),
-        ("py-http-get", "PyHttpGetJob"),
-        2_000,
-    ),
-    (
-        "JavaScript",
-        ("js-noop", "JsNoopJob"),
-        ("js-http-get", "JsHttpGetJob"),
-        2_000,
-    ),
+/// One language's example plugins.
+struct Language {
+    name: &'static str,
+    /// Plugin directory and class of its noop job.
+    noop: (&'static str, &'static str),
+    /// Plugin directory and class of its HTTP GET job.
+    http: (&'static str, &'static str),
+    /// Noop jobs to drain (fewer for the interpreters: ~5 ms each).
+    noop_jobs: u64,
+}
+
+const LANGUAGES: [Language; 3] = [
+    Language {
+        name: "Rust",
+        noop: ("noop", "NoopJob"),
+        http: ("http-get", "HttpGetJob"),
+        noop_jobs: 100_000,
+    },
+    Language {
+        name: "Python",
+        noop: ("py-noop", "PyNoopJob"),
+        http: ("py-http-get", "PyHttpGetJob"),
+        noop_jobs: 2_000,
+    },
+    Language {
+        name: "JavaScript",
+        noop: ("js-noop", "JsNoopJob"),
+        http: ("js-http-get", "JsHttpGetJob"),
+        noop_jobs: 2_000,
+    },
 ];
 
 fn main() -> Result<()> {
@@ -49,7 +64,13 @@ fn main() -> Result<()> {
     let url = server.url("/sleep");
     let mut report = Report::new("polyglot", "Jobs in Python and JavaScript next to Rust");
 
-    for (language, (noop_dir, noop), (http_dir, http), noop_jobs) in LANGUAGES {
+    for Language {
+        name: language,
+        noop: (noop_dir, noop),
+        http: (http_dir, http),
+        noop_jobs,
+    } in LANGUAGES
+    {
         let plugins = tempfile::tempdir()?;
         wasmjobs_e2e::copy_plugin(&examples.join(noop_dir), plugins.path());
         wasmjobs_e2e::copy_plugin(&examples.join(http_dir), plugins.path());
