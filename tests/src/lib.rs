@@ -48,8 +48,16 @@ pub fn executor_from(config: &EngineConfig) -> Executor {
 }
 
 /// Loads `dir` and asserts that nothing in it is broken.
+///
+/// Loads are serialised within a test process: `plugins/` holds 15–19 MB
+/// Python and JS components (seconds of Cranelift each), and tests running
+/// in parallel would all compile them at once before the shared cache has
+/// them; one at a time, the first compiles and the rest read the cache.
 pub fn catalog(dir: &Path, executor: &Executor) -> Catalog {
+    static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = LOADING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let catalog = Catalog::load(dir, executor, &cache()).expect("catalog");
+    drop(guard);
     assert!(
         catalog.broken().is_empty(),
         "broken plugins in {}: {:?}",
