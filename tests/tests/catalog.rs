@@ -17,8 +17,14 @@ fn the_example_plugins_all_load() {
             "FibJob",
             "FileAppendJob",
             "HttpGetJob",
+            "JsEchoJob",
+            "JsHttpGetJob",
+            "JsNoopJob",
             "NoopJob",
             "PgSleepJob",
+            "PyHttpGetJob",
+            "PyNoopJob",
+            "PyReportJob",
             "SqlJob"
         ]
     );
