@@ -215,14 +215,21 @@ esac
 # The component-model binary header: magic, version 0x0d, layer 1.
 COMPONENT_HEADER="0061736d0d000100"
 
+# The `component = "..."` file name of manifest $1 (dies if there is none).
+component_of() {
+    local name
+    name=$(sed -n 's/^component[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$1" | head -n 1)
+    [ -n "$name" ] || die "${1#"$ROOT"/}: no component = \"...\" line"
+    printf '%s\n' "$name"
+}
+
 copied=0
 for manifest in "$ROOT"/plugins/*/wasmjobs.toml "$ROOT"/tests/guests/*/wasmjobs.toml; do
     [ -f "$manifest" ] || continue
     dir=$(dirname "$manifest")
     # Python (app.py) and JavaScript (job.js) plugins are built below.
     [ -f "$dir/app.py" ] || [ -f "$dir/job.js" ] && continue
-    component=$(sed -n 's/^component[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$manifest" | head -n 1)
-    [ -n "$component" ] || die "${manifest#"$ROOT"/}: no component = \"...\" line"
+    component=$(component_of "$manifest")
     # A cdylib's artifact is named after its lib name (underscores), a bin's
     # after the package (hyphens).
     artifact=

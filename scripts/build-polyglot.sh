@@ -1,6 +1,6 @@
 # Sourced by scripts/build-plugins.sh (uses its ROOT, WORKSPACE, log, die,
-# apt_install_missing): builds the plugins written in Python (a directory
-# with app.py, built with componentize-py against the guest SDK in
+# apt_install_missing, component_of): builds the plugins written in Python
+# (a directory with app.py, built with componentize-py against the guest SDK in
 # guest-sdk/python) and JavaScript (job.js, built with componentize-js by
 # guest-sdk/js/build.mjs), each to the component its manifest names.
 #
@@ -54,8 +54,7 @@ stale() {
 # file given as the last argument, then moves it into place.
 build_polyglot() {
     local dir=$1 kind=$2 component destination temporary
-    component=$(sed -n 's/^component[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$dir/wasmjobs.toml" | head -n 1)
-    [ -n "$component" ] || die "${dir#"$ROOT"/}/wasmjobs.toml: no component = \"...\" line"
+    component=$(component_of "$dir/wasmjobs.toml")
     destination=$dir/$component
     temporary=$dir/.${component%.wasm}.$$.tmp.wasm
     case "$kind" in
