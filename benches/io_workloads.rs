@@ -37,6 +37,8 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let redis = TestRedis::start();
     let examples = wasmjobs_e2e::plugins_dir();
+    // Only the jobs under test: the Python and JS examples alone hold ~300 MB.
+    let io_plugins = wasmjobs_e2e::runner::plugins(&["http-get", "pg-sleep"], &[]);
 
     let server = rt.block_on(HttpServer::start(Duration::from_millis(200)));
     let url = server.url("/sleep");
@@ -60,7 +62,7 @@ fn main() -> Result<()> {
         let run = rt.block_on(drain(
             BIN.as_ref(),
             &redis,
-            &examples,
+            io_plugins.path(),
             "HttpGetJob",
             n,
             |_| json!([url]),
@@ -106,7 +108,7 @@ fn main() -> Result<()> {
     let run = rt.block_on(drain(
         BIN.as_ref(),
         &redis,
-        &examples,
+        io_plugins.path(),
         "PgSleepJob",
         n,
         |_| json!([]),

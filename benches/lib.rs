@@ -309,6 +309,27 @@ pub async fn wait_for_processed(
     }
 }
 
+/// Pushes `n` jobs of `class` onto `default` (Sidekiq format), args from
+/// `args(i)`, in batches of 10,000.
+pub async fn push_jobs(
+    conn: &mut redis::aio::MultiplexedConnection,
+    class: &str,
+    n: u64,
+    args: impl Fn(u64) -> Value,
+) -> Result<()> {
+    let now = wasmjobs::redis::now_f64();
+    let mut pushed = 0;
+    while pushed < n {
+        let count = (n - pushed).min(10_000);
+        let mut payloads: Vec<Payload> = (pushed..pushed + count)
+            .map(|i| Payload::new(class, args(i).as_array().cloned().unwrap_or_default(), "default", now))
+            .collect();
+        client::push_bulk(conn, &mut payloads).await.context("pushing jobs")?;
+        pushed += count;
+    }
+    Ok(())
+}
+
 /// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
 /// `extra` flags until all are processed, and checks that none failed.
 pub async fn drain(
@@ -322,19 +343,7 @@ pub async fn drain(
 ) -> Result<Drain> {
     let mut conn = redis.conn().await;
     redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-    let now = wasmjobs::redis::now_f64();
-    let mut pushed = 0;
-    while pushed < n {
-        let count = (n - pushed).min(10_000);
-        let mut payloads: Vec<Payload> = (pushed..pushed + count)
-            .map(|i| {
-                let args = args(i).as_array().cloned().unwrap_or_default();
-                Payload::new(class, args, "default", now)
-            })
-            .collect();
-        client::push_bulk(&mut conn, &mut payloads).await?;
-        pushed += count;
-    }
+    push_jobs(&mut conn, class, n, args).await?;
     let mut runner = RunnerProcess::start(
         bin,
         &redis.url(),

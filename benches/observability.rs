@@ -28,7 +28,9 @@ fn main() -> Result<()> {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let rt = tokio::runtime::Runtime::new()?;
     let redis = TestRedis::start();
-    let plugins = wasmjobs_e2e::plugins_dir();
+    // Only the job under test: the Python and JS examples alone hold ~300 MB.
+    let plugin_dir = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let plugins = plugin_dir.path().to_path_buf();
     let mut report = Report::new("observability", "Observability: recording cost and the idle process");
 
     let (mut on, mut off) = (Vec::new(), Vec::new());

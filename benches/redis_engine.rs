@@ -34,7 +34,9 @@ fn main() -> Result<()> {
     let jobs: u64 = if quick { 20_000 } else { 100_000 };
     let rt = tokio::runtime::Runtime::new()?;
     let redis = TestRedis::start();
-    let plugins = wasmjobs_e2e::plugins_dir();
+    // Only the job under test: the Python and JS examples alone hold ~300 MB.
+    let plugin_dir = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let plugins = plugin_dir.path().to_path_buf();
     let mut report = Report::new("redis_engine", "Redis engine: draining pre-pushed NoopJobs");
     let redis_pid: u32 = rt.block_on(async {
         let mut conn = redis.conn().await;

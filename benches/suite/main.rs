@@ -87,7 +87,6 @@ fn main() -> Result<()> {
     let repo = wasmjobs_e2e::guests::repo_root();
     let mut bench = Bench {
         bin: args.wasmjobs.clone(),
-        plugins: wasmjobs_e2e::plugins_dir(),
         data_dir: repo.join("target/wasmjobs-bench-data"),
         redis: TestRedis::start(),
         http: rt.block_on(HttpServer::start(Duration::from_millis(200))),

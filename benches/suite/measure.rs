@@ -12,14 +12,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use redis::AsyncCommands;
 use serde::Serialize;
 use serde_json::{Value, json};
-use wasmjobs::redis::client;
-use wasmjobs::redis::payload::Payload;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{RunnerProcess, cpu_ns_since, cpu_ticks, peak_rss_kb, thread_cpu_ns};
+use wasmjobs_benches::{RunnerProcess, cpu_ns_since, cpu_ticks, peak_rss_kb, push_jobs, thread_cpu_ns};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
@@ -74,8 +72,6 @@ pub struct Row {
 pub struct Bench {
     /// The `wasmjobs` binary under measurement.
     pub bin: PathBuf,
-    /// `plugins/`, built.
-    pub plugins: PathBuf,
     /// The runner's data dir (its compilation cache survives between cases).
     pub data_dir: PathBuf,
     /// The suite's own Redis.
@@ -94,16 +90,10 @@ impl Bench {
         }
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-        let files = tempfile::tempdir()?;
-        let plugins = match case.workload {
-            Workload::FileAppend => {
-                wasmjobs_e2e::copy_plugin(&self.plugins.join("file-append"), files.path());
-                files.path().to_path_buf()
-            }
-            _ => self.plugins.clone(),
-        };
+        let dir = self.plugin_dir(case.workload);
+        let plugins = dir.path().to_path_buf();
         let url = self.http.url("/sleep");
-        push(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
+        push_jobs(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
             Workload::Http => json!([url]),
             Workload::FileAppend => json!(["bench.txt", i]),
             Workload::Fib => json!([25]),
@@ -190,7 +180,8 @@ impl Bench {
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
         let concurrency = case.concurrency.to_string();
-        let mut runner = self.start(&self.plugins.clone(), &["--concurrency", &concurrency])?;
+        let dir = self.plugin_dir(case.workload);
+        let mut runner = self.start(dir.path(), &["--concurrency", &concurrency])?;
         runner.wait_for_log(" running")?;
         let pid = runner.pid();
         // Let start-up work (compilation-cache loads, the first samples) finish.
@@ -212,6 +203,14 @@ impl Bench {
             problems,
             ..empty_row(case)
         })
+    }
+
+    /// A private plugins directory holding only `workload`'s plugin: the
+    /// runner is measured with the job under test loaded, not every example
+    /// (the Python and JS ones alone hold ~300 MB once loaded), and the file
+    /// workload gets a fresh `data/`.
+    fn plugin_dir(&self, workload: Workload) -> tempfile::TempDir {
+        wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[])
     }
 
     fn start(&self, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
@@ -248,26 +247,6 @@ pub fn empty_row(case: &Case) -> Row {
         lost: case.jobs,
         problems: Vec::new(),
     }
-}
-
-/// Pushes `n` jobs of `class` in batches of 10,000.
-async fn push(
-    conn: &mut redis::aio::MultiplexedConnection,
-    class: &str,
-    n: u64,
-    args: impl Fn(u64) -> Value,
-) -> Result<()> {
-    let now = wasmjobs::redis::now_f64();
-    let mut pushed = 0;
-    while pushed < n {
-        let count = (n - pushed).min(10_000);
-        let mut payloads: Vec<Payload> = (pushed..pushed + count)
-            .map(|i| Payload::new(class, args(i).as_array().cloned().unwrap_or_default(), "default", now))
-            .collect();
-        client::push_bulk(conn, &mut payloads).await.context("pushing jobs")?;
-        pushed += count;
-    }
-    Ok(())
 }
 
 /// Polls `stat:processed` + `stat:failed` every 2 ms until they reach `n`,

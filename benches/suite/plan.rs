@@ -47,6 +47,17 @@ impl Workload {
         }
     }
 
+    /// Its example plugin's directory under `plugins/`.
+    pub fn plugin(self) -> &'static str {
+        match self {
+            Workload::Noop | Workload::Idle => "noop",
+            Workload::Http => "http-get",
+            Workload::PgSleep => "pg-sleep",
+            Workload::FileAppend => "file-append",
+            Workload::Fib => "fib",
+        }
+    }
+
     /// The job class it pushes.
     pub fn class(self) -> &'static str {
         match self {
