@@ -1,8 +1,9 @@
 //! Loading plugin directories: good plugins load, broken ones are refused
 //! with a reason naming the file, and never take the others down.
 
+use wasmjobs::job::Outcome;
 use wasmjobs::plugin::{CacheUse, Catalog, CompileCache};
-use wasmjobs_e2e::{cache, copy_plugin, executor, plugins_dir, test_guests_dir};
+use wasmjobs_e2e::{cache, copy_plugin, executor, messages, plugins_dir, run, test_guests_dir};
 
 #[test]
 fn the_example_plugins_all_load() {
@@ -90,24 +91,44 @@ fn broken_plugins_are_refused_and_the_rest_still_load() {
     assert!(twin.contains("already served"), "{twin}");
 }
 
-#[test]
-fn compiled_components_are_cached_on_disk() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_components_are_cached_on_disk() {
     let temp = tempfile::tempdir().expect("tempdir");
-    let cache = CompileCache::new(temp.path().join("cache"));
+    let cache_dir = temp.path().join("cache");
+    let cache = CompileCache::new(&cache_dir);
     let executor = executor(1);
     let first = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
-    let artifacts = std::fs::read_dir(temp.path().join("cache")).expect("cache dir").count();
-    assert_eq!(artifacts, 1);
+    let artifacts: Vec<_> = std::fs::read_dir(&cache_dir)
+        .expect("cache dir")
+        .map(|entry| entry.expect("entry").path())
+        .collect();
+    assert_eq!(artifacts.len(), 1);
 
     let second = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(second.plugins()[0].cache, CacheUse::Hit);
     assert_eq!(second.plugins()[0].version, first.plugins()[0].version);
-
-    // A corrupt artifact is recompiled, not trusted.
-    for entry in std::fs::read_dir(temp.path().join("cache")).expect("cache dir") {
-        std::fs::write(entry.expect("entry").path(), b"corrupt").expect("corrupt");
+    // Both serve from the mapped artifact, the compiling load included.
+    for catalog in [&first, &second] {
+        let execution = run(&executor, catalog, "FibJob", "[20]").await;
+        assert!(
+            messages(&execution).contains(&"fib(20) = 10946".to_owned()),
+            "{:?}",
+            execution.logs
+        );
     }
+    // Removing the file (as a cache cleanup would) does not disturb the
+    // mappings in use: the plugin keeps running.
+    std::fs::remove_file(&artifacts[0]).expect("remove artifact");
+    let execution = run(&executor, &second, "FibJob", "[20]").await;
+    assert_eq!(execution.outcome, Outcome::Success);
+    drop((first, second));
+
+    // A corrupt artifact is recompiled, not trusted, and replaced.
+    std::fs::write(&artifacts[0], b"corrupt").expect("corrupt");
     let third = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(third.plugins()[0].cache, CacheUse::Compiled);
+    assert_eq!(run(&executor, &third, "FibJob", "[20]").await.outcome, Outcome::Success);
+    let fourth = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(fourth.plugins()[0].cache, CacheUse::Hit);
 }

@@ -6,7 +6,9 @@
 //! under a key made of the component's content hash and the engine's
 //! compatibility hash (Wasmtime version, target, and every setting that
 //! affects code generation), so a changed component or engine configuration
-//! never picks up a stale artifact.
+//! never picks up a stale artifact. Artifacts are mapped, not read: only
+//! the pages a plugin's jobs touch become resident, shared by every process
+//! on the machine.
 //!
 //! Writes go to a temporary file renamed into place, so concurrent processes
 //! sharing a cache directory never see a half-written artifact. An artifact
@@ -67,14 +69,8 @@ impl CompileCache {
             ));
         };
         let path = dir.join(format!("{content_hash}-{:016x}.cwasm", engine_hash(engine)));
-        if let Ok(artifact) = std::fs::read(&path) {
-            // SAFETY: the artifact was written by `Component::serialize` into
-            // the runner's own cache directory (see the module docs), and its
-            // header is checked against this engine by `deserialize`. It is
-            // read into memory rather than mapped (`deserialize_file`): a
-            // mapped file truncated or rewritten in place by someone else
-            // would crash the process with SIGBUS.
-            match unsafe { Component::deserialize(engine, &artifact) } {
+        if path.is_file() {
+            match map(engine, &path) {
                 Ok(component) => return Ok((component, CacheUse::Hit)),
                 Err(err) => tracing::warn!(path = %path.display(), "discarding unusable compiled artifact: {err}"),
             }
@@ -82,9 +78,34 @@ impl CompileCache {
         let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
         if let Err(err) = store(dir, &path, &component) {
             tracing::warn!(dir = %dir.display(), "cannot write the compilation cache: {err:#}");
+            return Ok((component, CacheUse::Compiled));
         }
-        Ok((component, CacheUse::Compiled))
+        // Serve the stored artifact rather than the freshly compiled copy,
+        // whose code and data images are anonymous memory resident in full.
+        match map(engine, &path) {
+            Ok(mapped) => Ok((mapped, CacheUse::Compiled)),
+            Err(err) => {
+                tracing::warn!(path = %path.display(), "cannot map the artifact just written: {err}");
+                Ok((component, CacheUse::Compiled))
+            }
+        }
     }
+}
+
+/// Maps a cached artifact instead of reading it into memory: its pages are
+/// loaded on first touch, so a plugin that never runs costs little more
+/// than its metadata (the six Python/JS examples made a runner hold ~330 MB
+/// when read in), and every process on the machine shares one copy in the
+/// page cache.
+fn map(engine: &Engine, path: &Path) -> Result<Component> {
+    // SAFETY: the artifact was written by `Component::serialize` into the
+    // runner's own cache directory (see the module docs), and its header is
+    // checked against this engine by `deserialize_file`. A mapped file must
+    // not be changed while in use (a truncation would fault the process):
+    // wasmjobs only ever replaces artifacts by renaming a new file over them,
+    // which leaves existing mappings on the old file; anyone able to rewrite
+    // one in place could as well plant machine code in it.
+    unsafe { Component::deserialize_file(engine, path) }.map_err(anyhow::Error::from)
 }
 
 fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
