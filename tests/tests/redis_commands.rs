@@ -409,6 +409,61 @@ fn the_embedded_server_keeps_jobs_between_commands_and_stops() {
     assert!(data_dir.join("redis/appendonlydir").is_dir());
 }
 
+/// `wasmjobs run` on the embedded server stops it on the way out, even
+/// when another process holds the server's start lock just then (starting
+/// or stopping it): the runner waits its turn instead of leaving the server
+/// running with nobody to stop it.
+#[test]
+fn run_on_the_embedded_server_stops_it_when_done() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().join("data");
+    let socket = data_dir.join("redis/redis.sock");
+    ok(wasmjobs(&data_dir, &["enqueue", "--count", "50", "NoopJob"]));
+    let plugins = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let mut command = wasmjobs(&data_dir, &["run", "--plugins"]);
+    command
+        .arg(plugins.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(data.path().join("run.log")).expect("log file"));
+    let mut runner = command.spawn().expect("start wasmjobs run");
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
+        let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        if stats["processed"] == 50 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the jobs did not run: {stats}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let start_lock = std::fs::File::options()
+        .write(true)
+        .open(data_dir.join("redis/start.lock"))
+        .expect("open start.lock");
+    start_lock.lock().expect("lock start.lock");
+    let pid = i32::try_from(runner.id()).expect("pid");
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(socket.exists(), "nobody could stop the server while the lock was held");
+    drop(start_lock);
+
+    let status = runner.wait().expect("wait for wasmjobs run");
+    let log = std::fs::read_to_string(data.path().join("run.log")).unwrap_or_default();
+    assert!(status.success(), "{status}: {log}");
+    assert!(!socket.exists(), "{log}");
+    assert!(
+        !process_mentions(&data_dir),
+        "a redis-server for {} still runs",
+        data_dir.display()
+    );
+    let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
+    let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(stats["processed"], 50, "{stats}");
+    assert_eq!(stats["enqueued"], 0, "{stats}");
+}
+
 #[test]
 fn a_missing_redis_server_gives_the_install_hint() {
     let data = tempfile::tempdir().expect("tempdir");

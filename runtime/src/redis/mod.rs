@@ -24,6 +24,7 @@ pub mod keys;
 pub mod payload;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -57,16 +58,18 @@ impl Target {
 
 /// An open connection to Redis, plus the embedded server if we use one.
 ///
-/// Cloning is cheap and shares the connection. Dropping the last clone of an
-/// embedded handle lets the private server stop when no other wasmjobs
-/// process uses it (see [`embedded`]).
+/// Cloning is cheap and shares the connection. [`Redis::close`] leaves the
+/// embedded server (stopping it when no other wasmjobs process uses it, see
+/// [`embedded`]) even while clones are still held by tasks winding down;
+/// without it, dropping the last clone does the same, waiting less.
 #[derive(Clone)]
 pub struct Redis {
     client: Client,
     conn: ConnectionManager,
     /// Human-readable location, for logs (no password).
     pub location: String,
-    embedded: Option<std::sync::Arc<EmbeddedRedis>>,
+    /// Shared by every clone; emptied by [`Redis::close`].
+    embedded: Option<Arc<Mutex<Option<EmbeddedRedis>>>>,
 }
 
 impl Redis {
@@ -93,16 +96,18 @@ impl Redis {
         self.embedded.is_some()
     }
 
-    /// Stops the embedded server if this was its last user; a no-op for a
-    /// Redis given by URL. Called on orderly shutdown (dropping has the same
-    /// effect, but this waits and reports errors).
+    /// Leaves the embedded server, stopping it if no other wasmjobs process
+    /// uses it; a no-op for a Redis given by URL. Called on orderly
+    /// shutdown, and effective for every clone: tasks still holding one
+    /// (a poller between ticks) must not keep the server alive. Unlike the
+    /// drop of the last clone, this waits for a concurrent start or stop by
+    /// another process and for the server to exit, and reports errors.
     pub async fn close(self) -> Result<()> {
         let Redis { embedded, conn, .. } = self;
         drop(conn);
-        if let Some(embedded) = embedded
-            && let Ok(embedded) = std::sync::Arc::try_unwrap(embedded)
-        {
-            embedded.release().await?;
+        let server = embedded.and_then(|shared| shared.lock().unwrap_or_else(PoisonError::into_inner).take());
+        if let Some(server) = server {
+            server.release().await?;
         }
         Ok(())
     }
@@ -116,7 +121,7 @@ pub async fn connect(target: &Target) -> Result<Redis> {
             let server = EmbeddedRedis::acquire(data_dir).await?;
             let url = server.url();
             let location = format!("embedded redis-server ({})", server.socket().display());
-            (url, location, Some(std::sync::Arc::new(server)))
+            (url, location, Some(Arc::new(Mutex::new(Some(server)))))
         }
     };
     let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
