@@ -137,7 +137,8 @@ fn record_failure(payload: &mut Payload, class: &str, message: &str, now: f64) -
     let count = match payload.retry_count() {
         Some(previous) => {
             payload.set_time("retried_at", now);
-            previous + 1
+            // The count comes from the payload: any u64 a client wrote.
+            previous.saturating_add(1)
         }
         None => {
             payload.set_time("failed_at", now);
@@ -216,6 +217,17 @@ mod tests {
         assert!(matches!(capped, Write::Dead { .. }), "{capped:?}");
         let zero = decide(&payload(r#","retry":0"#), &Outcome::Retry("x".into()), 1000.0);
         assert!(matches!(zero, Write::Dead { .. }), "{zero:?}");
+    }
+
+    #[test]
+    fn a_retry_count_at_the_top_of_u64_does_not_overflow() {
+        let write = decide(
+            &payload(&format!(r#","retry":{max},"retry_count":{max}"#, max = u64::MAX)),
+            &Outcome::Retry("x".into()),
+            1000.0,
+        );
+        assert!(matches!(write, Write::Dead { .. }), "{write:?}");
+        assert_eq!(fields(&write).retry_count(), Some(u64::MAX));
     }
 
     #[test]

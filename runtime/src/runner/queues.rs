@@ -94,12 +94,13 @@ impl Queues {
         let mut order = Vec::with_capacity(left.len());
         let mut rng = rand::rng();
         while !left.is_empty() {
-            let total: u32 = left.iter().map(|&i| self.entries[i].1).sum();
+            // In u64: the weights are u32s given by the user, their sum is not.
+            let total: u64 = left.iter().map(|&i| u64::from(self.entries[i].1)).sum();
             let mut pick = rng.random_range(0..total);
             let position = left
                 .iter()
                 .position(|&i| {
-                    let w = self.entries[i].1;
+                    let w = u64::from(self.entries[i].1);
                     if pick < w {
                         true
                     } else {
@@ -117,6 +118,16 @@ impl Queues {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_weights_do_not_overflow() {
+        let queues: Queues = format!("a:{max},b:{max},c:1", max = u32::MAX).parse().unwrap();
+        for _ in 0..100 {
+            let mut order = queues.fetch_order();
+            order.sort_unstable();
+            assert_eq!(order, [0, 1, 2]);
+        }
+    }
 
     #[test]
     fn strict_and_weighted_forms_parse() {
