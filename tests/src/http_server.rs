@@ -3,7 +3,7 @@
 //! Routes: `/ok` answers 200 `hello`; `/status/NNN` answers that status;
 //! `/sleep` waits the configured delay, then answers 200 (the seed
 //! benchmark's 200 ms endpoint); `/big/N` answers N bytes. Every request and
-//! every connection is counted.
+//! every connection is counted, and so is the most requests open at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,6 +30,31 @@ pub struct HttpServer {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
     connections: Arc<AtomicUsize>,
+    open: Arc<OpenRequests>,
+}
+
+/// Requests being answered now, and the most there ever were.
+#[derive(Default)]
+struct OpenRequests {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// Counts one request as open until dropped.
+struct Open(Arc<OpenRequests>);
+
+impl Open {
+    fn new(open: &Arc<OpenRequests>) -> Self {
+        let now = open.now.fetch_add(1, Ordering::Relaxed) + 1;
+        open.peak.fetch_max(now, Ordering::Relaxed);
+        Self(open.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl HttpServer {
@@ -47,8 +72,10 @@ impl HttpServer {
         let addr = listener.local_addr().expect("local addr");
         let hits = Arc::new(AtomicUsize::new(0));
         let connections = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(OpenRequests::default());
         let counter = hits.clone();
         let accepted = connections.clone();
+        let requests = open.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -56,11 +83,14 @@ impl HttpServer {
                 };
                 accepted.fetch_add(1, Ordering::Relaxed);
                 let counter = counter.clone();
+                let requests = requests.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
                         let counter = counter.clone();
+                        let requests = requests.clone();
                         async move {
                             counter.fetch_add(1, Ordering::Relaxed);
+                            let _open = Open::new(&requests);
                             Ok::<_, Infallible>(respond(req.uri().path(), delay).await)
                         }
                     });
@@ -74,6 +104,7 @@ impl HttpServer {
             addr,
             hits,
             connections,
+            open,
         }
     }
 
@@ -90,6 +121,12 @@ impl HttpServer {
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// The most requests that were being answered at the same moment:
+    /// shows that jobs overlapped, without timing them.
+    pub fn peak_open_requests(&self) -> usize {
+        self.open.peak.load(Ordering::Relaxed)
     }
 }
 

@@ -295,4 +295,8 @@ async fn a_thousand_concurrent_http_jobs_complete_in_one_process() {
     }
     assert_eq!(succeeded, 1000);
     assert_eq!(server.hits(), 1000);
+    // They waited together, not in turn (one at a time would be a peak of
+    // 1 and 200 s): most of the 1,000 requests were open at once.
+    let peak = server.peak_open_requests();
+    assert!(peak >= 500, "only {peak} requests were open at once");
 }
