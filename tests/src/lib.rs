@@ -9,6 +9,7 @@ pub mod http_server;
 pub mod postgres;
 pub mod redis_server;
 pub mod runner;
+pub mod sidekiq;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::sidekiq::ruby;
 
 /// The `wasmjobs` binary under test.
 ///
@@ -85,19 +86,6 @@ fn now() -> f64 {
 async fn query<T: redis::FromRedisValue>(redis: &TestRedis, command: &mut redis::Cmd) -> T {
     let mut conn = redis.conn().await;
     command.query_async(&mut conn).await.expect("redis command")
-}
-
-/// Runs Ruby with Sidekiq loaded and configured for `url`; returns stdout.
-fn ruby(url: &str, script: &str) -> String {
-    let prelude = r#"require "sidekiq"; require "sidekiq/api"; Sidekiq.configure_client { |c| c.redis = { url: ENV["REDIS_URL"] } }; "#;
-    let output = Command::new("ruby")
-        .env("REDIS_URL", url)
-        .arg("-e")
-        .arg(format!("{prelude}{script}"))
-        .output()
-        .expect("ruby is not installed: apt-get install ruby-sidekiq");
-    assert!(output.status.success(), "ruby failed: {}", text(&output));
-    stdout(&output).trim().to_owned()
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{
     Runner, int, jobs_in_progress, lines, make_retries_due, plugins, push, wait_processed, zset,
 };
+use wasmjobs_e2e::sidekiq::ruby_json;
 
 fn counts(lines: &[String]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -56,6 +57,14 @@ async fn ten_thousand_noops_and_a_mix_each_run_exactly_once() {
     assert!(runner.stop().success());
 
     assert_eq!(int(&mut conn, "stat:processed").await, 11_070, "no job ran twice");
+    // Sidekiq's daily keys add up to the same (summed: a run may straddle midnight).
+    let daily: Vec<String> = conn.keys("stat:processed:*").await.expect("KEYS");
+    let mut per_day = 0;
+    for key in &daily {
+        assert!(key.len() == "stat:processed:2026-11-30".len(), "{key}");
+        per_day += int(&mut conn, key).await;
+    }
+    assert_eq!(per_day, 11_070, "{daily:?}");
     let log = runner.log();
     let echo = log
         .lines()
@@ -306,6 +315,37 @@ async fn sigterm_requeues_jobs_still_running_at_the_deadline() {
     assert!(keys.is_empty(), "{keys:?}");
 }
 
+/// The OS signals a terminal or process manager sends: SIGTSTP quiets the
+/// runner (Sidekiq's meaning: finish what runs, take nothing new), SIGINT
+/// stops it like SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigtstp_quiets_the_runner_and_sigint_stops_it() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    runner.wait_running();
+    push(&mut conn, "NoopJob", "default", (0..10).map(|i| json!([i])).collect()).await;
+    wait_processed(&mut conn, 10, Duration::from_secs(30), || runner.log()).await;
+
+    runner.signal("TSTP");
+    runner.wait_for_log("SIGTSTP: quiet", Duration::from_secs(10));
+    push(&mut conn, "NoopJob", "default", (10..20).map(|i| json!([i])).collect()).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiting: u64 = conn.llen("queue:default").await.expect("LLEN");
+    assert_eq!(waiting, 10, "a quiet runner takes no new job:\n{}", runner.log());
+    assert_eq!(int(&mut conn, "stat:processed").await, 10);
+
+    runner.signal("INT");
+    let status = runner.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status}: {}", runner.log());
+    assert!(runner.log().contains("SIGINT"), "{}", runner.log());
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert!(processes.is_empty(), "the heartbeat is removed on stop: {processes:?}");
+    let waiting: u64 = conn.llen("queue:default").await.expect("LLEN");
+    assert_eq!(waiting, 10, "the jobs pushed while quiet are still queued");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_run_loses_no_job() {
     let mut redis = TestRedis::start();
@@ -413,6 +453,11 @@ async fn three_processes_share_thirty_thousand_jobs_exactly_once() {
         .expect("wasmjobs stats");
     let stats: Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
     assert_eq!(stats["processes"].as_array().map(Vec::len), Some(3), "{stats}");
+    let seen = ruby_json(
+        &redis.url(),
+        r#"puts JSON.generate(Sidekiq::ProcessSet.new.map { |p| p["tag"] }.sort)"#,
+    );
+    assert_eq!(seen, json!(["node-0", "node-1", "node-2"]), "Sidekiq's ProcessSet");
 
     wait_processed(&mut conn, 30_000, Duration::from_secs(180), || {
         runners.iter().map(Runner::log).collect()

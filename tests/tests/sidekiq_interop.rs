@@ -2,34 +2,22 @@
 //! pushed by its client run here, and its API reads our state, including
 //! the Web UI's Quiet and Stop buttons (the `-signals` list).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, plugins, wait_processed};
+use wasmjobs_e2e::sidekiq::ruby_json;
 
-/// Runs Ruby with Sidekiq configured for `url`; returns its stdout parsed as JSON.
+/// Sidekiq's Ruby API on `url`, with the test's job classes declared; the
+/// script prints JSON.
 fn sidekiq(url: &str, script: &str) -> Value {
-    let program = format!(
-        r#"require "sidekiq"; require "sidekiq/api"; require "json"
-Sidekiq.configure_client {{ |c| c.redis = {{ url: ENV.fetch("REDIS_URL") }} }}
-class FileAppendJob; include Sidekiq::Worker; end
-class ChaosJob; include Sidekiq::Worker; end
-{script}"#
-    );
-    let output = Command::new("ruby")
-        .args(["-e", &program])
-        .env("REDIS_URL", url)
-        .output()
-        .expect("ruby is installed (apt-get install ruby-sidekiq)");
-    assert!(
-        output.status.success(),
-        "ruby failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("ruby printed no JSON ({e}): {stdout}"))
+    ruby_json(
+        url,
+        &format!(
+            "class FileAppendJob; include Sidekiq::Worker; end\nclass ChaosJob; include Sidekiq::Worker; end\n{script}"
+        ),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
