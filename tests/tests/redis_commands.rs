@@ -371,6 +371,13 @@ fn process_mentions(path: &Path) -> bool {
         .any(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(&needle))
 }
 
+/// `wasmjobs stats --json` on the embedded server of `data_dir`, parsed.
+fn embedded_stats(data_dir: &Path) -> Value {
+    let output = ok(wasmjobs(data_dir, &["stats", "--json"]));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {}", text(&output)))
+}
+
 #[test]
 fn the_embedded_server_keeps_jobs_between_commands_and_stops() {
     let data = tempfile::tempdir().expect("tempdir");
@@ -389,8 +396,7 @@ fn the_embedded_server_keeps_jobs_between_commands_and_stops() {
             data_dir.display()
         );
     }
-    let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
-    let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let stats = embedded_stats(&data_dir);
     assert_eq!(stats["enqueued"], 2, "{stats}");
     assert!(!socket.exists());
     assert!(!process_mentions(&data_dir));
@@ -416,8 +422,7 @@ fn run_on_the_embedded_server_stops_it_when_done() {
     let mut runner = command.spawn().expect("start wasmjobs run");
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
-        let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        let stats = embedded_stats(&data_dir);
         if stats["processed"] == 50 {
             break;
         }
@@ -446,8 +451,7 @@ fn run_on_the_embedded_server_stops_it_when_done() {
         "a redis-server for {} still runs",
         data_dir.display()
     );
-    let output = ok(wasmjobs(&data_dir, &["stats", "--json"]));
-    let stats: Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let stats = embedded_stats(&data_dir);
     assert_eq!(stats["processed"], 50, "{stats}");
     assert_eq!(stats["enqueued"], 0, "{stats}");
 }
