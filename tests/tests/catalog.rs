@@ -1,7 +1,11 @@
 //! Loading plugin directories: good plugins load, broken ones are refused
 //! with a reason naming the file, and never take the others down.
 
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 use wasmjobs::job::Outcome;
+
+use wasmjobs::plugin::cache::UNUSED_FOR;
 use wasmjobs::plugin::{CacheUse, Catalog, CompileCache};
 use wasmjobs_e2e::{cache, copy_plugin, executor, messages, plugins_dir, run, test_guests_dir};
 
@@ -131,4 +135,48 @@ async fn compiled_components_are_cached_on_disk() {
     assert_eq!(run(&executor, &third, "FibJob", "[20]").await.outcome, Outcome::Success);
     let fourth = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(fourth.plugins()[0].cache, CacheUse::Hit);
+}
+
+#[test]
+fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let cache_dir = temp.path().join("cache");
+    std::fs::create_dir_all(&cache_dir).expect("cache dir");
+    let now = SystemTime::now();
+    let age = |path: &Path, days: u64| {
+        let file = std::fs::File::options().append(true).open(path).expect("open");
+        file.set_modified(now - Duration::from_secs(days * 86_400))
+            .expect("set mtime");
+    };
+    // An older plugin version nobody loaded for 8 days, one loaded 3 days
+    // ago, and the temporary file of a write interrupted 2 days ago.
+    let stale = cache_dir.join("old-version-0000000000000000.cwasm");
+    let recent = cache_dir.join("recent-version-0000000000000000.cwasm");
+    let abandoned = cache_dir.join(".tmpXYZ123");
+    for (path, days) in [(&stale, 8), (&recent, 3), (&abandoned, 2)] {
+        std::fs::write(path, b"artifact").expect("write");
+        age(path, days);
+    }
+
+    let executor = executor(1);
+    let cache = CompileCache::new(&cache_dir);
+    let first = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
+    assert!(!stale.exists(), "an artifact unused for over {UNUSED_FOR:?} is removed");
+    assert!(!abandoned.exists(), "an interrupted write is removed");
+    assert!(recent.exists(), "an artifact used within the week is kept");
+
+    let fib = std::fs::read_dir(&cache_dir)
+        .expect("cache dir")
+        .map(|entry| entry.expect("entry").path())
+        .find(|path| path != &recent)
+        .expect("fib's artifact");
+    age(&fib, 6);
+    let second = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
+    assert_eq!(second.plugins()[0].cache, CacheUse::Hit);
+    let used = std::fs::metadata(&fib).and_then(|m| m.modified()).expect("mtime");
+    assert!(
+        now.duration_since(used).unwrap_or_default() < Duration::from_secs(60),
+        "a load marks its artifact as used"
+    );
 }

@@ -13,7 +13,9 @@
 //! Writes go to a temporary file renamed into place, so concurrent processes
 //! sharing a cache directory never see a half-written artifact. An artifact
 //! that fails to load (truncated, from a foreign build) is recompiled and
-//! replaced, never trusted.
+//! replaced, never trusted. Every load marks its artifact as used, and
+//! every compile removes artifacts unused for a week ([`prune`]): each
+//! plugin version and engine build leaves one, and hot reloading makes many.
 //!
 //! Safety: loading an artifact runs its machine code, so the cache directory
 //! must be writable only by the user running wasmjobs (it lives under the
@@ -22,11 +24,17 @@
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+/// How long an artifact may go unused before a compile removes it.
+pub const UNUSED_FOR: Duration = Duration::from_secs(7 * 86_400);
+/// How old a temporary file (an interrupted write) must be to be removed.
+const ABANDONED_AFTER: Duration = Duration::from_secs(86_400);
 
 /// Where compiled components are kept, if anywhere.
 #[derive(Debug, Clone)]
@@ -71,7 +79,10 @@ impl CompileCache {
         let path = dir.join(format!("{content_hash}-{:016x}.cwasm", engine_hash(engine)));
         if path.is_file() {
             match map(engine, &path) {
-                Ok(component) => return Ok((component, CacheUse::Hit)),
+                Ok(component) => {
+                    mark_used(&path);
+                    return Ok((component, CacheUse::Hit));
+                }
                 Err(err) => tracing::warn!(path = %path.display(), "discarding unusable compiled artifact: {err}"),
             }
         }
@@ -80,6 +91,8 @@ impl CompileCache {
             tracing::warn!(dir = %dir.display(), "cannot write the compilation cache: {err:#}");
             return Ok((component, CacheUse::Compiled));
         }
+        // The cache grows only here, so this is where it is trimmed.
+        prune(dir, SystemTime::now());
         // Serve the stored artifact rather than the freshly compiled copy,
         // whose code and data images are anonymous memory resident in full.
         match map(engine, &path) {
@@ -106,6 +119,53 @@ fn map(engine: &Engine, path: &Path) -> Result<Component> {
     // which leaves existing mappings on the old file; anyone able to rewrite
     // one in place could as well plant machine code in it.
     unsafe { Component::deserialize_file(engine, path) }.map_err(anyhow::Error::from)
+}
+
+/// Records that an artifact is in use (its modification time), so
+/// [`prune`] keeps it.
+fn mark_used(path: &Path) {
+    let touched = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .and_then(|file| file.set_modified(SystemTime::now()));
+    if let Err(err) = touched {
+        tracing::debug!(path = %path.display(), "cannot mark the artifact as used: {err}");
+    }
+}
+
+/// Removes artifacts no load has used for [`UNUSED_FOR`] (every deploy of
+/// a plugin leaves one, ~40 MB for a Python guest), and temporary files a
+/// crash left behind mid-write. Deleting an artifact that another process
+/// has mapped is safe: its mapping keeps the old file; that process
+/// compiles again only on its next start. Errors are logged, never fatal.
+pub fn prune(dir: &Path, now: SystemTime) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let limit = if name.ends_with(".cwasm") {
+            UNUSED_FOR
+        } else if name.starts_with(".tmp") {
+            ABANDONED_AFTER
+        } else {
+            continue;
+        };
+        let age = entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok());
+        if age.is_some_and(|age| age > limit) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(file = %entry.path().display(), "removed a compiled artifact unused for {} days", limit.as_secs() / 86_400)
+                }
+                Err(err) => tracing::warn!(file = %entry.path().display(), "cannot prune the compilation cache: {err}"),
+            }
+        }
+    }
 }
 
 fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
