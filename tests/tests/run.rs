@@ -330,6 +330,9 @@ async fn sigtstp_quiets_the_runner_and_sigint_stops_it() {
 
     runner.signal("TSTP");
     runner.wait_for_log("SIGTSTP: quiet", Duration::from_secs(10));
+    // The line is logged just before the fetch loop is told; give it time
+    // to cancel its blocking wait.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     push(&mut conn, "NoopJob", "default", (10..20).map(|i| json!([i])).collect()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let waiting: u64 = conn.llen("queue:default").await.expect("LLEN");
