@@ -36,7 +36,6 @@ fn main() -> Result<()> {
     wasmjobs::runner::os_limits::raise_open_files(10_000);
     let rt = tokio::runtime::Runtime::new()?;
     let redis = TestRedis::start();
-    let examples = wasmjobs_e2e::plugins_dir();
     // Only the jobs under test: the Python and JS examples alone hold ~300 MB.
     let io_plugins = wasmjobs_e2e::runner::plugins(&["http-get", "pg-sleep"], &[]);
 
@@ -132,8 +131,7 @@ fn main() -> Result<()> {
     );
     drop(postgres);
 
-    let files = tempfile::tempdir()?;
-    wasmjobs_e2e::copy_plugin(&examples.join("file-append"), files.path());
+    let files = wasmjobs_e2e::runner::plugins(&["file-append"], &[]);
     let n = if quick { 10_000 } else { 50_000 };
     let run = rt.block_on(drain(
         BIN.as_ref(),

@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use redis::AsyncCommands;
+use serde_json::json;
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile, wait_for_processed};
+use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile, push_jobs, wait_for_processed};
 
 /// The wasmjobs binary built with this package.
 const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
@@ -132,14 +133,7 @@ async fn drain(
 ) -> Result<Drain> {
     let mut conn = redis.conn().await;
     redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-    let now = wasmjobs::redis::now_f64();
-    for chunk in 0..jobs.div_ceil(10_000) {
-        let count = (jobs - chunk * 10_000).min(10_000);
-        let mut payloads: Vec<Payload> = (0..count)
-            .map(|_| Payload::new("NoopJob", vec![], "default", now))
-            .collect();
-        client::push_bulk(&mut conn, &mut payloads).await?;
-    }
+    push_jobs(&mut conn, "NoopJob", jobs, |_| json!([])).await?;
     let spawned = Instant::now();
     let mut runner = RunnerProcess::start(
         BIN.as_ref(),
