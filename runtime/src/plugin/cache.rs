@@ -160,7 +160,7 @@ pub fn prune(dir: &Path, now: SystemTime) {
         if age.is_some_and(|age| age > limit) {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => {
-                    tracing::info!(file = %entry.path().display(), "removed a compiled artifact unused for {} days", limit.as_secs() / 86_400)
+                    tracing::info!(file = %entry.path().display(), "pruned the compilation cache: untouched for over {} day(s)", limit.as_secs() / 86_400)
                 }
                 Err(err) => tracing::warn!(file = %entry.path().display(), "cannot prune the compilation cache: {err}"),
             }
