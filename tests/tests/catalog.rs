@@ -1,7 +1,7 @@
 //! Loading plugin directories: good plugins load, broken ones are refused
 //! with a reason naming the file, and never take the others down.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 use wasmjobs::job::Outcome;
 
@@ -103,10 +103,7 @@ async fn compiled_components_are_cached_on_disk() {
     let executor = executor(1);
     let first = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
-    let artifacts: Vec<_> = std::fs::read_dir(&cache_dir)
-        .expect("cache dir")
-        .map(|entry| entry.expect("entry").path())
-        .collect();
+    let artifacts = files_in(&cache_dir);
     assert_eq!(artifacts.len(), 1);
 
     let second = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
@@ -166,9 +163,8 @@ fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
     assert!(!abandoned.exists(), "an interrupted write is removed");
     assert!(recent.exists(), "an artifact used within the week is kept");
 
-    let fib = std::fs::read_dir(&cache_dir)
-        .expect("cache dir")
-        .map(|entry| entry.expect("entry").path())
+    let fib = files_in(&cache_dir)
+        .into_iter()
         .find(|path| path != &recent)
         .expect("fib's artifact");
     age(&fib, 6);
@@ -179,4 +175,12 @@ fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
         now.duration_since(used).unwrap_or_default() < Duration::from_secs(60),
         "a load marks its artifact as used"
     );
+}
+
+/// The files in `dir`.
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|entry| entry.expect("entry").path())
+        .collect()
 }
