@@ -17,13 +17,20 @@
 //! | `["sleep", ms]` | `std::thread::sleep` |
 //! | `["read", path]` | log `read: <content>`; I/O error → retry |
 //! | `["write", path, content]` | write the file; I/O error → retry |
+//! | `["rename", from, to]` | rename a file or directory; I/O error → retry |
+//! | `["symlink", target, link]` | create the symlink `link -> target`; I/O error → retry |
+//! | `["mkdir", path]` | create a directory (and its parents); I/O error → retry |
+//! | `["remove", path]` | remove a file, or a directory with its contents; I/O error → retry |
+//! | `["fill", path, bytes]` | write `bytes` zero bytes to a new file in 64 KiB writes, log `filled N bytes`; I/O error → retry naming the bytes written |
 //! | `["log", level, msg]` | log `msg` at `level` (trace/debug/info/warn/error) |
 //! | `["http", url]` | GET, log `status: N`; non-2xx or transport error → retry |
 //! | `["env", name]` | log `env NAME=value` or `env NAME=<unset>` |
 //! | `["stdout", text]` | `println!("{text}")` |
 //! | `["big-log", bytes]` | log one message of `bytes` bytes |
+//! | `["log-lines", n, text]` | log `text` `n` times at info, one call each |
 //! | `["big-error", bytes]` | fail (retry) with a message of `bytes` bytes |
 //! | `["http-flood", n, authority, path]` | start `n` GETs to `http://authority/path` at once, wait for all, log `flood: ok=A failed=B` |
+//! | `["http-hold", n, authority, path]` | send `n` GETs one after another, keeping every response with its body unread; log `hold: ok=A failed=B` and, after a failure, `hold error: <the first error>` |
 //! | `["fail-times", n]` | retry error while the job has been retried fewer than `n` times, then succeed |
 //! | `["slow-append", file, line, ms]` | sleep `ms`, then append `line\n` to `/data/<file>` (one write) |
 //! | `["marked-append", file, line, ms]` | as `slow-append`, the line prefixed with this build's [`MARKER`] and a space |
@@ -119,6 +126,28 @@ impl Job for ChaosJob {
                     .map_err(|error| JobError::retry(format!("append to /data/{file}: {error}")))?;
                 Ok(())
             }
+            "rename" => {
+                let (from, to) = (args.str(1)?, args.str(2)?);
+                std::fs::rename(from, to).map_err(|error| JobError::retry(format!("rename {from} {to}: {error}")))
+            }
+            "symlink" => {
+                let (target, link) = (args.str(1)?, args.str(2)?);
+                symlink(target, link).map_err(|error| JobError::retry(format!("symlink {link} -> {target}: {error}")))
+            }
+            "mkdir" => {
+                let path = args.str(1)?;
+                std::fs::create_dir_all(path).map_err(|error| JobError::retry(format!("mkdir {path}: {error}")))
+            }
+            "remove" => {
+                let path = args.str(1)?;
+                let removed = match std::fs::symlink_metadata(path) {
+                    Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
+                    _ => std::fs::remove_file(path),
+                };
+                removed.map_err(|error| JobError::retry(format!("remove {path}: {error}")))
+            }
+            "fill" => fill(args.str(1)?, args.usize(2)?),
+            "http-hold" => hold(args.usize(1)?, args.str(2)?, args.str(3)?),
             "read" => {
                 let path = args.str(1)?;
                 let content =
@@ -160,6 +189,13 @@ impl Job for ChaosJob {
             }
             "stdout" => {
                 println!("{}", args.str(1)?);
+                Ok(())
+            }
+            "log-lines" => {
+                let (n, text) = (args.u64(1)?, args.str(2)?);
+                for _ in 0..n {
+                    log::info!("{text}");
+                }
                 Ok(())
             }
             "big-log" => {
@@ -320,6 +356,95 @@ fn flood(n: usize, authority: &str, path: &str) -> Result<(), JobError> {
         }
     }
     log::info!("flood: ok={ok} failed={failed}");
+    Ok(())
+}
+
+/// Writes `bytes` zero bytes to a new file at `path`, 64 KiB at a time.
+fn fill(path: &str, bytes: usize) -> Result<(), JobError> {
+    let mut out = std::fs::File::create(path).map_err(|error| JobError::retry(format!("create {path}: {error}")))?;
+    let chunk = vec![0u8; 64 << 10];
+    let mut written = 0usize;
+    while written < bytes {
+        let n = chunk.len().min(bytes - written);
+        std::io::Write::write_all(&mut out, &chunk[..n])
+            .map_err(|error| JobError::retry(format!("fill {path}: {error} after {written} bytes")))?;
+        written += n;
+    }
+    log::info!("filled {written} bytes");
+    Ok(())
+}
+
+/// `symlink(2)` from wasi-libc (which the Rust std of this target links),
+/// resolved against the preopens like every other path; std's own
+/// `std::os::wasi::fs::symlink_path` is still unstable.
+#[cfg(target_os = "wasi")]
+fn symlink(target: &str, link: &str) -> std::io::Result<()> {
+    use std::ffi::{CString, c_char, c_int};
+    unsafe extern "C" {
+        fn symlink(target: *const c_char, link: *const c_char) -> c_int;
+    }
+    let target = CString::new(target).map_err(std::io::Error::other)?;
+    let link = CString::new(link).map_err(std::io::Error::other)?;
+    // SAFETY: both pointers are valid NUL-terminated strings for the call.
+    if unsafe { symlink(target.as_ptr(), link.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "wasi"))]
+fn symlink(_target: &str, _link: &str) -> std::io::Result<()> {
+    Err(std::io::Error::other("symlinks are only made on the guest target"))
+}
+
+/// Sends `n` GETs one after another and keeps each response without reading
+/// its body, to see whether the host counts responses held unread.
+fn hold(n: usize, authority: &str, path: &str) -> Result<(), JobError> {
+    use wasmjobs_guest::bindings::wasi::http::outgoing_handler;
+    use wasmjobs_guest::bindings::wasi::http::types::{Fields, OutgoingBody, OutgoingRequest, Scheme};
+    let mut held = Vec::with_capacity(n);
+    let mut failed = 0usize;
+    let mut first_error: Option<String> = None;
+    for _ in 0..n {
+        let request = OutgoingRequest::new(Fields::new());
+        let ready = request.set_scheme(Some(&Scheme::Http)).is_ok()
+            && request.set_authority(Some(authority)).is_ok()
+            && request.set_path_with_query(Some(path)).is_ok();
+        if !ready {
+            return Err(JobError::dead(format!("bad hold target {authority}{path}")));
+        }
+        let Ok(body) = request.body() else {
+            return Err(JobError::dead("request body taken"));
+        };
+        let sent = outgoing_handler::handle(request, None);
+        if OutgoingBody::finish(body, None).is_err() {
+            failed += 1;
+        }
+        let outcome = match sent {
+            Ok(future) => loop {
+                match future.get() {
+                    Some(Ok(Ok(response))) => break Ok(response),
+                    Some(Ok(Err(code))) => break Err(format!("{code:?}")),
+                    Some(Err(())) => break Err("response taken twice".to_owned()),
+                    None => future.subscribe().block(),
+                }
+            },
+            Err(code) => Err(format!("{code:?}")),
+        };
+        match outcome {
+            Ok(response) => held.push(response),
+            Err(error) => {
+                failed += 1;
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    log::info!("hold: ok={} failed={failed}", held.len());
+    if let Some(error) = first_error {
+        log::info!("hold error: {error}");
+    }
+    drop(held);
     Ok(())
 }
 

@@ -1,0 +1,1 @@
+//! Trust tests: sql.
