@@ -1,1 +1,90 @@
-//! Trust tests: limits.
+//! Trust tests: resource limits that a guest must not get around — memory
+//! spread over several memories and tables (issue 13, item 4), and a
+//! manifest asking for more than the runner's caps (item 9).
+
+use std::path::Path;
+
+use wasmjobs::job::Outcome;
+use wasmjobs::plugin::Catalog;
+use wasmjobs_e2e::{cache, executor_with, repo_root, run};
+
+/// Writes a plugin built from `tests/guests/wat/memories.wat` into `dir`:
+/// `memories` linear memories and `tables` tables, `perform` growing each
+/// memory by `grow_pages` pages; `limits` is appended to its manifest.
+fn wat_plugin(dir: &Path, memories: usize, tables: usize, grow_pages: u32, limits: &str) {
+    let source = std::fs::read_to_string(repo_root().join("tests/guests/wat/memories.wat")).expect("memories.wat");
+    let extra = memories.saturating_sub(1);
+    let mut instances = String::new();
+    let mut imports = String::new();
+    let mut with = String::new();
+    let mut grows = format!("(drop (memory.grow (i32.const {grow_pages})))\n");
+    for n in 0..extra {
+        instances += &format!("(core instance $m{n} (instantiate $memory))\n");
+        imports += &format!("(import \"m{n}\" \"grow\" (func $grow{n} (param i32)))\n");
+        with += &format!("(with \"m{n}\" (instance $m{n})) ");
+        grows += &format!("(call $grow{n} (i32.const {grow_pages}))\n");
+    }
+    for n in 0..tables {
+        instances += &format!("(core instance $t{n} (instantiate $table))\n");
+    }
+    let text = source
+        .replace("@EXTRA_INSTANCES@", &instances)
+        .replace("@IMPORTS@", &imports)
+        .replace("@WITH@", &with)
+        .replace("@GROWS@", &grows);
+    let component = wat::parse_str(&text).expect("memories.wat compiles");
+    std::fs::create_dir_all(dir).expect("plugin dir");
+    std::fs::write(dir.join("memories.wasm"), component).expect("write component");
+    std::fs::write(
+        dir.join("wasmjobs.toml"),
+        format!("component = \"memories.wasm\"\nclasses = [\"MemoriesJob\"]\n{limits}\n"),
+    )
+    .expect("write manifest");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_applies_to_the_sum_of_memories() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = temp.path().join("two");
+    // Two memories of 3 MiB each under a 4 MiB limit: each alone fits.
+    wat_plugin(&dir, 2, 0, 47, "[limits]\nmemory = \"4MiB\"");
+    let executor = executor_with(4, std::time::Duration::from_secs(10), 128 << 20);
+    let catalog = Catalog::load(&dir, &executor, &cache()).expect("catalog");
+    assert!(catalog.broken().is_empty(), "{:?}", catalog.broken());
+    let job = run(&executor, &catalog, "MemoriesJob", "[]").await;
+    let Outcome::Retry(message) = &job.outcome else {
+        panic!(
+            "two 3 MiB memories under a 4 MiB limit must fail, got {:?}",
+            job.outcome
+        )
+    };
+    assert!(message.contains("memory limit of 4.0 MiB exceeded"), "{message}");
+
+    // Within the limit in total, the same guest succeeds.
+    let small = temp.path().join("small");
+    wat_plugin(&small, 2, 0, 16, "[limits]\nmemory = \"4MiB\"");
+    let catalog = Catalog::load(&small, &executor, &cache()).expect("catalog");
+    let job = run(&executor, &catalog, "MemoriesJob", "[]").await;
+    assert_eq!(job.outcome, Outcome::Success, "{:?}", job.logs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_needing_more_than_a_pool_slot_are_refused_at_load() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let executor = executor_with(4, std::time::Duration::from_secs(10), 128 << 20);
+    for (name, memories, tables, what) in [("memories", 3, 0, "linear memories"), ("tables", 1, 5, "tables")] {
+        let dir = temp.path().join(name);
+        wat_plugin(&dir, memories, tables, 0, "");
+        let catalog = Catalog::load(&dir, &executor, &cache()).expect("catalog");
+        assert!(catalog.get("MemoriesJob").is_none(), "{name}: loaded");
+        let error = &catalog.broken().first().expect("refused").error;
+        assert!(error.contains(what) && error.contains("pool slot"), "{name}: {error}");
+    }
+    // Two memories and four tables fit a slot.
+    let dir = temp.path().join("fits");
+    wat_plugin(&dir, 2, 4, 0, "");
+    let catalog = Catalog::load(&dir, &executor, &cache()).expect("catalog");
+    assert!(catalog.broken().is_empty(), "{:?}", catalog.broken());
+    let job = run(&executor, &catalog, "MemoriesJob", "[]").await;
+    assert_eq!(job.outcome, Outcome::Success, "{:?}", job.logs);
+}
