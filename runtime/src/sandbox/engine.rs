@@ -89,10 +89,18 @@ const KEEP_RESIDENT: usize = 64 << 10;
 /// per core instance), and with 6 per slot 1,000 Python jobs at once ran
 /// out ("maximum concurrent limit ... for core instances reached").
 const CORE_INSTANCES_PER_COMPONENT: u32 = 50;
-/// Most linear memories per component.
-const MEMORIES_PER_COMPONENT: u32 = 4;
-/// Most tables per component.
-const TABLES_PER_COMPONENT: u32 = 16;
+/// Linear memories one pool slot holds: the pool reserves this many per
+/// slot in all, so a component needing more would take other jobs' share
+/// and make their instantiation fail; with the per-component maximum set to
+/// the same figure, Wasmtime refuses such a component when it is compiled
+/// or loaded from the cache ("The component transitively contains 3 Wasm
+/// linear memories, which exceeds the configured maximum of 2"), so the
+/// plugin is refused at load with that reason. Every guest in this repository has 1, Rust,
+/// componentize-py and componentize-js alike (`Component::resources_required`).
+pub(crate) const MEMORIES_PER_SLOT: u32 = 2;
+/// Tables one pool slot holds (see [`MEMORIES_PER_SLOT`]). Every guest in
+/// this repository has 2.
+pub(crate) const TABLES_PER_SLOT: u32 = 4;
 
 /// Builds the process-wide engine.
 pub fn build(config: &EngineConfig) -> Result<Engine> {
@@ -100,12 +108,12 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(slots)
         .total_core_instances(slots.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
-        .total_memories(slots.saturating_mul(2))
-        .total_tables(slots.saturating_mul(4))
+        .total_memories(slots.saturating_mul(MEMORIES_PER_SLOT))
+        .total_tables(slots.saturating_mul(TABLES_PER_SLOT))
         .total_stacks(slots)
         .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
-        .max_memories_per_component(MEMORIES_PER_COMPONENT)
-        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_memories_per_component(MEMORIES_PER_SLOT)
+        .max_tables_per_component(TABLES_PER_SLOT)
         .max_memory_size(MAX_MEMORY)
         .pagemap_scan(Enabled::Auto)
         .linear_memory_keep_resident(KEEP_RESIDENT)

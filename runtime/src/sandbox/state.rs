@@ -94,19 +94,39 @@ impl WasiHttpView for JobState {
 
 /// Caps a job's linear memory and tables, and remembers when it refused, so
 /// the job fails with "memory limit exceeded" rather than a bare trap.
+///
+/// The limits bound the **sum** over every memory (and every table) of the
+/// instance: a component is several core instances, each with its own
+/// memory, and a per-memory check would let a guest hold the limit times
+/// the number of memories. Wasmtime reports each growth as `current` →
+/// `desired` of one memory (`current` is 0 when a memory is created at
+/// instantiation), so the running total grows by the difference.
 pub struct MemoryLimiter {
     limit: usize,
-    /// The size a refused growth asked for.
+    /// Bytes of linear memory the instance holds, over all its memories.
+    memory: usize,
+    /// Table elements the instance holds, over all its tables.
+    elements: usize,
+    /// The growth (memory bytes, table elements) granted last, taken back
+    /// if Wasmtime then fails to perform it.
+    pending: (usize, usize),
+    /// The total size a refused growth asked for.
     pub(crate) refused: Option<usize>,
 }
 
-/// Most table elements per table: generous for any real guest, small enough
-/// that a table bomb cannot hurt the host.
+/// Most table elements per instance, over all its tables: generous for any
+/// real guest, small enough that a table bomb cannot hurt the host.
 const MAX_TABLE_ELEMENTS: usize = 1_000_000;
 
 impl MemoryLimiter {
     fn new(limit: usize) -> Self {
-        Self { limit, refused: None }
+        Self {
+            limit,
+            memory: 0,
+            elements: 0,
+            pending: (0, 0),
+            refused: None,
+        }
     }
 
     /// The memory limit in bytes.
@@ -116,27 +136,90 @@ impl MemoryLimiter {
 }
 
 impl ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.limit {
-            self.refused = Some(desired);
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current);
+        let total = self.memory.saturating_add(growth);
+        if total > self.limit {
+            self.refused = Some(total);
+            self.pending = (0, 0);
             wasmtime::bail!(
-                "memory limit of {} exceeded: the guest asked for {}",
+                "memory limit of {} exceeded: the guest asked for {} in all",
                 mib(self.limit),
-                mib(desired)
+                mib(total)
             );
         }
+        self.memory = total;
+        self.pending = (growth, 0);
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > MAX_TABLE_ELEMENTS {
-            wasmtime::bail!("table limit of {MAX_TABLE_ELEMENTS} elements exceeded: the guest asked for {desired}");
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.memory = self.memory.saturating_sub(self.pending.0);
+        self.pending = (0, 0);
+        Ok(())
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current);
+        let total = self.elements.saturating_add(growth);
+        if total > MAX_TABLE_ELEMENTS {
+            self.pending = (0, 0);
+            wasmtime::bail!(
+                "table limit of {MAX_TABLE_ELEMENTS} elements exceeded: the guest asked for {total} in all"
+            );
         }
+        self.elements = total;
+        self.pending = (0, growth);
         Ok(true)
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.elements = self.elements.saturating_sub(self.pending.1);
+        self.pending = (0, 0);
+        Ok(())
     }
 }
 
 /// Bytes as MiB with one decimal, for messages.
 pub fn mib(bytes: usize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_limit_bounds_the_sum_of_all_memories() {
+        let mut limiter = MemoryLimiter::new(4 << 20);
+        assert!(limiter.memory_growing(0, 3 << 20, None).unwrap());
+        // A second memory of 3 MiB would make 6 MiB in all.
+        assert!(limiter.memory_growing(0, 3 << 20, None).is_err());
+        assert_eq!(limiter.refused, Some(6 << 20));
+        // Growing the first memory by 1 MiB still fits.
+        assert!(limiter.memory_growing(3 << 20, 4 << 20, None).unwrap());
+        assert!(limiter.memory_growing(4 << 20, (4 << 20) + 1, None).is_err());
+    }
+
+    #[test]
+    fn a_failed_growth_is_taken_back() {
+        let mut limiter = MemoryLimiter::new(4 << 20);
+        assert!(limiter.memory_growing(0, 3 << 20, None).unwrap());
+        limiter.memory_grow_failed(wasmtime::format_err!("no room")).unwrap();
+        assert!(limiter.memory_growing(0, 4 << 20, None).unwrap());
+    }
+
+    #[test]
+    fn table_limit_bounds_the_sum_of_all_tables() {
+        let mut limiter = MemoryLimiter::new(4 << 20);
+        assert!(limiter.table_growing(0, 600_000, None).unwrap());
+        assert!(limiter.table_growing(0, 600_000, None).is_err());
+        assert!(limiter.table_growing(600_000, 1_000_000, None).unwrap());
+        limiter.table_grow_failed(wasmtime::format_err!("no room")).unwrap();
+        assert!(
+            limiter.table_growing(0, 400_000, None).unwrap(),
+            "the failed growth is taken back"
+        );
+        assert!(limiter.table_growing(0, 1, None).is_err());
+    }
 }

@@ -78,7 +78,10 @@ async fn components_needing_more_than_a_pool_slot_are_refused_at_load() {
         let catalog = Catalog::load(&dir, &executor, &cache()).expect("catalog");
         assert!(catalog.get("MemoriesJob").is_none(), "{name}: loaded");
         let error = &catalog.broken().first().expect("refused").error;
-        assert!(error.contains(what) && error.contains("pool slot"), "{name}: {error}");
+        assert!(
+            error.contains(what) && error.contains("pooling allocator"),
+            "{name}: {error}"
+        );
     }
     // Two memories and four tables fit a slot.
     let dir = temp.path().join("fits");
