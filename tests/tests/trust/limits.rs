@@ -91,3 +91,40 @@ async fn components_needing_more_than_a_pool_slot_are_refused_at_load() {
     let job = run(&executor, &catalog, "MemoriesJob", "[]").await;
     assert_eq!(job.outcome, Outcome::Success, "{:?}", job.logs);
 }
+
+/// Loads a copy of the chaos guest whose manifest has `top` (top-level keys)
+/// put first and `tables` appended, on an executor whose caps are 128 MiB
+/// and 10 s, and returns the load error.
+fn chaos_refusal(top: &str, tables: &str) -> Option<String> {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), temp.path());
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{top}\n{text}\n{tables}\n")).expect("write manifest");
+    let executor = executor_with(2, std::time::Duration::from_secs(10), 128 << 20);
+    let catalog = Catalog::load(&dir, &executor, &cache()).expect("catalog");
+    catalog.broken().first().map(|b| b.error.clone())
+}
+
+#[test]
+fn runner_flags_cap_what_a_manifest_may_ask_for() {
+    let error = chaos_refusal("", "[limits]\nmemory = \"256MiB\"").expect("256 MiB over a 128 MiB cap must be refused");
+    assert!(error.contains("--memory") && error.contains("128.0 MiB"), "{error}");
+    let error = chaos_refusal("", "[limits]\ntimeout = \"10m\"").expect("10 min over a 10 s cap must be refused");
+    assert!(error.contains("--job-timeout") && error.contains("10s"), "{error}");
+    // At or under the caps is fine.
+    assert_eq!(
+        chaos_refusal("", "[limits]\nmemory = \"128MiB\"\ntimeout = \"10s\""),
+        None
+    );
+}
+
+#[test]
+fn env_grants_cannot_pass_the_runners_own_secrets() {
+    for name in ["REDIS_URL", "WASMJOBS_DB", "WASMJOBS_DATA_DIR", "DATABASE_URL"] {
+        let error = chaos_refusal(&format!("env = [\"{name}\"]"), "")
+            .unwrap_or_else(|| panic!("env = [{name:?}] must be refused"));
+        assert!(error.contains(name), "{error}");
+    }
+    assert_eq!(chaos_refusal("env = [\"API_TOKEN\"]", ""), None);
+}
