@@ -56,7 +56,8 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         fuel: args.fuel,
         ..EngineConfig::default()
     };
-    let (executor, catalog) = args.source.load(&cli.data_dir, &config)?;
+    let protected = crate::runner::protected_env(None, &args.db.databases);
+    let (executor, catalog) = args.source.load(&cli.data_dir, &config, protected)?;
     let databases = Databases::open_async(args.db.databases.clone(), cli.data_dir.clone()).await?;
     let executor = executor.with_databases(databases);
     let Some(plugin) = catalog.get(&job.class) else {

@@ -118,9 +118,16 @@ impl PluginSource {
         }
     }
 
-    /// An executor sized for `concurrency` and the catalog of this source.
-    pub fn load(&self, data_dir: &std::path::Path, config: &EngineConfig) -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(config)?;
+    /// An executor sized for `concurrency` and the catalog of this source;
+    /// `protected` are the values no plugin's `env` may pass on
+    /// ([`crate::runner::protected_env`]).
+    pub fn load(
+        &self,
+        data_dir: &std::path::Path,
+        config: &EngineConfig,
+        protected: Vec<String>,
+    ) -> Result<(Executor, Catalog)> {
+        let executor = Executor::new(config)?.protect_env_values(protected);
         let catalog = Catalog::load(&self.plugins, &executor, &self.cache(data_dir))?;
         Ok((executor, catalog))
     }

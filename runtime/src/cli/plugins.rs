@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
@@ -15,7 +16,8 @@ use clap::Args;
 use super::{Cli, PluginSource};
 use crate::bindings::WORLD;
 use crate::plugin::CacheUse;
-use crate::sandbox::EngineConfig;
+use crate::sandbox::engine::MAX_MEMORY;
+use crate::sandbox::{EngineConfig, Limits};
 
 /// Arguments of `wasmjobs plugins`.
 #[derive(Debug, Args)]
@@ -26,13 +28,19 @@ pub struct PluginsArgs {
 
 /// Runs the command.
 pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
-    // Fuel on, so plugins that set limits.fuel are checked, not refused.
+    // Fuel on, so plugins that set limits.fuel are checked, not refused;
+    // caps as high as they go, since `run --memory/--job-timeout` decides
+    // them (a plugin over a runner's caps is refused by that runner).
     let config = EngineConfig {
         concurrency: 1,
         fuel: true,
+        limits: Limits {
+            memory: MAX_MEMORY,
+            timeout: Duration::MAX,
+        },
         ..EngineConfig::default()
     };
-    let (_executor, catalog) = args.source.load(&cli.data_dir, &config)?;
+    let (_executor, catalog) = args.source.load(&cli.data_dir, &config, Vec::new())?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

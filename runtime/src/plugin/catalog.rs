@@ -349,6 +349,7 @@ fn build_plugin(source: Source, executor: &Executor, cache: &CompileCache) -> Re
     let pre = executor
         .prepare(&component)
         .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;
+    super::caps::check(&manifest, &executor.limits(), executor.protected_env())?;
     files::check(&manifest)?;
     if manifest.limits.fuel.is_some() && !executor.fuel() {
         bail!(

@@ -2,12 +2,13 @@
 //!
 //! A plugin directory holds `wasmjobs.toml` ([`manifest`]) and the component
 //! it names. Loading a plugin reads both, compiles the component (or takes it
-//! from the [`cache`]), checks that it implements the job world and that its
-//! grants are usable, and pre-links it once so that each job only has to
+//! from the [`cache`]), checks that it implements the job world, that its
+//! grants are usable and within the runner's caps ([`caps`]), and pre-links it once so that each job only has to
 //! instantiate. The [`Catalog`] maps job classes to loaded plugins and keeps
 //! the reasons broken plugins were refused.
 
 pub mod cache;
+mod caps;
 pub mod catalog;
 pub mod limits;
 pub mod manifest;

@@ -216,6 +216,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     databases.warm_up(options.concurrency as usize).await;
     let shared = databases.clone();
     let cache = cache(options);
+    let protected = super::protected_env(Some(&options.redis), &options.databases);
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
@@ -223,7 +224,9 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
         ..EngineConfig::default()
     };
     let (executor, catalog) = tokio::task::spawn_blocking(move || -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(&config)?.with_databases(shared);
+        let executor = Executor::new(&config)?
+            .with_databases(shared)
+            .protect_env_values(protected);
         let catalog = Catalog::load(&plugins, &executor, &cache)?;
         Ok((executor, catalog))
     })

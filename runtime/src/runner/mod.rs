@@ -87,3 +87,18 @@ pub struct RunOptions {
     /// Stop once every queue is empty and no job is in flight.
     pub exit_when_empty: bool,
 }
+
+/// The runner's secrets that a plugin's `env` grant may not pass on: its
+/// Redis URL and its PostgreSQL URLs (SQLite targets are file names, not
+/// secrets).
+pub fn protected_env(redis: Option<&crate::redis::Target>, databases: &[crate::host::sql::DbSpec]) -> Vec<String> {
+    let mut values: Vec<String> = databases
+        .iter()
+        .filter(|db| db.backend == crate::host::sql::Backend::Postgres)
+        .map(|db| db.target.clone())
+        .collect();
+    if let Some(crate::redis::Target::Url(url)) = redis {
+        values.push(url.clone());
+    }
+    values
+}

@@ -72,7 +72,7 @@ impl Default for EngineConfig {
 /// The largest linear memory a pool slot holds: all of wasm32's 4 GiB, as
 /// Wasmtime reserves that much address space per slot anyway. Per-job
 /// limits are enforced below it by the store's limiter.
-const MAX_MEMORY: usize = 4 << 30;
+pub(crate) const MAX_MEMORY: usize = 4 << 30;
 
 /// Bytes of each memory slot reset in place (instead of `madvise`d away)
 /// between uses. With `PAGEMAP_SCAN` (Linux ≥ 6.7) only the pages the guest

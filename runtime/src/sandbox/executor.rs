@@ -68,6 +68,8 @@ pub struct Executor {
     slots: Arc<Semaphore>,
     concurrency: usize,
     ticker: EpochTicker,
+    /// Values no plugin's `env` grant may pass on (see `plugin::caps`).
+    protected_env: Vec<String>,
 }
 
 impl Executor {
@@ -92,6 +94,7 @@ impl Executor {
             slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
             concurrency: config.concurrency.max(1) as usize,
             ticker,
+            protected_env: Vec::new(),
         })
     }
 
@@ -101,6 +104,19 @@ impl Executor {
     pub fn with_databases(mut self, databases: Arc<Databases>) -> Self {
         self.databases = databases;
         self
+    }
+
+    /// The same executor protecting `values` (the runner's Redis and
+    /// database URLs): a plugin whose `env` grants a variable holding one
+    /// of them is refused at load. Set it before loading plugins.
+    pub fn protect_env_values(mut self, values: impl IntoIterator<Item = String>) -> Self {
+        self.protected_env.extend(values.into_iter().filter(|v| !v.is_empty()));
+        self
+    }
+
+    /// The values set by [`Executor::protect_env_values`].
+    pub fn protected_env(&self) -> &[String] {
+        &self.protected_env
     }
 
     /// Instances alive now (jobs between taking an executor slot and
