@@ -10,7 +10,7 @@
 //! component = "file_append_job.wasm"   # relative to this file
 //! classes = ["FileAppendJob"]
 //! env = ["API_TOKEN"]                  # passed through from the runner's environment
-//! sql = ["main", "local"]              # databases of the runner (`--db NAME=URL`) it may use
+//! sql = ["main", { name = "local", mode = "ro" }]   # databases of the runner (`--db NAME=URL`) it may use
 //!
 //! [http]
 //! allow = ["127.0.0.1:9292", "api.example.com", "*.example.org"]
@@ -68,6 +68,10 @@ pub struct Manifest {
     /// A name the runner does not configure is not an error here: which
     /// databases exist is runner configuration, checked at query time.
     pub sql: Vec<String>,
+    /// The names of `sql` granted read-only (`{ name = "main", mode = "ro" }`):
+    /// every statement on them runs in a read-only transaction (PostgreSQL)
+    /// or with `query_only` on (SQLite). The others are read-write.
+    pub sql_read_only: Vec<String>,
 }
 
 /// One directory made visible to the guest.
@@ -108,7 +112,27 @@ struct RawManifest {
     #[serde(default)]
     limits: Option<RawLimits>,
     #[serde(default)]
-    sql: Vec<Spanned<String>>,
+    sql: Vec<Spanned<RawSqlGrant>>,
+}
+
+/// One `sql` grant: `"main"` (read-write) or `{ name = "main", mode = "ro" }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSqlGrant {
+    Name(String),
+    Table(RawSqlTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSqlTable {
+    name: String,
+    #[serde(default = "read_write")]
+    mode: Mode,
+}
+
+fn read_write() -> Mode {
+    Mode::ReadWrite
 }
 
 #[derive(Deserialize)]
@@ -223,8 +247,13 @@ impl Manifest {
             env.push(name.get_ref().clone());
         }
         let mut sql: Vec<String> = Vec::new();
-        for name in &raw.sql {
-            let text = name.get_ref();
+        let mut sql_read_only: Vec<String> = Vec::new();
+        for grant in &raw.sql {
+            let (text, mode) = match grant.get_ref() {
+                RawSqlGrant::Name(name) => (name, Mode::ReadWrite),
+                RawSqlGrant::Table(table) => (&table.name, table.mode),
+            };
+            let name = grant;
             let valid = !text.is_empty()
                 && text.len() <= 64
                 && text
@@ -240,6 +269,9 @@ impl Manifest {
                 bail!("{}: sql: {text:?} is listed twice", at(name.span()));
             }
             sql.push(text.clone());
+            if mode == Mode::ReadOnly {
+                sql_read_only.push(text.clone());
+            }
         }
         let limits = match &raw.limits {
             Some(limits) => limits.resolve(&at)?,
@@ -256,6 +288,7 @@ impl Manifest {
             env,
             limits,
             sql,
+            sql_read_only,
         })
     }
 }
@@ -470,6 +503,29 @@ outside = true
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn sql_grants_may_be_read_only() {
+        let m = parse(
+            "component = \"x.wasm\"\nclasses = [\"A\"]\nsql = [\"a\", { name = \"b\", mode = \"ro\" }, { name = \"c\", mode = \"rw\" }, { name = \"d\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(m.sql, ["a", "b", "c", "d"]);
+        assert_eq!(m.sql_read_only, ["b"]);
+        for bad in [
+            "sql = [{ name = \"b\", mode = \"write\" }]",
+            "sql = [{ name = \"b\", mode = \"ro\", extra = 1 }]",
+            "sql = [{ mode = \"ro\" }]",
+            "sql = [{ name = \"a b\", mode = \"ro\" }]",
+        ] {
+            let err = parse(&format!("component = \"x.wasm\"\nclasses = [\"A\"]\n{bad}\n"));
+            assert!(err.is_err(), "{bad}");
+        }
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\nsql = [\"b\", { name = \"b\", mode = \"ro\" }]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listed twice"), "{err}");
     }
 
     #[test]

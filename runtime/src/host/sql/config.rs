@@ -12,6 +12,7 @@
 //! | `timeout=SECS` | per-statement timeout; also bounds waiting for a free connection | 30 |
 //! | `max_rows=N` | most rows one query may return | 100000 |
 //! | `max_bytes=SIZE` | most bytes one query may return (`64MiB`, `1048576`, ...) | 64MiB |
+//! | `max_size=SIZE` | SQLite only: most bytes the database file may grow to | unlimited |
 //!
 //! `postgres://user:pass@host:5432/db?pool=100` (or `postgresql://`): every
 //! other parameter is tokio-postgres's (libpq-style, e.g. `connect_timeout`,
@@ -40,6 +41,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_ROWS: usize = 100_000;
 /// Default cap on the bytes one query returns.
 pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+/// Smallest SQLite size budget accepted (`max_size`): 16 pages of the
+/// largest page size, room for a schema and a few rows.
+const MIN_MAX_SIZE: usize = 1 << 20 >> 4;
 /// Largest pool accepted: a typo should not open ten thousand connections.
 const MAX_POOL: usize = 10_000;
 
@@ -64,6 +68,9 @@ pub struct Settings {
     /// Most bytes one query may return (text and blob lengths, plus a small
     /// fixed cost per value).
     pub max_bytes: usize,
+    /// SQLite only: the size budget of the database file, in bytes
+    /// (enforced as SQLite's `max_page_count`); `None` for no budget.
+    pub max_size: Option<u64>,
 }
 
 /// One `--db NAME=URL` option, parsed.
@@ -128,6 +135,7 @@ impl FromStr for DbSpec {
             timeout: DEFAULT_TIMEOUT,
             max_rows: DEFAULT_MAX_ROWS,
             max_bytes: DEFAULT_MAX_BYTES,
+            max_size: None,
         };
         let mut passed = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -159,9 +167,19 @@ impl FromStr for DbSpec {
                         .ok_or_else(|| anyhow!("{}: expected a positive number of rows", context()))?;
                 }
                 "max_bytes" => settings.max_bytes = parse_size(value).with_context(context)?,
+                "max_size" if backend == Backend::Sqlite => {
+                    let size = parse_size(value).with_context(context)?;
+                    if size < MIN_MAX_SIZE {
+                        bail!("{}: the size budget must be at least {MIN_MAX_SIZE} bytes", context());
+                    }
+                    settings.max_size = Some(size as u64);
+                }
+                "max_size" => bail!(
+                    "database {name:?}: max_size is for sqlite:// (bound a PostgreSQL database's size on the server)"
+                ),
                 _ if backend == Backend::Postgres => passed.push(pair),
                 _ => bail!(
-                    "database {name:?}: unknown parameter {key:?} (sqlite:// takes pool, timeout, max_rows, max_bytes)"
+                    "database {name:?}: unknown parameter {key:?} (sqlite:// takes pool, timeout, max_rows, max_bytes, max_size)"
                 ),
             }
         }
@@ -248,8 +266,10 @@ mod tests {
         assert_eq!(spec.settings.pool, DEFAULT_SQLITE_POOL);
         assert_eq!(spec.settings.max_rows, 10);
         assert_eq!(spec.settings.max_bytes, 1 << 20);
-        let absolute: DbSpec = "a=sqlite:///tmp/x.db".parse().unwrap();
+        assert_eq!(spec.settings.max_size, None);
+        let absolute: DbSpec = "a=sqlite:///tmp/x.db?max_size=64MiB".parse().unwrap();
         assert_eq!(absolute.target, "/tmp/x.db");
+        assert_eq!(absolute.settings.max_size, Some(64 << 20));
     }
 
     #[test]
@@ -260,8 +280,11 @@ mod tests {
             ("m=mysql://x", "must start with"),
             ("m=sqlite://x?pool=0", "pool=0"),
             ("m=sqlite://x?cache=shared", "unknown parameter"),
+            ("m=sqlite://x?max_size=1KiB", "at least"),
+            ("m=sqlite://x?max_size=lots", "max_size=lots"),
             ("m=sqlite://", "needs a file path"),
             ("m=postgres://h/db?timeout=-1", "positive number of seconds"),
+            ("m=postgres://h/db?max_size=1MiB", "for sqlite://"),
         ] {
             let err = text.parse::<DbSpec>().unwrap_err().to_string();
             assert!(err.contains(needle), "{text}: {err}");

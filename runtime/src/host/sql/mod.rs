@@ -15,9 +15,25 @@
 //! - **Parameters, never interpolation**: statements are prepared and values
 //!   bound by the driver (`postgres.rs`, `sqlite.rs`).
 //! - **One statement per call, nothing left behind**: each call runs in
-//!   autocommit on some pooled connection, so statements that would leave
-//!   session state on a connection the next job inherits are refused
-//!   (`check_statement`).
+//!   autocommit on some pooled connection, shared with the jobs of every
+//!   plugin. What a statement could leave on its connection is undone or
+//!   refused by the database side, not by reading the SQL: PostgreSQL
+//!   connections are reset (settings, temp tables, advisory locks,
+//!   listeners, cursors) before they go back to the pool, SQLite
+//!   connections run guest SQL under an authorizer that refuses pragma
+//!   writes, `ATTACH`/`DETACH` and temp objects (`postgres.rs`,
+//!   `sqlite.rs`). `check_statement` only turns the obvious cases
+//!   (`BEGIN`, `SET`, ...) into a clear message.
+//! - **Read-only grants** (`sql = [{ name = "main", mode = "ro" }]`) are
+//!   enforced by the database: a `READ ONLY` transaction around each
+//!   statement (PostgreSQL), `query_only` set by the host, which the guest
+//!   cannot unset (SQLite).
+//! - **Fair share of a pool**: a plugin with `limits.concurrency = N` holds
+//!   at most N connections of a database at once (a semaphore per plugin
+//!   and database, in [`Databases`]), so its slow statements cannot take
+//!   every connection from other plugins. A plugin without the limit may
+//!   use the whole pool: give untrusted plugins a concurrency limit, or a
+//!   database (`--db`) of their own.
 //! - **Bounded**: a per-statement timeout (the statement is cancelled), and
 //!   a cap on rows and bytes returned (`Budget`) so a careless `SELECT *`
 //!   cannot exhaust the host's memory.
@@ -29,9 +45,9 @@ mod pg_values;
 mod postgres;
 mod sqlite;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -40,12 +56,22 @@ pub use config::{Backend, DbSpec, Settings};
 
 use crate::bindings::sql::{Host, Rows, SqlError, Value};
 use crate::plugin::Manifest;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The databases of one runner process, by name. Built once at start-up and
 /// shared (behind an `Arc`) by every job.
 #[derive(Default)]
 pub struct Databases {
     by_name: BTreeMap<String, Arc<Database>>,
+    /// Per (manifest, database): the plugin's cap and the semaphore that
+    /// enforces it. Made on a plugin's first statement on the database.
+    plugin_slots: Mutex<HashMap<(PathBuf, String), PluginSlots>>,
+}
+
+/// The connections one plugin may hold of one database.
+struct PluginSlots {
+    cap: usize,
+    semaphore: Arc<Semaphore>,
 }
 
 /// One configured database.
@@ -91,7 +117,30 @@ impl Databases {
             };
             by_name.insert(spec.name.clone(), Arc::new(database));
         }
-        Ok(Self { by_name })
+        Ok(Self {
+            by_name,
+            plugin_slots: Mutex::default(),
+        })
+    }
+
+    /// The semaphore capping the connections of `db` that the plugin of
+    /// `manifest` holds at once to `cap`. A reloaded plugin with another
+    /// cap gets a new semaphore (statements in flight keep the old one).
+    fn plugin_slots(&self, manifest: &Path, db: &str, cap: usize) -> Arc<Semaphore> {
+        let mut slots = self.plugin_slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = slots
+            .entry((manifest.to_path_buf(), db.to_owned()))
+            .or_insert_with(|| PluginSlots {
+                cap,
+                semaphore: Arc::new(Semaphore::new(cap)),
+            });
+        if entry.cap != cap {
+            *entry = PluginSlots {
+                cap,
+                semaphore: Arc::new(Semaphore::new(cap)),
+            };
+        }
+        entry.semaphore.clone()
     }
 
     /// Opens `specs` on a blocking thread (SQLite files are created and
@@ -138,6 +187,9 @@ impl Databases {
 pub struct SqlView {
     databases: Arc<Databases>,
     grants: Vec<String>,
+    read_only: Vec<String>,
+    /// `limits.concurrency`: most connections of one database at once.
+    concurrency: Option<usize>,
     manifest: PathBuf,
 }
 
@@ -147,6 +199,8 @@ impl SqlView {
         Self {
             databases,
             grants: manifest.sql.clone(),
+            read_only: manifest.sql_read_only.clone(),
+            concurrency: manifest.limits.concurrency.map(|n| n as usize),
             manifest: manifest.path.clone(),
         }
     }
@@ -174,10 +228,12 @@ impl SqlView {
     async fn run(&self, db: &str, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
         let database = self.database(db)?;
         check_statement(&statement)?;
+        let read_only = self.read_only.iter().any(|g| g == db);
         let started = Instant::now();
+        let _permit = self.plugin_permit(db, &database).await?;
         let output = match &database.engine {
-            Engine::Postgres(pg) => pg.run(&statement, &params, want_rows).await,
-            Engine::Sqlite(lite) => lite.run(statement, params, want_rows).await,
+            Engine::Postgres(pg) => pg.run(&statement, &params, want_rows, read_only).await,
+            Engine::Sqlite(lite) => lite.run(statement, params, want_rows, read_only).await,
         };
         match &output {
             Ok(_) => tracing::debug!(
@@ -191,6 +247,27 @@ impl SqlView {
             Err(error) => tracing::debug!(db, "sql statement failed: {error:?}"),
         }
         output
+    }
+}
+
+impl SqlView {
+    /// Waits (up to the database's timeout) until this plugin holds fewer
+    /// than its `limits.concurrency` connections of `db`. `None` when the
+    /// plugin has no such limit, or it is at least the pool size.
+    async fn plugin_permit(&self, db: &str, database: &Database) -> Result<Option<OwnedSemaphorePermit>, SqlError> {
+        let settings = database.spec.settings;
+        let Some(cap) = self.concurrency.filter(|cap| *cap < settings.pool) else {
+            return Ok(None);
+        };
+        let semaphore = self.databases.plugin_slots(&self.manifest, db, cap);
+        match tokio::time::timeout(settings.timeout, semaphore.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            Ok(Err(_)) => Err(SqlError::Connection(format!("{db:?}: the database is closed"))),
+            Err(_) => Err(SqlError::Timeout(format!(
+                "{db:?}: this plugin already held its {cap} connections (limits.concurrency) for {:?}",
+                settings.timeout
+            ))),
+        }
     }
 }
 
@@ -264,10 +341,11 @@ pub(crate) fn check_statement(statement: &str) -> Result<(), SqlError> {
     Ok(())
 }
 
-/// `text` after leading whitespace, `-- line` and `/* block */` comments.
+/// `text` after leading whitespace, empty statements (`;`), `-- line` and
+/// `/* block */` comments.
 fn skip_blanks_and_comments(mut text: &str) -> &str {
     loop {
-        text = text.trim_start();
+        text = text.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
         if let Some(rest) = text.strip_prefix("--") {
             text = rest.split_once('\n').map_or("", |(_, after)| after);
         } else if let Some(rest) = text.strip_prefix("/*") {
@@ -374,6 +452,7 @@ mod tests {
             "/* a /* nested */ b */ set search_path = x",
             "Rollback",
             "ATTACH DATABASE '/etc/passwd' AS p",
+            "; ;BEGIN",
         ] {
             assert!(
                 matches!(check_statement(statement), Err(SqlError::Query(_))),
@@ -398,6 +477,7 @@ mod tests {
             timeout: config::DEFAULT_TIMEOUT,
             max_rows: 2,
             max_bytes: 100,
+            max_size: None,
         };
         let mut budget = Budget::new("db", settings);
         budget.row(&[Value::Int(1)]).unwrap();

@@ -15,10 +15,25 @@
 //!   connection whose statement did not finish normally (timeout, result
 //!   too large, job dropped mid-statement) is never reused: its statement
 //!   is cancelled and the connection closed ([`Lease`]).
+//! - **Nothing left for the next job**: jobs of every plugin share the
+//!   pool, and a statement can change its session without looking like it
+//!   (`SELECT set_config(..)`, a `DO` block, `pg_advisory_lock`, `CREATE
+//!   TEMP TABLE`). So a connection goes back to the pool only after
+//!   [`RESET_SESSION`] ran on it, in the background once the guest has its
+//!   result (one round trip, off the job's path; the connection is not
+//!   idle until it is clean). A connection that cannot be reset is closed.
+//!   `DISCARD ALL` would also drop the prepared-statement cache, so the
+//!   reset is its other parts.
+//! - **Read-only grants** run each statement in a `READ ONLY` transaction,
+//!   ended by the reset's `ROLLBACK`: the server refuses writes, and the
+//!   guest cannot turn it off (`SET TRANSACTION READ WRITE` fails after
+//!   the transaction's first query, and a changed session default applies
+//!   only to later transactions, after the reset).
 //! - No TLS: `sslmode=require` is refused at start-up rather than failing
 //!   every job.
 
 use std::pin::pin;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
@@ -34,6 +49,12 @@ use crate::bindings::sql::{Rows, SqlError, Value};
 /// Most prepared statements kept per connection; past it the cache starts
 /// over (guests may send any number of distinct statements).
 const STATEMENT_CACHE: usize = 256;
+
+/// What a connection runs before it goes back to the pool: what `DISCARD
+/// ALL` does (and deadpool's `RecyclingMethod::Clean`), except dropping
+/// prepared statements (tokio-postgres's cache of this connection).
+const RESET_SESSION: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
+     SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
 
 /// One PostgreSQL database: its pool and settings.
 pub(crate) struct Postgres {
@@ -106,14 +127,21 @@ impl Postgres {
     }
 
     /// Runs one statement: its rows if `want_rows`, else the affected count.
-    pub(crate) async fn run(&self, statement: &str, params: &[Value], want_rows: bool) -> Result<Output, SqlError> {
-        let mut lease = self.lease().await?;
+    /// `read_only` runs it in a read-only transaction.
+    pub(crate) async fn run(
+        &self,
+        statement: &str,
+        params: &[Value],
+        want_rows: bool,
+        read_only: bool,
+    ) -> Result<Output, SqlError> {
+        let mut lease = self.lease(read_only).await?;
         let mut retried = false;
         loop {
             lease.healthy = false;
             let attempt = tokio::time::timeout(
                 self.settings.timeout,
-                self.attempt(&lease, statement, params, want_rows),
+                self.attempt(&lease, statement, params, want_rows, read_only, retried),
             );
             let failure = match attempt.await {
                 Ok(Ok(output)) => {
@@ -162,8 +190,19 @@ impl Postgres {
         statement: &str,
         params: &[Value],
         want_rows: bool,
+        read_only: bool,
+        retry: bool,
     ) -> Result<Output, Failure> {
         let client = lease.client();
+        if read_only {
+            // A retry follows an error, which aborted the first transaction.
+            let begin = if retry {
+                "ROLLBACK; BEGIN READ ONLY"
+            } else {
+                "BEGIN READ ONLY"
+            };
+            client.batch_execute(begin).await?;
+        }
         if client.statement_cache.size() >= STATEMENT_CACHE {
             client.statement_cache.clear();
         }
@@ -188,11 +227,14 @@ impl Postgres {
         Ok(Output::Rows(Rows { columns, rows }))
     }
 
-    async fn lease(&self) -> Result<Lease, SqlError> {
+    async fn lease(&self, read_only: bool) -> Result<Lease, SqlError> {
         match self.pool.get().await {
             Ok(client) => Ok(Lease {
                 client: Some(client),
                 healthy: false,
+                in_transaction: read_only,
+                name: self.name.clone(),
+                timeout: self.settings.timeout,
             }),
             Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(SqlError::Timeout(format!(
                 "{:?}: no connection became free within {:?} (all {} in use; raise ?pool=N)",
@@ -257,10 +299,17 @@ impl From<SqlError> for Failure {
 /// statement ran to its end), dropping it cancels whatever the server is
 /// still doing for it and closes the connection instead of returning it to
 /// the pool: the next job must not inherit a half-read result or a
-/// statement still running.
+/// statement still running. A healthy one goes back to the pool once
+/// [`RESET_SESSION`] ran on it (in a task of its own).
 struct Lease {
     client: Option<Object>,
     healthy: bool,
+    /// Opened a transaction (read-only grants) that the reset must end.
+    in_transaction: bool,
+    /// The database, for logs.
+    name: String,
+    /// Bound on the reset, as on a statement.
+    timeout: Duration,
 }
 
 impl Lease {
@@ -278,14 +327,37 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        let Some(client) = self.client.take() else { return };
+        let runtime = tokio::runtime::Handle::try_current();
         if self.healthy {
+            let Ok(runtime) = runtime else {
+                // No runtime to reset it on: close it rather than return it dirty.
+                drop(Object::take(client));
+                return;
+            };
+            let reset = if self.in_transaction {
+                format!("ROLLBACK; {RESET_SESSION}")
+            } else {
+                RESET_SESSION.to_owned()
+            };
+            let name = std::mem::take(&mut self.name);
+            let timeout = self.timeout;
+            runtime.spawn(async move {
+                // On failure the connection is closed, not returned.
+                let failure = match tokio::time::timeout(timeout, client.batch_execute(&reset)).await {
+                    Ok(Ok(())) => return,
+                    Ok(Err(error)) => chain(&error),
+                    Err(_) => format!("no answer within {timeout:?}"),
+                };
+                tracing::warn!(db = %name, "resetting a connection failed, closing it: {failure}");
+                drop(Object::take(client));
+            });
             return;
         }
-        let Some(client) = self.client.take() else { return };
         let token = client.cancel_token();
         // Detached from the pool: dropping it closes the connection.
         drop(Object::take(client));
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Ok(runtime) = runtime {
             runtime.spawn(async move {
                 if let Err(error) = token.cancel_query(NoTls).await {
                     tracing::debug!("cancelling an abandoned statement: {error}");

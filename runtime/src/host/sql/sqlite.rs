@@ -18,8 +18,26 @@
 //!   `VACUUM INTO`, which attaches) is disabled by limiting attached
 //!   databases to zero, extension loading is off (SQLite's default), and
 //!   defensive mode forbids corrupting the file through `writable_schema`.
-//!   A transaction a statement leaves open is rolled back before the
-//!   connection is reused.
+//! - **Nothing left for the next job**: connections are shared by the jobs
+//!   of every plugin, so guest SQL is prepared under an authorizer
+//!   ([`guest_authorizer`]) that refuses what would outlive the statement
+//!   on its connection: pragma writes (`query_only`, `journal_mode`,
+//!   `max_page_count`, ...; the schema-reading pragmas and plain pragma
+//!   reads are allowed), `ATTACH`/`DETACH`, and temp tables, views,
+//!   triggers and indexes (which would shadow or spy on the real ones).
+//!   The host's own pragmas run with the authorizer off. A transaction a
+//!   statement leaves open is rolled back before the connection is reused.
+//! - **Read-only grants**: the host turns `query_only` on for the
+//!   statement and off after it; the authorizer keeps the guest from
+//!   changing it, and SQLite refuses every write.
+//! - **Size budget** (`?max_size=64MiB`): SQLite's `max_page_count`, set on
+//!   every connection (the guest cannot change it). A statement that would
+//!   grow the file past it fails with `SQLITE_FULL`, which the guest gets
+//!   as a `limit` error naming the budget, as it does for a full disk;
+//!   the statement is rolled back and the next one works. The budget
+//!   bounds the database file; the WAL beside it grows by up to the
+//!   writes since the last checkpoint. A file already larger than its
+//!   budget keeps its size but cannot grow.
 //! - **Placeholders**: `?`, `?NNN` and `$NNN` (the N-th parameter, as in
 //!   PostgreSQL, in any order); named ones (`:name`, `@name`) are refused.
 //! - **Values**: SQLite's storage classes map one to one (NULL, INTEGER →
@@ -30,10 +48,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use rusqlite::config::DbConfig;
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, Statement, ToSql};
@@ -64,7 +83,7 @@ impl Sqlite {
                 .with_context(|| format!("--db {}: cannot create {}", spec.name, parent.display()))?;
         }
         let connections = (0..spec.settings.pool)
-            .map(|_| connect(&path, spec.settings.timeout))
+            .map(|_| connect(&path, spec.settings))
             .collect::<rusqlite::Result<Vec<_>>>()
             .with_context(|| format!("--db {}: cannot open SQLite database {}", spec.name, path.display()))?;
         Ok(Self {
@@ -77,7 +96,14 @@ impl Sqlite {
     }
 
     /// Runs one statement on a pooled connection, on the blocking pool.
-    pub(crate) async fn run(&self, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
+    /// `read_only` runs it with `query_only` on.
+    pub(crate) async fn run(
+        &self,
+        statement: String,
+        params: Vec<Value>,
+        want_rows: bool,
+        read_only: bool,
+    ) -> Result<Output, SqlError> {
         let timeout = self.settings.timeout;
         let permit = match tokio::time::timeout(timeout, self.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => permit,
@@ -94,7 +120,7 @@ impl Sqlite {
             Some(connection) => connection,
             // Only after a statement panicked and took its connection along:
             // open a replacement (quick, rare, so not worth a thread hop).
-            None => connect(&self.path, timeout).map_err(|e| error(&self.name, e))?,
+            None => connect(&self.path, self.settings).map_err(|e| error(&self.name, self.settings, e))?,
         };
         let deadline = Instant::now() + timeout;
         let cancel = Cancel(Arc::new(AtomicBool::new(false)));
@@ -105,16 +131,32 @@ impl Sqlite {
         let task = tokio::task::spawn_blocking(move || {
             let mut connection = connection;
             let stop = move || cancelled.load(Ordering::Relaxed) || Instant::now() >= deadline;
-            let output = match connection.progress_handler(PROGRESS_STEPS, Some(stop)) {
+            let prepared = connection
+                .progress_handler(PROGRESS_STEPS, Some(stop))
+                .and_then(|()| connection.pragma_update(None, "query_only", read_only))
+                .and_then(|()| connection.authorizer(Some(guest_authorizer)));
+            let output = match prepared {
                 Ok(()) => execute(&connection, &name, settings, &statement, &params, want_rows),
-                Err(e) => Err(error(&name, e)),
+                Err(e) => Err(error(&name, settings, e)),
             };
-            let _ = connection.progress_handler(0, None::<fn() -> bool>);
-            if !connection.is_autocommit() {
-                // Never hand an open transaction to the next job.
-                let _ = connection.execute_batch("ROLLBACK");
+            let clean = connection
+                .authorizer(None::<fn(AuthContext<'_>) -> Authorization>)
+                .and_then(|()| connection.progress_handler(0, None::<fn() -> bool>))
+                .and_then(|()| {
+                    if connection.is_autocommit() {
+                        Ok(())
+                    } else {
+                        // Never hand an open transaction to the next job.
+                        connection.execute_batch("ROLLBACK")
+                    }
+                })
+                .and_then(|()| connection.pragma_update(None, "query_only", false));
+            match clean {
+                Ok(()) => idle.lock().unwrap_or_else(PoisonError::into_inner).push(connection),
+                // Closed rather than reused in an unknown state; the next
+                // caller opens a replacement.
+                Err(e) => tracing::warn!(db = %name, "closing a connection that could not be reset: {e}"),
             }
-            idle.lock().unwrap_or_else(PoisonError::into_inner).push(connection);
             drop(permit);
             output
         });
@@ -144,16 +186,69 @@ impl Drop for Cancel {
 }
 
 /// Opens one connection, configured as the module docs describe.
-fn connect(path: &Path, timeout: Duration) -> rusqlite::Result<Connection> {
+fn connect(path: &Path, settings: Settings) -> rusqlite::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(path, flags)?;
-    connection.busy_timeout(timeout)?;
+    connection.busy_timeout(settings.timeout)?;
     let _mode: String = connection.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
     connection.execute_batch("PRAGMA synchronous = NORMAL")?;
     connection.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)?;
     connection.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     connection.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    if let Some(max_size) = settings.max_size {
+        let page_size: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+        let max_size = i64::try_from(max_size).unwrap_or(i64::MAX);
+        let pages = (max_size / page_size.max(1)).max(1);
+        let _pages: i64 = connection.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |row| row.get(0))?;
+    }
     Ok(connection)
+}
+
+/// Pragmas that only describe the schema or the file, allowed with an
+/// argument (a table or index name, a row limit).
+const INFO_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "foreign_key_check",
+    "integrity_check",
+    "quick_check",
+    "collation_list",
+    "function_list",
+    "module_list",
+    "pragma_list",
+    "compile_options",
+];
+
+/// The authorizer of guest statements (see the module docs): refuses what
+/// would change the connection for the next job. A refusal fails the
+/// statement at prepare time with "not authorized".
+fn guest_authorizer(context: AuthContext<'_>) -> Authorization {
+    match context.action {
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
+            let name = pragma_name.to_ascii_lowercase();
+            if pragma_value.is_none() || INFO_PRAGMAS.contains(&name.as_str()) {
+                Authorization::Allow
+            } else {
+                Authorization::Deny
+            }
+        }
+        AuthAction::Attach { .. }
+        | AuthAction::Detach { .. }
+        | AuthAction::CreateTempTable { .. }
+        | AuthAction::CreateTempView { .. }
+        | AuthAction::CreateTempTrigger { .. }
+        | AuthAction::CreateTempIndex { .. } => Authorization::Deny,
+        AuthAction::CreateVtable { .. } if context.database_name == Some("temp") => Authorization::Deny,
+        _ => Authorization::Allow,
+    }
 }
 
 /// Prepares, binds and runs one statement (on a blocking thread).
@@ -165,7 +260,7 @@ fn execute(
     params: &[Value],
     want_rows: bool,
 ) -> Result<Output, SqlError> {
-    let fail = |e| error(name, e);
+    let fail = |e| error(name, settings, e);
     // Prepared afresh each time: it takes microseconds, and a cached
     // statement would keep a stale column list after `ALTER TABLE`.
     let mut prepared = connection.prepare(statement).map_err(fail)?;
@@ -270,9 +365,22 @@ fn value(value: ValueRef<'_>) -> Value {
 }
 
 /// A SQLite error as the guest sees it.
-fn error(name: &str, error: rusqlite::Error) -> SqlError {
+fn error(name: &str, settings: Settings, error: rusqlite::Error) -> SqlError {
     let message = format!("{name:?}: {error}");
     match error.sqlite_error_code() {
+        // Both the size budget (max_page_count) and a full disk (ENOSPC)
+        // give SQLITE_FULL; the statement was rolled back.
+        Some(ErrorCode::DiskFull) => SqlError::Limit(match settings.max_size {
+            Some(max_size) => format!(
+                "{name:?}: the database is at its size limit (max_size={max_size} bytes) or the disk is full; \
+                 the statement was rolled back: delete rows or raise max_size"
+            ),
+            None => format!("{name:?}: the disk holding the database is full; the statement was rolled back"),
+        }),
+        Some(ErrorCode::AuthorizationForStatementDenied) => SqlError::Query(format!(
+            "{message}: statements may not change pragmas, attach files or create temp objects \
+             (they would outlive the statement on a shared connection)"
+        )),
         Some(ErrorCode::OperationInterrupted) => SqlError::Timeout(message),
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             SqlError::Timeout(format!("{message} (waited for another writer until the timeout)"))
