@@ -11,6 +11,7 @@
 //! open by never reading them.
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use wasmjobs::job::Outcome;
@@ -75,6 +76,8 @@ async fn granted_names_resolving_to_loopback_are_refused() {
             message.contains("destination IP address prohibited"),
             "{rule}: {message}"
         );
+        let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+        assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1, "{rule}: counted");
     }
     assert_eq!(server.hits(), 0, "no refused request reached the loopback server");
 }

@@ -10,17 +10,20 @@
 //! [`HttpLimits::per_job`] requests waiting for a response; beyond that the
 //! guest gets `connection-limit-reached`.
 
+mod address;
 pub mod allow;
 pub mod client;
+mod connect;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-pub use allow::AllowList;
+pub use allow::{AllowList, Grant};
 pub use client::{HttpClient, HttpLimits};
 
+use crate::host::http::client::SendError;
 use crate::host::log::LogSink;
 
 /// Per-plugin request counters (for logs, stats and tests).
@@ -32,6 +35,8 @@ pub struct HttpStats {
     pub denied: AtomicU64,
     /// Requests refused because the job had too many waiting.
     pub limited: AtomicU64,
+    /// Requests refused because a granted name led to a non-public address.
+    pub prohibited: AtomicU64,
 }
 
 /// The outgoing-request hook installed in every job's store.
@@ -56,11 +61,14 @@ impl HttpPolicy {
         }
     }
 
-    fn permitted(&self, uri: &http::Uri) -> bool {
+    /// The grant for `uri`, if any: whether it may go, and where.
+    fn permitted(&self, uri: &http::Uri) -> Option<(String, bool)> {
         let scheme = uri.scheme_str().unwrap_or("https");
-        let Some(host) = uri.host() else { return false };
+        let host = uri.host()?;
         let port = uri.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
-        self.allow.allows(scheme, host, port)
+        self.allow
+            .grant(scheme, host, port)
+            .map(|grant| (grant.rule.to_owned(), grant.private))
     }
 }
 
@@ -74,7 +82,7 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Sent,
     ) -> Box<dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, Sent)>> + Send> {
         _ = fut;
-        if !self.permitted(request.uri()) {
+        let Some((rule, private)) = self.permitted(request.uri()) else {
             self.stats.denied.fetch_add(1, Ordering::Relaxed);
             let labels = self.log.labels();
             tracing::warn!(
@@ -86,7 +94,7 @@ impl WasiHttpHooks for HttpPolicy {
                 "outgoing HTTP request denied: host not in the plugin's http.allow"
             );
             return Box::new(async { Err(Error::HttpRequestDenied) });
-        }
+        };
         let waiting = self.waiting.get_or_insert_with(Default::default).clone();
         if waiting.fetch_add(1, Ordering::AcqRel) >= self.client.limits().per_job {
             waiting.fetch_sub(1, Ordering::AcqRel);
@@ -95,10 +103,30 @@ impl WasiHttpHooks for HttpPolicy {
         }
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
         let client = self.client.clone();
+        let stats = self.stats.clone();
+        let log = self.log.clone();
         Box::new(async move {
-            let response = client.send(request, options).await;
+            let response = client.send(request, options, private).await;
             waiting.fetch_sub(1, Ordering::AcqRel);
-            Ok((response?, Box::new(async { Ok(()) }) as Sent))
+            let response = response.map_err(|err| {
+                if let SendError::Prohibited(refused) = &err {
+                    stats.prohibited.fetch_add(1, Ordering::Relaxed);
+                    let labels = log.labels();
+                    tracing::warn!(
+                        jid = %labels.jid,
+                        class = %labels.class,
+                        plugin = %labels.plugin,
+                        host = %refused.host,
+                        address = %refused.addr,
+                        range = refused.range,
+                        rule = %rule,
+                        "outgoing HTTP request refused: a name granted by http.allow leads to a non-public address \
+                         (only rules naming an IP literal or localhost may reach those)"
+                    );
+                }
+                Error::from(err)
+            })?;
+            Ok((response, Box::new(async { Ok(()) }) as Sent))
         })
     }
 }
