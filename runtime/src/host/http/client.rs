@@ -43,7 +43,8 @@ pub struct HttpLimits {
     /// Idle connections kept per host (the executor raises it to the job
     /// concurrency, so a burst's connections are all reused).
     pub idle_per_host: usize,
-    /// Requests one job may have waiting for a response at once; more fail
+    /// Requests one job may have open at once (waiting for a response, or
+    /// with a response body neither read to the end nor dropped); more fail
     /// with `connection-limit-reached` (a guest cannot open thousands).
     pub per_job: usize,
 }
