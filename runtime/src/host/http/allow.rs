@@ -7,6 +7,13 @@
 //! scheme's default port (80 or 443), as in Spin: reaching `host:8080`
 //! must be granted as such. IP addresses are hosts like any other, and a
 //! bare `*` is refused — granting everything must be spelled out per host.
+//!
+//! A grant also says whether the request may reach non-public addresses
+//! (loopback, private, link-local, metadata: [`super::address`]): only a
+//! rule that names the host exactly as an IP literal (`127.0.0.1:*`,
+//! `[::1]:8080`) or as `localhost` may. A rule naming any other host, or a
+//! `*.domain` wildcard, reaches public addresses only, whatever its DNS
+//! says. Other spellings of an address (`127.1`, `2130706433`) are names.
 
 use std::fmt;
 
@@ -34,6 +41,28 @@ enum PortPattern {
     Is(u16),
 }
 
+/// The rule that allowed a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant<'a> {
+    /// The pattern as the manifest wrote it.
+    pub rule: &'a str,
+    /// Whether the request may reach loopback, private, link-local and
+    /// other non-public addresses: only when the rule names the host
+    /// exactly and it is an IP literal or `localhost`.
+    pub private: bool,
+}
+
+impl Rule {
+    /// Whether this rule names an IP literal or `localhost`, and so may
+    /// reach non-public addresses.
+    fn names_local(&self) -> bool {
+        match &self.host {
+            HostPattern::Exact(host) => host == "localhost" || host.parse::<std::net::IpAddr>().is_ok(),
+            HostPattern::Suffix(_) => false,
+        }
+    }
+}
+
 /// A plugin's outgoing-HTTP grants. Empty (the default) denies everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowList {
@@ -53,12 +82,19 @@ impl AllowList {
 
     /// Whether a request to `scheme://host:port` is allowed.
     pub fn allows(&self, scheme: &str, host: &str, port: u16) -> bool {
+        self.grant(scheme, host, port).is_some()
+    }
+
+    /// The grant for a request to `scheme://host:port`, or `None` if no
+    /// rule allows it. When several rules match, one that may reach private
+    /// addresses wins (it names the host exactly).
+    pub fn grant(&self, scheme: &str, host: &str, port: u16) -> Option<Grant<'_>> {
         let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
         let default_port = match scheme {
             "https" => 443,
             _ => 80,
         };
-        self.rules.iter().any(|rule| {
+        let mut matching = self.rules.iter().zip(&self.patterns).filter(|(rule, _)| {
             rule.scheme.as_deref().is_none_or(|s| s == scheme)
                 && match &rule.host {
                     HostPattern::Exact(h) => *h == host,
@@ -69,6 +105,15 @@ impl AllowList {
                     PortPattern::Any => true,
                     PortPattern::Is(p) => p == port,
                 }
+        });
+        let first = matching.next()?;
+        let (rule, pattern) = std::iter::once(first)
+            .chain(matching)
+            .find(|(rule, _)| rule.names_local())
+            .unwrap_or(first);
+        Some(Grant {
+            rule: pattern.trim(),
+            private: rule.names_local(),
         })
     }
 
@@ -175,6 +220,31 @@ mod tests {
             !AllowList::default().allows("http", "127.0.0.1", 80),
             "nothing by default"
         );
+    }
+
+    #[test]
+    fn only_rules_naming_ip_literals_or_localhost_reach_private_addresses() {
+        let allow = list(&[
+            "127.0.0.1:*",
+            "localhost:*",
+            "[::1]:*",
+            "*.example.org:*",
+            "127.1:*",
+            "*.0.0.1:*",
+        ]);
+        let private = |host: &str| allow.grant("http", host, 8080).map(|g| (g.private, g.rule));
+        assert_eq!(private("127.0.0.1"), Some((true, "127.0.0.1:*")));
+        assert_eq!(private("LOCALHOST"), Some((true, "localhost:*")));
+        assert_eq!(private("[::1]"), Some((true, "[::1]:*")));
+        assert_eq!(private("metadata.example.org"), Some((false, "*.example.org:*")));
+        assert_eq!(private("127.1"), Some((false, "127.1:*")), "not an IP literal");
+        assert_eq!(
+            private("10.0.0.1"),
+            Some((false, "*.0.0.1:*")),
+            "a wildcard names no address"
+        );
+        assert_eq!(private("localhost.example.org"), Some((false, "*.example.org:*")));
+        assert_eq!(private("example.com"), None);
     }
 
     #[test]

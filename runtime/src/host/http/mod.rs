@@ -4,23 +4,41 @@
 //! then reaches [`WasiHttpHooks::send_request`], which is where the host's
 //! policy lives ([`HttpPolicy`]): the plugin's `http.allow` list
 //! ([`allow`]), counters, and the shared, pooled, bounded client
-//! ([`client`]). A request to a host outside the list never leaves the
-//! process: the guest gets `HTTP-request-denied`, the host logs it (with the
-//! job's labels) and counts it. A job may have at most
-//! [`HttpLimits::per_job`] requests waiting for a response; beyond that the
-//! guest gets `connection-limit-reached`.
+//! ([`client`]).
+//!
+//! - A request to a host outside the list never leaves the process: the
+//!   guest gets `HTTP-request-denied`, the host logs it (with the job's
+//!   labels) and counts it in [`HttpStats::denied`].
+//! - A request granted by a name or a `*.domain` wildcard reaches public
+//!   addresses only ([`address`]), judged on the addresses the connection
+//!   itself resolves and connects to ([`connect`]), so DNS the plugin's
+//!   author controls cannot point it at loopback, the private network or
+//!   the cloud metadata service. Such a request gets
+//!   `destination-IP-prohibited`; the host logs the host, the address and
+//!   the rule, and counts it in [`HttpStats::prohibited`]. Only a rule that
+//!   names an IP literal or `localhost` reaches non-public addresses.
+//! - A job may have at most [`HttpLimits::per_job`] requests open: waiting
+//!   for a response, or with a response whose body is neither read to the
+//!   end nor dropped ([`slot`]). Beyond that the guest gets
+//!   `connection-limit-reached`, counted in [`HttpStats::limited`].
 
+mod address;
 pub mod allow;
 pub mod client;
+mod connect;
+mod slot;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-pub use allow::AllowList;
+pub use allow::{AllowList, Grant};
 pub use client::{HttpClient, HttpLimits};
 
+use crate::host::http::client::SendError;
+use crate::host::http::slot::{HeldBody, Slot};
 use crate::host::log::LogSink;
 
 /// Per-plugin request counters (for logs, stats and tests).
@@ -30,8 +48,10 @@ pub struct HttpStats {
     pub sent: AtomicU64,
     /// Requests refused by `http.allow`.
     pub denied: AtomicU64,
-    /// Requests refused because the job had too many waiting.
+    /// Requests refused because the job had too many open.
     pub limited: AtomicU64,
+    /// Requests refused because a granted name led to a non-public address.
+    pub prohibited: AtomicU64,
 }
 
 /// The outgoing-request hook installed in every job's store.
@@ -40,8 +60,9 @@ pub struct HttpPolicy {
     allow: Arc<AllowList>,
     stats: Arc<HttpStats>,
     log: LogSink,
-    /// This job's requests waiting for a response (created on first use).
-    waiting: Option<Arc<AtomicUsize>>,
+    /// This job's open requests: waiting for a response, or with its body
+    /// unfinished (created on first use).
+    open: Option<Arc<AtomicUsize>>,
 }
 
 impl HttpPolicy {
@@ -52,15 +73,18 @@ impl HttpPolicy {
             allow,
             stats,
             log,
-            waiting: None,
+            open: None,
         }
     }
 
-    fn permitted(&self, uri: &http::Uri) -> bool {
+    /// The grant for `uri`, if any: whether it may go, and where.
+    fn permitted(&self, uri: &http::Uri) -> Option<(String, bool)> {
         let scheme = uri.scheme_str().unwrap_or("https");
-        let Some(host) = uri.host() else { return false };
+        let host = uri.host()?;
         let port = uri.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
-        self.allow.allows(scheme, host, port)
+        self.allow
+            .grant(scheme, host, port)
+            .map(|grant| (grant.rule.to_owned(), grant.private))
     }
 }
 
@@ -74,7 +98,7 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Sent,
     ) -> Box<dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, Sent)>> + Send> {
         _ = fut;
-        if !self.permitted(request.uri()) {
+        let Some((rule, private)) = self.permitted(request.uri()) else {
             self.stats.denied.fetch_add(1, Ordering::Relaxed);
             let labels = self.log.labels();
             tracing::warn!(
@@ -86,19 +110,39 @@ impl WasiHttpHooks for HttpPolicy {
                 "outgoing HTTP request denied: host not in the plugin's http.allow"
             );
             return Box::new(async { Err(Error::HttpRequestDenied) });
-        }
-        let waiting = self.waiting.get_or_insert_with(Default::default).clone();
-        if waiting.fetch_add(1, Ordering::AcqRel) >= self.client.limits().per_job {
-            waiting.fetch_sub(1, Ordering::AcqRel);
+        };
+        let open = self.open.get_or_insert_with(Default::default);
+        let Some(slot) = Slot::take(open, self.client.limits().per_job) else {
             self.stats.limited.fetch_add(1, Ordering::Relaxed);
             return Box::new(async { Err(Error::ConnectionLimitReached) });
-        }
+        };
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
         let client = self.client.clone();
+        let stats = self.stats.clone();
+        let log = self.log.clone();
         Box::new(async move {
-            let response = client.send(request, options).await;
-            waiting.fetch_sub(1, Ordering::AcqRel);
-            Ok((response?, Box::new(async { Ok(()) }) as Sent))
+            // The slot goes with the response body; on an error it is dropped here.
+            let response = client.send(request, options, private).await;
+            let response = response.map_err(|err| {
+                if let SendError::Prohibited(refused) = &err {
+                    stats.prohibited.fetch_add(1, Ordering::Relaxed);
+                    let labels = log.labels();
+                    tracing::warn!(
+                        jid = %labels.jid,
+                        class = %labels.class,
+                        plugin = %labels.plugin,
+                        host = %refused.host,
+                        address = %refused.addr,
+                        range = refused.range,
+                        rule = %rule,
+                        "outgoing HTTP request refused: a name granted by http.allow leads to a non-public address \
+                         (only rules naming an IP literal or localhost may reach those)"
+                    );
+                }
+                Error::from(err)
+            })?;
+            let response = response.map(|body| HeldBody::new(body, slot).boxed_unsync());
+            Ok((response, Box::new(async { Ok(()) }) as Sent))
         })
     }
 }
