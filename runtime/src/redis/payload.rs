@@ -307,6 +307,25 @@ pub fn malformed(raw: &str, error: &str, queue: &str, now: f64) -> Payload {
     payload
 }
 
+/// A payload for the dead set describing one whose bytes are not UTF-8
+/// text (so not JSON either): [`malformed`]'s wrapper around the lossy
+/// decoding (invalid bytes as U+FFFD, which the Web UI can show), with the
+/// exact bytes kept as lowercase hex in `raw_hex` so nothing is lost.
+pub fn undecodable(raw: &[u8], queue: &str, now: f64) -> Payload {
+    let error = match std::str::from_utf8(raw) {
+        Ok(_) => "job payload is not UTF-8 text".to_owned(),
+        Err(e) => format!(
+            "job payload is not UTF-8 text (invalid byte at offset {}), so not JSON either; its bytes are in raw_hex",
+            e.valid_up_to()
+        ),
+    };
+    let text = String::from_utf8_lossy(raw);
+    let mut payload = malformed(&text, &error, queue, now);
+    payload.set("malformed_payload", Value::String(text.into_owned()));
+    payload.set("raw_hex", Value::String(hex::encode(raw)));
+    payload
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
