@@ -55,6 +55,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         inprogress.clone(),
         counters.clone(),
         inflight.clone(),
+        metrics.clone(),
         options.concurrency as usize * 2,
     );
     let catalog = reloader::live(catalog);
