@@ -243,16 +243,22 @@ impl Fetcher {
 
     /// The fetched job `raw`, if it is text; else it goes to the dead set
     /// (and, reliable, leaves the in-progress list). If that write fails,
-    /// the entry stays in the list and a reconcile is asked for, which
-    /// buries it later: the jobs fetched with it go ahead either way.
+    /// reliable: the entry stays in the list and a reconcile is asked for,
+    /// which buries it later; basic: it is lost (logged), as any job popped
+    /// at most once. The jobs fetched with it go ahead either way.
     async fn decode(&self, raw: Vec<u8>, queue: String) -> Option<Fetched> {
         match String::from_utf8(raw) {
             Ok(raw) => Some(Fetched { raw, queue }),
             Err(err) => {
                 let from = (self.mode == FetchMode::Reliable).then_some(self.inprogress.as_str());
+                let bytes = err.as_bytes().len();
                 if let Err(err) = Burier::default().bury(&self.redis, from, err.as_bytes(), &queue).await {
-                    tracing::warn!(queue = %queue, "{err:#}; will retry");
-                    self.doubt();
+                    if from.is_some() {
+                        tracing::warn!(queue = %queue, "{err:#}; it stays in the in-progress list and is buried at the next check");
+                        self.doubt();
+                    } else {
+                        tracing::error!(queue = %queue, bytes, "{err:#}; the payload, popped in basic mode, is lost");
+                    }
                 }
                 None
             }
