@@ -13,6 +13,12 @@ use anyhow::{Context, Result, bail};
 
 use crate::bindings::types as wit;
 
+/// Longest job class name accepted, in bytes. Class names key per-class
+/// state (metrics, the run summary, log fields); a payload with a longer
+/// one is refused when it is parsed, before any of that exists, and goes
+/// to the dead set.
+pub const MAX_CLASS_LEN: usize = 256;
+
 /// One job to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {

@@ -134,6 +134,23 @@ pub fn prometheus(metrics: &Metrics) -> String {
     );
     family(
         &mut out,
+        "wasmjobs_outcome_write_failures_total",
+        "counter",
+        "Attempts to write job outcomes to Redis that failed (each batch is retried until written).",
+    );
+    let _ = writeln!(
+        out,
+        "wasmjobs_outcome_write_failures_total {}",
+        p.outcome_write_failures
+    );
+    gauge(
+        &mut out,
+        "wasmjobs_outcomes_pending",
+        "Job outcomes decided but not yet written to Redis.",
+        p.outcomes_pending as f64,
+    );
+    family(
+        &mut out,
         "wasmjobs_plugin_reloads_total",
         "counter",
         "Hot reloads of plugins, by outcome.",

@@ -179,6 +179,9 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
+/// The class recorded for a class name longer than [`crate::job::MAX_CLASS_LEN`].
+const TOO_LONG: &str = "(too long)";
+
 /// class → version → stats.
 type Shard = HashMap<String, HashMap<String, ClassStats>>;
 
@@ -226,10 +229,17 @@ impl Metrics {
                 index
             })
         }) % self.shards.len();
+        // Callers pass bounded class sets (served classes and a few
+        // placeholders); an overlong name is still never made a key.
+        let class = if job.class.len() > crate::job::MAX_CLASS_LEN {
+            TOO_LONG
+        } else {
+            job.class
+        };
         let mut shard = self.shards[index].lock().unwrap_or_else(PoisonError::into_inner);
-        let versions = match shard.get_mut(job.class) {
+        let versions = match shard.get_mut(class) {
             Some(versions) => versions,
-            None => shard.entry(job.class.to_owned()).or_default(),
+            None => shard.entry(class.to_owned()).or_default(),
         };
         let stats = match versions.get_mut(job.version) {
             Some(stats) => stats,

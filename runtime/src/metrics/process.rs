@@ -1,7 +1,8 @@
 //! Per-process figures: memory and CPU sampled once a second while jobs run
 //! (every 10 s while idle),
 //! and the gauges other parts of the runner keep current (jobs in flight,
-//! live instances, Redis round trip, reloads).
+//! live instances, Redis round trip, reloads, outcome writes failed and
+//! pending).
 //!
 //! Everything is an atomic: writers (the sampler, the heartbeat, the
 //! reloader) store, readers (`/metrics`, `/stats`, the run summary) load;
@@ -51,6 +52,12 @@ pub struct ProcessGauges {
     pub reloads_rejected: AtomicU64,
     /// Start time, epoch seconds × 1000.
     pub started_at_ms: AtomicU64,
+    /// Attempts to write a batch of job outcomes that Redis refused or
+    /// never answered (each is retried until it succeeds).
+    pub outcome_write_failures: AtomicU64,
+    /// Job outcomes decided but not written to Redis yet (the batch being
+    /// written and those queued behind it).
+    pub outcomes_pending: AtomicU64,
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -78,6 +85,10 @@ pub struct ProcessSnapshot {
     pub reloads: Reloads,
     /// Start time, epoch seconds.
     pub started_at: f64,
+    /// Failed attempts to write job outcomes.
+    pub outcome_write_failures: u64,
+    /// Job outcomes not written to Redis yet.
+    pub outcomes_pending: u64,
 }
 
 /// Hot reload counts by outcome.
@@ -114,6 +125,8 @@ impl ProcessGauges {
                 rejected: get(&self.reloads_rejected),
             },
             started_at: get(&self.started_at_ms) as f64 / 1000.0,
+            outcome_write_failures: get(&self.outcome_write_failures),
+            outcomes_pending: get(&self.outcomes_pending),
         }
     }
 

@@ -94,19 +94,20 @@ pub async fn stats<C>(conn: &mut C) -> Result<Stats>
 where
     C: ConnectionLike + Send,
 {
-    let (processed, failed, discarded, scheduled, retries, dead, mut queue_names, mut identities): Counters =
-        redis::pipe()
-            .get(keys::STAT_PROCESSED)
-            .get(keys::STAT_FAILED)
-            .get(keys::STAT_DISCARDED)
-            .zcard(keys::SCHEDULE)
-            .zcard(keys::RETRY)
-            .zcard(keys::DEAD)
-            .smembers(keys::QUEUES)
-            .smembers(keys::PROCESSES)
-            .query_async(conn)
-            .await
-            .context("cannot read counters and sets from Redis")?;
+    let (processed, failed, discarded, scheduled, retries, dead, queue_names, identities): Counters = redis::pipe()
+        .get(keys::STAT_PROCESSED)
+        .get(keys::STAT_FAILED)
+        .get(keys::STAT_DISCARDED)
+        .zcard(keys::SCHEDULE)
+        .zcard(keys::RETRY)
+        .zcard(keys::DEAD)
+        .smembers(keys::QUEUES)
+        .smembers(keys::PROCESSES)
+        .query_async(conn)
+        .await
+        .context("cannot read counters and sets from Redis")?;
+    let mut queue_names: Vec<String> = queue_names.into_iter().map(lossy).collect();
+    let mut identities: Vec<String> = identities.into_iter().map(lossy).collect();
     queue_names.sort();
     identities.sort();
 
@@ -131,8 +132,11 @@ where
     let mut queues = Vec::with_capacity(queue_names.len());
     for name in queue_names {
         let size: u64 = redis::from_redis_value(next()).with_context(|| format!("LLEN queue:{name}"))?;
-        let oldest: Option<String> = redis::from_redis_value(next()).with_context(|| format!("LINDEX queue:{name}"))?;
+        // Any bytes can be pushed: a payload that is not text has no latency.
+        let oldest: Option<Vec<u8>> =
+            redis::from_redis_value(next()).with_context(|| format!("LINDEX queue:{name}"))?;
         let enqueued_at = oldest
+            .and_then(|raw| String::from_utf8(raw).ok())
             .and_then(|raw| Payload::parse(&raw).ok())
             .and_then(|payload| payload.time("enqueued_at"));
         let latency_secs = enqueued_at.map_or(0.0, |at| (now - at).max(0.0));
@@ -146,8 +150,9 @@ where
     let mut processes = Vec::with_capacity(identities.len());
     let mut gone = Vec::new();
     for identity in identities {
-        let fields: Vec<Option<String>> =
+        let fields: Vec<Option<Vec<u8>>> =
             redis::from_redis_value(next()).with_context(|| format!("HMGET {identity}"))?;
+        let fields: Vec<Option<String>> = fields.into_iter().map(|f| f.map(lossy)).collect();
         match process_info(&identity, &fields) {
             Some(info) => processes.push(info),
             None => gone.push(identity),
@@ -175,21 +180,28 @@ where
     })
 }
 
-/// The first pipeline's replies.
+/// The first pipeline's replies, as bytes: anyone can write anything into
+/// these keys, and one bad value must not break `wasmjobs stats`.
 type Counters = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
     u64,
     u64,
     u64,
-    Vec<String>,
-    Vec<String>,
+    Vec<Vec<u8>>,
+    Vec<Vec<u8>>,
 );
 
+/// Bytes as text, invalid UTF-8 shown as U+FFFD.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// A stat counter, read as leniently as Ruby's `to_i`.
-fn counter(value: Option<String>) -> u64 {
+fn counter(value: Option<Vec<u8>>) -> u64 {
     value
+        .map(lossy)
         .and_then(|v| v.trim().parse::<i64>().ok())
         .map_or(0, |n| n.max(0) as u64)
 }
@@ -289,8 +301,9 @@ mod tests {
     fn millisecond_timestamps_and_counters() {
         assert_eq!(epoch_secs(1_764_500_000_500.0), 1_764_500_000.5);
         assert_eq!(epoch_secs(1_764_500_000.5), 1_764_500_000.5);
-        assert_eq!(counter(Some("12".into())), 12);
-        assert_eq!(counter(Some("-3".into())), 0);
+        assert_eq!(counter(Some(b"12".to_vec())), 12);
+        assert_eq!(counter(Some(b"-3".to_vec())), 0);
+        assert_eq!(counter(Some(b"\xff1".to_vec())), 0);
         assert_eq!(counter(None), 0);
     }
 }

@@ -15,6 +15,8 @@ use serde_json::{Map, Value, json};
 
 use crate::job::{Job, new_jid, preview};
 
+pub use crate::job::MAX_CLASS_LEN;
+
 /// Numbers at or above this are milliseconds; below, seconds. (Seconds
 /// reach 1e11 in the year 5138; milliseconds passed 1e11 in 1973.)
 const MILLIS_THRESHOLD: f64 = 1e11;
@@ -56,6 +58,13 @@ impl Payload {
         };
         let mut payload = Payload { map };
         match payload.map.get("class") {
+            Some(Value::String(class)) if class.len() > MAX_CLASS_LEN => {
+                return Err(format!(
+                    "job payload's \"class\" is {} bytes long, more than the {MAX_CLASS_LEN} allowed: {}",
+                    class.len(),
+                    preview(class)
+                ));
+            }
             Some(Value::String(class)) if !class.is_empty() => {}
             Some(_) => {
                 return Err(format!(
@@ -237,7 +246,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     let (Some(class), Some(args)) = (&head.class, head.args) else {
         return full();
     };
-    if class.is_empty() || !args.get().starts_with('[') {
+    if class.is_empty() || class.len() > MAX_CLASS_LEN || !args.get().starts_with('[') {
         return full();
     }
     let number = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
@@ -307,6 +316,25 @@ pub fn malformed(raw: &str, error: &str, queue: &str, now: f64) -> Payload {
     payload
 }
 
+/// A payload for the dead set describing one whose bytes are not UTF-8
+/// text (so not JSON either): [`malformed`]'s wrapper around the lossy
+/// decoding (invalid bytes as U+FFFD, which the Web UI can show), with the
+/// exact bytes kept as lowercase hex in `raw_hex` so nothing is lost.
+pub fn undecodable(raw: &[u8], queue: &str, now: f64) -> Payload {
+    let error = match std::str::from_utf8(raw) {
+        Ok(_) => "job payload is not UTF-8 text".to_owned(),
+        Err(e) => format!(
+            "job payload is not UTF-8 text (invalid byte at offset {}), so not JSON either; its bytes are in raw_hex",
+            e.valid_up_to()
+        ),
+    };
+    let text = String::from_utf8_lossy(raw);
+    let mut payload = malformed(&text, &error, queue, now);
+    payload.set("malformed_payload", Value::String(text.into_owned()));
+    payload.set("raw_hex", Value::String(hex::encode(raw)));
+    payload
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +389,31 @@ mod tests {
         assert_eq!(kept.jid(), "j1");
         assert_eq!(kept.get("custom"), Some(&json!(1)));
         assert_eq!(kept.queue(), "critical");
+    }
+
+    #[test]
+    fn undecodable_bytes_are_kept_exactly() {
+        let raw = b"\xff\xfe{\"class\":\"X\",\"args\":[]}";
+        let dead = undecodable(raw, "low", 2.0);
+        assert_eq!(dead.class(), "wasmjobs::MalformedPayload");
+        assert_eq!(dead.queue(), "low");
+        assert!(dead.str("error_message").unwrap().contains("not UTF-8"));
+        assert_eq!(hex::decode(dead.str("raw_hex").unwrap()).unwrap(), raw);
+        assert_eq!(
+            dead.str("malformed_payload"),
+            Some(String::from_utf8_lossy(raw).as_ref())
+        );
+    }
+
+    #[test]
+    fn overlong_class_names_are_refused_by_both_parsers() {
+        let raw = format!(r#"{{"class":"{}","args":[]}}"#, "C".repeat(MAX_CLASS_LEN + 1));
+        let full = Payload::parse(&raw).unwrap_err();
+        assert!(full.contains("more than the 256 allowed"), "{full}");
+        assert!(full.len() < 600, "{}", full.len());
+        assert_eq!(job_from_raw(&raw).unwrap_err(), full);
+        let ok = format!(r#"{{"class":"{}","args":[]}}"#, "C".repeat(MAX_CLASS_LEN));
+        assert!(job_from_raw(&ok).is_ok());
     }
 
     #[test]

@@ -14,6 +14,14 @@
 //! for reliable, one `BRPOP` over all queues for basic) on dedicated
 //! connections, so an idle process makes a couple of cheap calls a second and
 //! a new job starts as soon as it is pushed. Requires Redis ≥ 6.2 (or Valkey).
+//!
+//! Anyone who can write to Redis can push any bytes, so every reply that
+//! holds a payload is read as bytes. A payload that is not UTF-8 text is
+//! never handed on: it is moved to the dead set at once, removed from the
+//! in-progress list by its exact bytes ([`Burier`]), with the exact bytes
+//! kept in the dead entry ([`payload::undecodable`]); the jobs fetched with
+//! it run as usual. (Text that is not a valid job goes on to the processor,
+//! which sends it to the dead set with its outcome.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -24,7 +32,8 @@ use redis::Script;
 use tokio::sync::mpsc;
 
 use super::queues::Queues;
-use crate::redis::{Redis, keys};
+use crate::redis::payload;
+use crate::redis::{Redis, keys, now_f64};
 
 /// How long one blocking call waits in Redis before the loop re-checks
 /// whether it should still be waiting. Shutdown does not wait for it
@@ -169,7 +178,7 @@ impl Fetcher {
     /// not in `known` (jobs running or awaiting their outcome write): they
     /// were moved by a call whose reply was lost. Returns how many.
     pub async fn reconcile(&self, known: &std::collections::HashSet<String>) -> Result<usize> {
-        let listed: Vec<String> = redis::cmd("LRANGE")
+        let listed: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(&self.inprogress)
             .arg(0)
             .arg(-1)
@@ -178,7 +187,19 @@ impl Fetcher {
             .context("reading the in-progress list")?;
         let requeuer = Requeuer::default();
         let mut requeued = 0;
-        for raw in listed.iter().filter(|raw| !known.contains(*raw)) {
+        for bytes in listed {
+            let raw = match String::from_utf8(bytes) {
+                Ok(raw) if known.contains(&raw) => continue,
+                Ok(raw) => raw,
+                Err(err) => {
+                    let default = self.names.first().map_or("default", String::as_str);
+                    Burier::default()
+                        .bury(&self.redis, Some(&self.inprogress), err.as_bytes(), default)
+                        .await?;
+                    continue;
+                }
+            };
+            let raw = &raw;
             let queue = crate::redis::payload::Payload::parse(raw)
                 .map(|p| p.queue().to_owned())
                 .unwrap_or_else(|_| self.names.first().cloned().unwrap_or_else(|| "default".into()));
@@ -203,20 +224,45 @@ impl Fetcher {
         invocation
             .arg(max.min(MAX_BATCH))
             .arg(if self.mode == FetchMode::Reliable { "1" } else { "0" });
-        let flat: Vec<String> = invocation
+        let flat: Vec<Vec<u8>> = invocation
             .invoke_async(&mut self.redis.conn())
             .await
             .context("fetching jobs")?;
         let mut jobs = Vec::with_capacity(flat.len() / 2);
-        for pair in flat.chunks_exact(2) {
-            let position: usize = pair[0].parse().context("fetch script returned a bad queue index")?;
+        let mut flat = flat.into_iter();
+        while let (Some(position), Some(raw)) = (flat.next(), flat.next()) {
+            let position: usize = std::str::from_utf8(&position)
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .context("fetch script returned a bad queue index")?;
             let queue = order.get(position).map(|&i| self.names[i].clone()).unwrap_or_default();
-            jobs.push(Fetched {
-                raw: pair[1].clone(),
-                queue,
-            });
+            jobs.extend(self.decode(raw, queue).await);
         }
         Ok(jobs)
+    }
+
+    /// The fetched job `raw`, if it is text; else it goes to the dead set
+    /// (and, reliable, leaves the in-progress list). If that write fails,
+    /// reliable: the entry stays in the list and a reconcile is asked for,
+    /// which buries it later; basic: it is lost (logged), as any job popped
+    /// at most once. The jobs fetched with it go ahead either way.
+    async fn decode(&self, raw: Vec<u8>, queue: String) -> Option<Fetched> {
+        match String::from_utf8(raw) {
+            Ok(raw) => Some(Fetched { raw, queue }),
+            Err(err) => {
+                let from = (self.mode == FetchMode::Reliable).then_some(self.inprogress.as_str());
+                let bytes = err.as_bytes().len();
+                if let Err(err) = Burier::default().bury(&self.redis, from, err.as_bytes(), &queue).await {
+                    if from.is_some() {
+                        tracing::warn!(queue = %queue, "{err:#}; it stays in the in-progress list and is buried at the next check");
+                        self.doubt();
+                    } else {
+                        tracing::error!(queue = %queue, bytes, "{err:#}; the payload, popped in basic mode, is lost");
+                    }
+                }
+                None
+            }
+        }
     }
 
     /// Starts the blocking waiters: while `armed` is true they wait in Redis
@@ -379,7 +425,7 @@ impl Waiter {
         match &self.inprogress {
             Some(inprogress) => {
                 let queue = &self.queues[0];
-                let job: Option<String> = redis::cmd("BLMOVE")
+                let job: Option<Vec<u8>> = redis::cmd("BLMOVE")
                     .arg(keys::queue(queue))
                     .arg(inprogress)
                     .arg("RIGHT")
@@ -388,23 +434,41 @@ impl Waiter {
                     .query_async(conn)
                     .await
                     .context("BLMOVE")?;
-                Ok(job.map(|raw| Fetched {
-                    raw,
-                    queue: queue.clone(),
-                }))
+                match job {
+                    Some(raw) => self.decode(raw, queue.clone()).await,
+                    None => Ok(None),
+                }
             }
             None => {
                 let lists: Vec<String> = self.queues.iter().map(|q| keys::queue(q)).collect();
-                let popped: Option<(String, String)> = redis::cmd("BRPOP")
+                let popped: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
                     .arg(&lists)
                     .arg(timeout)
                     .query_async(conn)
                     .await
                     .context("BRPOP")?;
-                Ok(popped.map(|(list, raw)| Fetched {
-                    raw,
-                    queue: list.strip_prefix("queue:").unwrap_or(&list).to_owned(),
-                }))
+                match popped {
+                    Some((list, raw)) => {
+                        self.decode(raw, list.strip_prefix("queue:").unwrap_or(&list).to_owned())
+                            .await
+                    }
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The job `raw` taken from `queue`, if it is text; else it goes to the
+    /// dead set. Reliable: if that fails, the error makes the loop set the
+    /// lost-reply flag, and the reconcile that follows buries it.
+    async fn decode(&self, raw: Vec<u8>, queue: String) -> Result<Option<Fetched>> {
+        match String::from_utf8(raw) {
+            Ok(raw) => Ok(Some(Fetched { raw, queue })),
+            Err(err) => {
+                Burier::default()
+                    .bury(&self.redis, self.inprogress.as_deref(), err.as_bytes(), &queue)
+                    .await?;
+                Ok(None)
             }
         }
     }
@@ -459,5 +523,59 @@ impl Requeuer {
             .await
             .context("requeueing a job")?;
         Ok(moved == 1)
+    }
+}
+
+/// Removes ARGV[1] from the list KEYS[1] (when there is one: `#KEYS == 2`)
+/// and adds ARGV[2] to the dead set (the last key) with score ARGV[3]; with
+/// a list, only if the entry was still there.
+const BURY_LUA: &str = r#"
+local dead = KEYS[#KEYS]
+if #KEYS == 2 and redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
+  return 0
+end
+redis.call('ZADD', dead, ARGV[3], ARGV[2])
+return 1
+"#;
+
+/// Sends payloads that are not UTF-8 text to the dead set.
+pub struct Burier {
+    script: Script,
+}
+
+impl Default for Burier {
+    fn default() -> Self {
+        Self {
+            script: Script::new(BURY_LUA),
+        }
+    }
+}
+
+impl Burier {
+    /// Adds the dead-set entry for the undecodable `raw` (taken from
+    /// `queue`) and, if `from` names a list (an in-progress list), removes
+    /// `raw` from it by its exact bytes, atomically. Returns false if `raw`
+    /// was no longer in `from`.
+    pub async fn bury(&self, redis: &Redis, from: Option<&str>, raw: &[u8], queue: &str) -> Result<bool> {
+        let now = now_f64();
+        let dead = payload::undecodable(raw, queue, now);
+        let mut invocation = self.script.prepare_invoke();
+        if let Some(list) = from {
+            invocation.key(list);
+        }
+        invocation.key(keys::DEAD).arg(raw).arg(dead.to_json()).arg(now);
+        let buried: i64 = invocation
+            .invoke_async(&mut redis.conn())
+            .await
+            .context("sending a payload that is not UTF-8 text to the dead set")?;
+        if buried == 1 {
+            tracing::warn!(
+                queue = %queue,
+                jid = %dead.jid(),
+                bytes = raw.len(),
+                "a job payload that is not UTF-8 text was sent to the dead set"
+            );
+        }
+        Ok(buried == 1)
     }
 }

@@ -203,7 +203,9 @@ impl Heartbeat {
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
         pipe.cmd("RPOP").arg(keys::signals(id));
         let started = Instant::now();
-        let (signal,): (Option<String>,) = pipe.query_async(&mut conn).await.context("writing the heartbeat")?;
+        // Anyone can push into the signals list: read bytes, not text.
+        let (signal,): (Option<Vec<u8>>,) = pipe.query_async(&mut conn).await.context("writing the heartbeat")?;
+        let signal = signal.map(|s| String::from_utf8_lossy(&s).into_owned());
         let rtt_us = started.elapsed().as_micros() as u64;
         self.rtt_us.store(rtt_us, Ordering::Relaxed);
         if let Some(metrics) = &self.metrics {
@@ -213,7 +215,7 @@ impl Heartbeat {
             "TSTP" | "USR1" => Some(Command::Quiet),
             "TERM" | "INT" => Some(Command::Stop),
             other => {
-                tracing::info!("ignoring signal {other:?} from the Web UI");
+                tracing::info!("ignoring signal {:?} from the Web UI", crate::job::preview(other));
                 None
             }
         }))

@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
-use super::fetch::{FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
+use super::fetch::{Burier, FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
 use super::heartbeat::{Command, Heartbeat, Identity};
 use super::manager::{InFlightTable, Manager};
 use super::orphans::OrphanRecovery;
@@ -55,6 +55,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         inprogress.clone(),
         counters.clone(),
         inflight.clone(),
+        metrics.clone(),
         options.concurrency as usize * 2,
     );
     let catalog = reloader::live(catalog);
@@ -424,7 +425,7 @@ async fn requeue(redis: &Redis, mode: FetchMode, inprogress: &str, jobs: Vec<Fet
     let mut requeued = 0;
     let mut jobs = jobs;
     if mode == FetchMode::Reliable {
-        let rest: Result<Vec<String>, _> = ::redis::cmd("LRANGE")
+        let rest: Result<Vec<Vec<u8>>, _> = ::redis::cmd("LRANGE")
             .arg(inprogress)
             .arg(0)
             .arg(-1)
@@ -434,6 +435,18 @@ async fn requeue(redis: &Redis, mode: FetchMode, inprogress: &str, jobs: Vec<Fet
             Ok(rest) => {
                 let given: std::collections::HashSet<String> = jobs.iter().map(|j| j.raw.clone()).collect();
                 for raw in rest {
+                    let raw = match String::from_utf8(raw) {
+                        Ok(raw) => raw,
+                        Err(err) => {
+                            if let Err(err) = Burier::default()
+                                .bury(redis, Some(inprogress), err.as_bytes(), "default")
+                                .await
+                            {
+                                tracing::error!("{err:#}; it will be recovered later");
+                            }
+                            continue;
+                        }
+                    };
                     if !given.contains(&raw) {
                         let queue = Payload::parse(&raw)
                             .map(|p| p.queue().to_owned())

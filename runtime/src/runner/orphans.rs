@@ -20,7 +20,7 @@ use redis::Script;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::fetch::Requeuer;
+use super::fetch::{Burier, Requeuer};
 use super::heartbeat::Identity;
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
@@ -94,11 +94,13 @@ impl OrphanRecovery {
     /// were handled (requeued or buried).
     pub async fn sweep(&self) -> Result<usize> {
         let mut conn = self.redis.conn();
-        let owners: Vec<String> = redis::cmd("SMEMBERS")
+        let owners: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
             .arg(keys::INPROGRESS_OWNERS)
             .query_async(&mut conn)
             .await
             .context("listing in-progress owners")?;
+        // wasmjobs writes identities as text; anything else is not ours.
+        let owners: Vec<String> = owners.into_iter().filter_map(|o| String::from_utf8(o).ok()).collect();
         let mut handled = 0;
         for owner in owners.iter().filter(|o| **o != self.me.identity) {
             if self.alive(owner).await? {
@@ -106,7 +108,7 @@ impl OrphanRecovery {
             }
             let list = keys::inprogress(owner);
             loop {
-                let claimed: Option<String> = redis::cmd("RPOPLPUSH")
+                let claimed: Option<Vec<u8>> = redis::cmd("RPOPLPUSH")
                     .arg(&list)
                     .arg(&self.own_list)
                     .query_async(&mut conn)
@@ -148,8 +150,18 @@ impl OrphanRecovery {
         Ok(beating)
     }
 
-    /// Requeues a claimed job, or buries it if it is a poison pill.
-    async fn handle(&self, raw: &str) -> Result<()> {
+    /// Requeues a claimed job, or buries it if it is a poison pill or not
+    /// UTF-8 text (removed from our list by its exact bytes).
+    async fn handle(&self, raw: &[u8]) -> Result<()> {
+        let raw = match std::str::from_utf8(raw) {
+            Ok(raw) => raw,
+            Err(_) => {
+                Burier::default()
+                    .bury(&self.redis, Some(&self.own_list), raw, "default")
+                    .await?;
+                return Ok(());
+            }
+        };
         let now = now_f64();
         let (dead, queue) = match Payload::parse(raw) {
             Err(error) => (Some(payload::malformed(raw, &error, "default", now)), String::new()),

@@ -6,13 +6,21 @@
 //! list land together or not at all, and at tens of thousands of jobs a
 //! second Redis sees a few hundred round trips instead of one per job.
 //!
-//! If Redis is unreachable the batch is kept and retried with backoff; the
-//! jobs stay in the in-progress list meanwhile, so nothing is lost even if
-//! the process dies before Redis comes back (they are recovered as orphans).
+//! If Redis is unreachable or refuses the writes (a full Redis: `maxmemory`
+//! reached with `noeviction` answers `OOM`), the batch is kept and retried
+//! with backoff (up to [`MAX_BACKOFF`]); the jobs stay in the in-progress
+//! list meanwhile, so nothing is lost even if the process dies before Redis
+//! comes back (they are recovered as orphans). Jobs finishing meanwhile
+//! queue behind the batch, and once that queue is full they wait too, each
+//! holding its slot: the runner slows to a stop instead of dropping
+//! anything. Never in silence: the first failure is logged at once, then at
+//! most every [`LOG_EVERY`] while it lasts, and the recovery when it ends;
+//! `/metrics` counts failed attempts (`wasmjobs_outcome_write_failures_total`)
+//! and shows the outcomes not written yet (`wasmjobs_outcomes_pending`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tokio::sync::mpsc;
@@ -20,10 +28,15 @@ use tokio::sync::mpsc;
 use super::fetch::FetchMode;
 use super::job_retry::Write;
 use super::manager::InFlightTable;
+use crate::metrics::Metrics;
 use crate::redis::{Redis, keys, now_f64, utc_date};
 
 /// Most completions written per transaction.
 pub const MAX_BATCH: usize = 1_000;
+/// Longest pause between two attempts to write a batch.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Least time between two log lines about the same failing batch.
+pub const LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// One finished job, ready to be written.
 #[derive(Debug)]
@@ -76,6 +89,7 @@ pub fn spawn(
     inprogress: String,
     counters: Arc<Counters>,
     inflight: Arc<InFlightTable>,
+    metrics: Arc<Metrics>,
     capacity: usize,
 ) -> (CompletionSender, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(capacity.max(MAX_BATCH));
@@ -85,6 +99,7 @@ pub fn spawn(
         inprogress,
         counters,
         inflight,
+        metrics,
     };
     (tx, tokio::spawn(writer.run(rx)))
 }
@@ -95,24 +110,46 @@ struct Writer {
     inprogress: String,
     counters: Arc<Counters>,
     inflight: Arc<InFlightTable>,
+    metrics: Arc<Metrics>,
 }
 
 impl Writer {
     async fn run(self, mut rx: mpsc::Receiver<Completion>) {
+        let gauges = &self.metrics.process;
         let mut batch = Vec::with_capacity(MAX_BATCH);
         while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
             let mut backoff = Duration::from_millis(50);
+            let mut attempts = 0u64;
+            let mut logged: Option<Instant> = None;
             while let Err(err) = self.write(&batch).await {
-                tracing::warn!(
-                    jobs = batch.len(),
-                    "cannot record job outcomes: {err:#}; retrying in {backoff:?}"
-                );
+                attempts += 1;
+                gauges.outcome_write_failures.fetch_add(1, Ordering::Relaxed);
+                let pending = batch.len() + rx.len();
+                gauges.outcomes_pending.store(pending as u64, Ordering::Relaxed);
+                if logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                    logged = Some(Instant::now());
+                    tracing::error!(
+                        jobs = batch.len(),
+                        pending,
+                        attempts,
+                        "cannot record job outcomes: {err:#}{}; they stay in the in-progress list and are retried (every {MAX_BACKOFF:?} at most) until Redis takes them",
+                        hint(&err)
+                    );
+                }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            if attempts > 0 {
+                tracing::info!(
+                    jobs = batch.len(),
+                    attempts,
+                    "job outcomes recorded after Redis refused them"
+                );
             }
             self.counters.add(&batch);
             self.inflight.remove(batch.iter().map(|c| c.id));
             batch.clear();
+            gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -167,6 +204,15 @@ impl Writer {
         pipe.query_async::<()>(&mut self.redis.conn())
             .await
             .context("writing job outcomes")
+    }
+}
+
+/// What to do about a write error, when it is a known one.
+fn hint(err: &anyhow::Error) -> &'static str {
+    if format!("{err:#}").contains("OOM") {
+        " (Redis is full: maxmemory is reached and its policy evicts nothing; free memory or raise maxmemory)"
+    } else {
+        ""
     }
 }
 

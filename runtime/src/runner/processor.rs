@@ -4,6 +4,11 @@
 //! a clear `error_message`; a class no plugin serves (not deployed yet, or
 //! removed while a new version is on its way) is retried with backoff, so
 //! it runs once a plugin for it appears ([`job_retry::unserved`]).
+//!
+//! Metrics are per class only for classes a plugin serves (a bounded set):
+//! unserved classes are counted together as `(unserved)`, unparseable
+//! payloads (including class names over [`payload::MAX_CLASS_LEN`] bytes)
+//! as `(malformed)`.
 
 use super::fetch::Fetched;
 use super::job_retry::{self, Write};
@@ -61,7 +66,9 @@ pub async fn process(
             Ok(payload) => job_retry::unserved(&payload, &message, now_f64()),
             Err(error) => malformed(fetched, &error),
         };
-        record(metrics, &job.class, "", &write, queue_latency, None);
+        // Anyone can push any class name: counting each under its own
+        // label would grow memory and /metrics without bound.
+        record(metrics, UNSERVED, "", &write, queue_latency, None);
         return write;
     };
     let _plugin_slot = match plugin_slot(&plugin, slots).await {
@@ -83,6 +90,8 @@ pub async fn process(
 
 /// The class recorded for payloads that cannot be parsed.
 const MALFORMED: &str = "(malformed)";
+/// The class recorded for jobs of every class no plugin serves.
+const UNSERVED: &str = "(unserved)";
 
 /// Records a finished job in the metrics.
 fn record(

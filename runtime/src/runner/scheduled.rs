@@ -7,6 +7,10 @@
 //! `poll_interval` in total and processes do not stampede. The moved job gets
 //! a fresh `enqueued_at` (in its own time style); everything else is kept.
 //!
+//! Members are read as bytes: one that is not a valid job (not UTF-8 text,
+//! not JSON, no class...) is moved to the dead set, removed by its exact
+//! bytes, instead of stopping the poller for every process.
+//!
 //! When a plugin appears for a class that had none, the jobs of that class
 //! waiting in `retry` for it ([`Poller::release_unserved`]) are enqueued at
 //! once instead of at their backoff time.
@@ -16,7 +20,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use rand::Rng;
 use redis::Script;
-use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::redis::payload::{self, Payload};
@@ -104,7 +107,7 @@ impl Poller {
             pipe.add_command(due_batch(set, now));
         }
         pipe.cmd("SCARD").arg(keys::PROCESSES);
-        let (schedule, retry, processes): (Vec<String>, Vec<String>, u64) = pipe
+        let (schedule, retry, processes): (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) = pipe
             .query_async(&mut self.redis.conn())
             .await
             .context("reading due scheduled and retry jobs")?;
@@ -136,7 +139,7 @@ impl Poller {
         let mut moved = 0;
         let mut cursor = 0u64;
         loop {
-            let (next, page): (u64, Vec<String>) = redis::cmd("ZSCAN")
+            let (next, page): (u64, Vec<Vec<u8>>) = redis::cmd("ZSCAN")
                 .arg(keys::RETRY)
                 .arg(cursor)
                 .arg("COUNT")
@@ -146,10 +149,14 @@ impl Poller {
                 .context("scanning the retry set")?;
             // ZSCAN returns member, score, member, score...
             for member in page.iter().step_by(2) {
-                if !member.contains(NO_PLUGIN) {
+                // Not text: not a job waiting for a plugin (the poller buries it when due).
+                let Ok(text) = std::str::from_utf8(member) else {
+                    continue;
+                };
+                if !text.contains(NO_PLUGIN) {
                     continue;
                 }
-                let Ok(job) = Payload::parse(member) else { continue };
+                let Ok(job) = Payload::parse(text) else { continue };
                 if job.str("error_class") == Some(NO_PLUGIN) && classes.iter().any(|c| c == job.class()) {
                     moved += self.move_one(keys::RETRY, member, now_f64()).await? as usize;
                 }
@@ -162,9 +169,16 @@ impl Poller {
         Ok(moved)
     }
 
-    async fn move_one(&self, set: &str, member: &str, now: f64) -> Result<bool> {
+    /// Enqueues the due `member` of `set`, or, if it is not a valid job
+    /// (not UTF-8 text, not JSON, ...), moves it to the dead set, so a bad
+    /// entry never stops the poller. Removed from `set` by its exact bytes.
+    async fn move_one(&self, set: &str, member: &[u8], now: f64) -> Result<bool> {
         let mut conn = self.redis.conn();
-        let moved: i64 = match Payload::parse(member) {
+        let parsed = match std::str::from_utf8(member) {
+            Ok(text) => Payload::parse(text).map_err(|error| payload::malformed(text, &error, "default", now)),
+            Err(_) => Err(payload::undecodable(member, "default", now)),
+        };
+        let moved: i64 = match parsed {
             Ok(mut job) => {
                 job.set_time("enqueued_at", now);
                 let queue = job.queue().to_owned();
@@ -179,10 +193,13 @@ impl Poller {
                     .await
                     .context("enqueueing a due job")?
             }
-            Err(error) => {
-                tracing::warn!(set, "malformed job sent to the dead set: {error}");
-                let mut dead = payload::malformed(member, &error, "default", now);
-                dead.set("error_class", Value::String("wasmjobs::MalformedPayload".into()));
+            Err(dead) => {
+                tracing::warn!(
+                    set,
+                    jid = %dead.jid(),
+                    "malformed job sent to the dead set: {}",
+                    dead.str("error_message").unwrap_or_default()
+                );
                 self.bury
                     .key(set)
                     .key(keys::DEAD)
