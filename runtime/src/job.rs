@@ -99,6 +99,26 @@ pub fn preview(text: &str) -> String {
     }
 }
 
+/// Sidekiq caps `error_message` at this many characters; a guest's error
+/// string is cut to it as it enters the host ([`Outcome`]'s `From`), so the
+/// job's log line and its `error_message` show the same text and a guest
+/// cannot write megabytes to the log through its error.
+pub const MAX_ERROR_CHARS: usize = 10_000;
+
+/// `message` cut to [`MAX_ERROR_CHARS`] characters.
+pub fn cap_error(message: &str) -> &str {
+    match message.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => &message[..cut],
+        None => message,
+    }
+}
+
+fn cap_owned(mut message: String) -> String {
+    let cut = cap_error(&message).len();
+    message.truncate(cut);
+    message
+}
+
 /// What running a job decided.
 ///
 /// Every failure carries a message meant for a person reading the dead set or
@@ -144,9 +164,9 @@ impl Outcome {
 impl From<wit::JobError> for Outcome {
     fn from(err: wit::JobError) -> Self {
         match err {
-            wit::JobError::Retry(m) => Outcome::Retry(m),
-            wit::JobError::Discard(m) => Outcome::Discard(m),
-            wit::JobError::Dead(m) => Outcome::Dead(m),
+            wit::JobError::Retry(m) => Outcome::Retry(cap_owned(m)),
+            wit::JobError::Discard(m) => Outcome::Discard(cap_owned(m)),
+            wit::JobError::Dead(m) => Outcome::Dead(cap_owned(m)),
         }
     }
 }
@@ -163,6 +183,17 @@ impl fmt::Display for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guest_errors_are_cut_on_a_character_boundary() {
+        let long = format!("{}{}", "é".repeat(MAX_ERROR_CHARS - 1), "xyz");
+        let Outcome::Retry(cut) = Outcome::from(wit::JobError::Retry(long)) else {
+            panic!("kind changed");
+        };
+        assert_eq!(cut.chars().count(), MAX_ERROR_CHARS);
+        assert!(cut.ends_with("éx"), "{}", &cut[cut.len() - 8..]);
+        assert_eq!(cap_error("short"), "short");
+    }
 
     #[test]
     fn args_must_be_a_json_array() {

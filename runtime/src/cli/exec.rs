@@ -17,6 +17,7 @@ use crate::host::sql::Databases;
 use crate::job::Job;
 use crate::sandbox::engine::parse_size;
 use crate::sandbox::{EngineConfig, ExecOptions, Limits};
+use crate::telemetry::escape_control;
 
 /// Arguments of `wasmjobs exec`.
 #[derive(Debug, Args)]
@@ -79,14 +80,19 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         .execute(plugin, &job, &ExecOptions { capture_logs: true })
         .await;
     let mut out = std::io::stdout().lock();
+    // One printed line per log line, however the guest wrote it.
     for line in &execution.logs {
-        writeln!(out, "[{:<5}] {}", level_name(line.level), line.message)?;
+        writeln!(out, "[{:<5}] {}", level_name(line.level), escape_control(&line.message))?;
     }
     let took = format!("{:.3} ms", execution.duration.as_secs_f64() * 1000.0);
     writeln!(
         out,
         "{} {} ({}@{}, jid {}) in {took}",
-        job.class, execution.outcome, plugin.name, execution.plugin_version, job.jid
+        job.class,
+        escape_control(&execution.outcome.to_string()),
+        plugin.name,
+        execution.plugin_version,
+        job.jid
     )?;
     if let Some(backtrace) = &execution.backtrace {
         writeln!(out, "{}", backtrace.trim_end())?;

@@ -51,6 +51,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
         let load = match plugin.cache {
             CacheUse::Hit => "cached",
             CacheUse::Compiled => "compiled",
+            CacheUse::Untrusted => "compiled (cache not private)",
         };
         writeln!(
             out,

@@ -10,7 +10,19 @@
 //! is where a Rust guest's panic message goes, so a trap can be explained.
 //!
 //! Guests are not trusted to be brief: each line is truncated to
-//! [`MAX_LINE_BYTES`], and capture stops after [`MAX_CAPTURE_BYTES`].
+//! [`MAX_LINE_BYTES`], and capture stops after [`MAX_CAPTURE_BYTES`]. Each
+//! job also has a [`LogBudget`] of lines and bytes (default
+//! [`DEFAULT_LOG_LINES`] / [`DEFAULT_LOG_BYTES`], `limits.log` in the
+//! manifest), counted across the `log` import, stdout and stderr together:
+//! past it, lines are dropped (neither emitted nor captured; stderr still
+//! feeds the tail that explains a trap), and when the job ends
+//! ([`LogSink::finish`]) one host line says how many were dropped. Without
+//! it, one job in a loop could fill the runner's disk or drown every other
+//! job's lines.
+//!
+//! Newlines and other control characters in guest messages are escaped in
+//! text logs by the subscriber (`telemetry`), not here: the captured lines
+//! keep the guest's text as it wrote it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -25,6 +37,10 @@ use crate::sandbox::JobState;
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
 /// Most bytes of log lines captured per job.
 pub const MAX_CAPTURE_BYTES: usize = 1024 * 1024;
+/// Default most log lines per job.
+pub const DEFAULT_LOG_LINES: u64 = 10_000;
+/// Default most bytes of log lines per job.
+pub const DEFAULT_LOG_BYTES: u64 = 1024 * 1024;
 /// How much of the guest's stderr is kept to explain a trap.
 const STDERR_TAIL_BYTES: usize = 2 * 1024;
 
@@ -37,6 +53,33 @@ pub enum Source {
     Stdout,
     /// The guest's stderr.
     Stderr,
+    /// The host, about the guest's output (the dropped-lines count).
+    Host,
+}
+
+/// How much one job may log, its lines counted after truncation to
+/// [`MAX_LINE_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogBudget {
+    /// Most lines.
+    pub lines: u64,
+    /// Most bytes (of messages, without the fields a log line adds).
+    pub bytes: u64,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        Self {
+            lines: DEFAULT_LOG_LINES,
+            bytes: DEFAULT_LOG_BYTES,
+        }
+    }
+}
+
+impl std::fmt::Display for LogBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} lines / {} bytes", self.lines, self.bytes)
+    }
 }
 
 /// One captured line.
@@ -73,15 +116,26 @@ struct SinkState {
     capture: Option<Vec<LogLine>>,
     captured_bytes: usize,
     stderr_tail: String,
+    budget: LogBudget,
+    used: Tally,
+    dropped: Tally,
+}
+
+/// Lines and bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    lines: u64,
+    bytes: u64,
 }
 
 impl LogSink {
-    /// A sink for the job `labels` that emits to `tracing`, and also
-    /// captures lines if asked.
-    pub fn new(labels: JobLabels, capture: bool) -> Self {
+    /// A sink for the job `labels` that emits to `tracing` up to `budget`,
+    /// and also captures lines if asked.
+    pub fn new(labels: JobLabels, capture: bool, budget: LogBudget) -> Self {
         Self(Arc::new(Mutex::new(SinkState {
             labels,
             capture: capture.then(Vec::new),
+            budget,
             ..SinkState::default()
         })))
     }
@@ -96,11 +150,11 @@ impl LogSink {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Emits one line to `tracing` (in the current span) and captures it.
+    /// Emits one line to `tracing` (in the current span) and captures it,
+    /// or counts it as dropped once the job's budget is spent.
     pub fn record(&self, level: Level, source: Source, message: &str) {
         let message = truncate(message);
         let mut state = self.lock();
-        emit(&state.labels, level, source, &message);
         if source == Source::Stderr {
             state.stderr_tail.push_str(&message);
             state.stderr_tail.push('\n');
@@ -112,13 +166,40 @@ impl LogSink {
                 state.stderr_tail.drain(..cut);
             }
         }
-        let captured = state.captured_bytes + message.len();
-        if captured <= MAX_CAPTURE_BYTES {
-            if let Some(lines) = &mut state.capture {
-                lines.push(LogLine { level, source, message });
-            }
-            state.captured_bytes = captured;
+        let size = message.len() as u64;
+        let within =
+            state.used.lines < state.budget.lines && state.used.bytes.saturating_add(size) <= state.budget.bytes;
+        if !within {
+            state.dropped.lines += 1;
+            state.dropped.bytes = state.dropped.bytes.saturating_add(size);
+            return;
         }
+        state.used.lines += 1;
+        state.used.bytes += size;
+        emit(&state.labels, level, source, &message);
+        state.keep(LogLine { level, source, message });
+    }
+
+    /// Ends the job's output: if lines were dropped, emits (and captures)
+    /// the one line that says how many, and returns that count. Later
+    /// calls report nothing more.
+    pub fn finish(&self) -> u64 {
+        let mut state = self.lock();
+        let dropped = std::mem::take(&mut state.dropped);
+        if dropped.lines == 0 {
+            return 0;
+        }
+        let message = format!(
+            "dropped {} log lines ({} bytes) past the job's log budget of {} (limits.log in wasmjobs.toml)",
+            dropped.lines, dropped.bytes, state.budget
+        );
+        emit(&state.labels, Level::Warn, Source::Host, &message);
+        state.keep(LogLine {
+            level: Level::Warn,
+            source: Source::Host,
+            message,
+        });
+        dropped.lines
     }
 
     /// The captured lines so far (empty unless capturing).
@@ -144,6 +225,19 @@ impl LogSink {
         GuestOutput {
             sink: self.clone(),
             source,
+        }
+    }
+}
+
+impl SinkState {
+    /// Captures `line`, if capturing and within [`MAX_CAPTURE_BYTES`].
+    fn keep(&mut self, line: LogLine) {
+        let captured = self.captured_bytes + line.message.len();
+        if captured <= MAX_CAPTURE_BYTES {
+            if let Some(lines) = &mut self.capture {
+                lines.push(line);
+            }
+            self.captured_bytes = captured;
         }
     }
 }
@@ -175,6 +269,7 @@ fn emit(labels: &JobLabels, level: Level, source: Source, message: &str) {
         Source::Log => "log",
         Source::Stdout => "stdout",
         Source::Stderr => "stderr",
+        Source::Host => "host",
     };
     let JobLabels {
         jid,
@@ -214,7 +309,7 @@ impl GuestOutput {
     fn level(&self) -> Level {
         match self.source {
             Source::Stderr => Level::Warn,
-            Source::Log | Source::Stdout => Level::Info,
+            Source::Log | Source::Stdout | Source::Host => Level::Info,
         }
     }
 }
@@ -302,6 +397,41 @@ impl tokio::io::AsyncWrite for GuestOutput {
 mod tests {
     use super::*;
 
+    fn unlimited() -> LogBudget {
+        LogBudget {
+            lines: u64::MAX,
+            bytes: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn the_budget_is_shared_by_every_source_and_drops_are_reported_once() {
+        let sink = LogSink::new(JobLabels::default(), true, LogBudget { lines: 3, bytes: 1000 });
+        sink.record(Level::Info, Source::Log, "one");
+        sink.stream(Source::Stdout).write_bytes(b"two\nthree\nfour\n");
+        sink.stream(Source::Stderr).write_bytes(b"panicked here\n");
+        assert_eq!(sink.finish(), 2);
+        assert_eq!(sink.finish(), 0, "reported once");
+        let messages: Vec<String> = sink.lines().into_iter().map(|l| l.message).collect();
+        assert_eq!(messages[..3], ["one", "two", "three"]);
+        assert_eq!(
+            messages[3],
+            "dropped 2 log lines (17 bytes) past the job's log budget of 3 lines / 1000 bytes (limits.log in wasmjobs.toml)"
+        );
+        assert_eq!(messages.len(), 4);
+        assert_eq!(
+            sink.stderr_tail(),
+            "panicked here",
+            "a dropped stderr line still explains a trap"
+        );
+
+        let sink = LogSink::new(JobLabels::default(), true, LogBudget { lines: 100, bytes: 10 });
+        for _ in 0..4 {
+            sink.record(Level::Info, Source::Log, "abcd");
+        }
+        assert_eq!(sink.finish(), 2, "the byte budget holds two 4-byte lines");
+    }
+
     #[test]
     fn long_lines_are_cut_and_marked() {
         let long = "x".repeat(MAX_LINE_BYTES + 10);
@@ -312,7 +442,7 @@ mod tests {
 
     #[test]
     fn sink_captures_lines_and_keeps_the_stderr_tail() {
-        let sink = LogSink::new(JobLabels::default(), true);
+        let sink = LogSink::new(JobLabels::default(), true, unlimited());
         sink.stream(Source::Stdout).write_bytes(b"one\ntwo\n");
         sink.record(Level::Error, Source::Log, "three");
         for i in 0..1000 {
@@ -337,7 +467,7 @@ mod tests {
 
     #[test]
     fn capture_is_bounded() {
-        let sink = LogSink::new(JobLabels::default(), true);
+        let sink = LogSink::new(JobLabels::default(), true, unlimited());
         let line = "y".repeat(MAX_LINE_BYTES);
         for _ in 0..(2 * MAX_CAPTURE_BYTES / MAX_LINE_BYTES) {
             sink.record(Level::Info, Source::Log, &line);

@@ -17,16 +17,28 @@
 //! every compile removes artifacts unused for a week ([`prune`]): each
 //! plugin version and engine build leaves one, and hot reloading makes many.
 //!
-//! Safety: loading an artifact runs its machine code, so the cache directory
-//! must be writable only by the user running wasmjobs (it lives under the
-//! runner's data directory).
+//! Safety: loading an artifact runs its machine code, so an artifact is only
+//! mapped when nobody but the user running wasmjobs could have written it.
+//! The cache directory is created `0700`; before each load it must be owned
+//! by the runner's (effective) user and not writable by group or others, or
+//! the cache is not used at all: the component is compiled in memory, with
+//! a warning (once per cache) and [`CacheUse::Untrusted`]. An existing
+//! directory's mode is never changed: if it was writable by others, what it
+//! holds cannot be trusted anyway. Each artifact is then opened without
+//! following symlinks and must be a regular file with the same owner and no
+//! group or other write bit; one that is not is recompiled and replaced.
+//! The directory check is what makes the path-based map safe: nobody else
+//! can swap a file between the check and the mapping.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -40,6 +52,8 @@ const ABANDONED_AFTER: Duration = Duration::from_secs(86_400);
 #[derive(Debug, Clone)]
 pub struct CompileCache {
     dir: Option<PathBuf>,
+    /// Whether the untrusted-directory warning was given.
+    warned: Arc<AtomicBool>,
 }
 
 /// How a component was obtained, for logs and the plugin listing.
@@ -49,17 +63,26 @@ pub enum CacheUse {
     Hit,
     /// Compiled now (and stored, if the cache is enabled).
     Compiled,
+    /// Compiled now, in memory only: the cache directory could be written
+    /// by someone else, so it is neither read nor written.
+    Untrusted,
 }
 
 impl CompileCache {
     /// A cache in `dir` (created on first use).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: Some(dir.into()) }
+        Self {
+            dir: Some(dir.into()),
+            warned: Arc::default(),
+        }
     }
 
     /// No caching: every load compiles.
     pub fn disabled() -> Self {
-        Self { dir: None }
+        Self {
+            dir: None,
+            warned: Arc::default(),
+        }
     }
 
     /// The cache directory, if enabled.
@@ -76,15 +99,26 @@ impl CompileCache {
                 CacheUse::Compiled,
             ));
         };
+        if let Err(err) = private_dir(dir) {
+            if !self.warned.swap(true, Ordering::Relaxed) {
+                tracing::warn!(dir = %dir.display(), "not using the compilation cache, compiling in memory: {err:#}");
+            }
+            return Ok((
+                Component::new(engine, bytes).map_err(anyhow::Error::from)?,
+                CacheUse::Untrusted,
+            ));
+        }
         let path = dir.join(format!("{content_hash}-{:016x}.cwasm", engine_hash(engine)));
-        if path.is_file() {
-            match map(engine, &path) {
+        match own_file(&path) {
+            Ok(true) => match map(engine, &path) {
                 Ok(component) => {
                     mark_used(&path);
                     return Ok((component, CacheUse::Hit));
                 }
                 Err(err) => tracing::warn!(path = %path.display(), "discarding unusable compiled artifact: {err}"),
-            }
+            },
+            Ok(false) => {}
+            Err(err) => tracing::warn!(path = %path.display(), "replacing an untrusted compiled artifact: {err:#}"),
         }
         let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
         if let Err(err) = store(dir, &path, &component) {
@@ -105,6 +139,60 @@ impl CompileCache {
     }
 }
 
+/// The effective user id of this process.
+fn euid() -> u32 {
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether `meta` is owned by this process's user and not writable by
+/// group or others; the error says which is not.
+fn private(meta: &std::fs::Metadata) -> Result<()> {
+    if meta.uid() != euid() {
+        bail!("owned by uid {}, not by this process's uid {}", meta.uid(), euid());
+    }
+    if meta.mode() & 0o022 != 0 {
+        bail!("writable by group or others (mode {:o})", meta.mode() & 0o7777);
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and missing parents) `0700`, or checks that the existing
+/// one is a directory only this user can write.
+fn private_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    private(&meta).with_context(|| format!("{} could hold machine code planted by another user", dir.display()))
+}
+
+/// Whether the artifact at `path` exists (`false` if not); an error if it
+/// is a symlink, not a regular file, or writable by someone else.
+fn own_file(path: &Path) -> Result<bool> {
+    let file = match std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) if err.raw_os_error() == Some(libc::ELOOP) => bail!("it is a symlink"),
+        Err(err) => return Err(err).context("cannot open it"),
+    };
+    let meta = file.metadata().context("cannot inspect it")?;
+    if !meta.is_file() {
+        bail!("not a regular file");
+    }
+    private(&meta)?;
+    Ok(true)
+}
+
 /// Maps a cached artifact instead of reading it into memory: its pages are
 /// loaded on first touch, so a plugin that never runs costs little more
 /// than its metadata (the six Python/JS examples made a runner hold ~330 MB
@@ -112,7 +200,8 @@ impl CompileCache {
 /// page cache.
 fn map(engine: &Engine, path: &Path) -> Result<Component> {
     // SAFETY: the artifact was written by `Component::serialize` into the
-    // runner's own cache directory (see the module docs), and its header is
+    // runner's own cache directory, checked private along with the file
+    // itself before this call (see the module docs), and its header is
     // checked against this engine by `deserialize_file`. A mapped file must
     // not be changed while in use (a truncation would fault the process):
     // wasmjobs only ever replaces artifacts by renaming a new file over them,
@@ -168,8 +257,9 @@ pub fn prune(dir: &Path, now: SystemTime) {
     }
 }
 
+/// Writes the artifact through a temporary file (created `0600`) renamed
+/// over `path`; the directory was made or checked by [`private_dir`].
 fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let artifact = component.serialize().map_err(anyhow::Error::from)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(&artifact)?;

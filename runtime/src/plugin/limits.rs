@@ -6,7 +6,12 @@
 //! - `concurrency`: most jobs of this plugin in flight in the process — jobs
 //!   beyond it wait without holding one of the runner's slots;
 //! - `fuel`: an instruction budget per job (needs the runner's `--fuel`,
-//!   because metering slows every plugin by 10–25%).
+//!   because metering slows every plugin by 10–25%);
+//! - `log` (e.g. `{ bytes = "1MiB", lines = 10000 }`): the most log lines
+//!   and bytes one job may write, the `log` import, stdout and stderr
+//!   counted together; lines past it are dropped and one line says how
+//!   many (`host::log`). Either key may be left out: it keeps its default
+//!   (1 MiB, 10,000 lines).
 //!
 //! Unset keys fall back to the runner's settings.
 
@@ -17,6 +22,7 @@ use anyhow::{Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::host::log::LogBudget;
 use crate::sandbox::engine::parse_size;
 
 /// A plugin's limits; `None` means the runner's default.
@@ -30,6 +36,8 @@ pub struct PluginLimits {
     pub concurrency: Option<u32>,
     /// Fuel per job.
     pub fuel: Option<u64>,
+    /// Log lines and bytes per job.
+    pub log: Option<LogBudget>,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +47,33 @@ pub(super) struct RawLimits {
     timeout: Option<Spanned<String>>,
     concurrency: Option<Spanned<i64>>,
     fuel: Option<Spanned<i64>>,
+    log: Option<RawLogBudget>,
+}
+
+/// `limits.log = { bytes = "1MiB", lines = 10000 }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLogBudget {
+    bytes: Option<Spanned<String>>,
+    lines: Option<Spanned<i64>>,
+}
+
+impl RawLogBudget {
+    fn resolve(&self, at: &dyn Fn(Range<usize>) -> String) -> Result<LogBudget> {
+        let mut budget = LogBudget::default();
+        if let Some(bytes) = &self.bytes {
+            let size =
+                parse_size(bytes.get_ref()).map_err(|e| anyhow!("{}: limits.log.bytes: {e}", at(bytes.span())))?;
+            if size == 0 {
+                bail!("{}: limits.log.bytes must be more than zero", at(bytes.span()));
+            }
+            budget.bytes = size as u64;
+        }
+        if let Some(lines) = &self.lines {
+            budget.lines = at_least_one(lines, "log.lines", at)?;
+        }
+        Ok(budget)
+    }
 }
 
 impl RawLimits {
@@ -70,11 +105,13 @@ impl RawLimits {
             .map(|c| at_least_one(c, "concurrency", at))
             .transpose()?;
         let fuel = self.fuel.as_ref().map(|f| at_least_one(f, "fuel", at)).transpose()?;
+        let log = self.log.as_ref().map(|l| l.resolve(at)).transpose()?;
         Ok(PluginLimits {
             memory,
             timeout,
             concurrency,
             fuel,
+            log,
         })
     }
 }
@@ -85,4 +122,39 @@ fn at_least_one<T: TryFrom<i64>>(value: &Spanned<i64>, key: &str, at: &dyn Fn(Ra
         .filter(|&v| v > 0)
         .and_then(|v| T::try_from(v).ok())
         .ok_or_else(|| anyhow!("{}: limits.{key} must be a whole number ≥ 1", at(value.span())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(text: &str) -> Result<PluginLimits> {
+        let raw: RawLimits = toml::from_str(text)?;
+        raw.resolve(&|span| format!("at {}", span.start))
+    }
+
+    #[test]
+    fn the_log_budget_parses_with_defaults_for_missing_keys() {
+        let both = limits("log = { bytes = \"2KiB\", lines = 5 }").unwrap();
+        assert_eq!(both.log, Some(LogBudget { lines: 5, bytes: 2048 }));
+        let lines = limits("log = { lines = 7 }").unwrap();
+        assert_eq!(
+            lines.log,
+            Some(LogBudget {
+                lines: 7,
+                ..LogBudget::default()
+            })
+        );
+        assert_eq!(limits("").unwrap().log, None);
+        for bad in [
+            "log = { lines = 0 }",
+            "log = { bytes = \"0\" }",
+            "log = { bytes = \"lots\" }",
+            "log = { words = 3 }",
+        ] {
+            assert!(limits(bad).is_err(), "{bad} accepted");
+        }
+        let err = limits("log = { lines = -1 }").unwrap_err().to_string();
+        assert!(err.contains("limits.log.lines must be a whole number"), "{err}");
+    }
 }

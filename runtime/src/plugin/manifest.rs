@@ -26,6 +26,7 @@
 //! timeout = "30s"
 //! concurrency = 10   # most jobs of this plugin in flight in the process
 //! fuel = 1_000_000_000   # instructions-ish per job; needs `--fuel` on the runner
+//! log = { bytes = "1MiB", lines = 10000 }   # per job; lines past it are dropped
 //! ```
 //!
 //! Every error names the manifest file and, where it can, the line.

@@ -19,7 +19,7 @@
 use rand::Rng;
 use serde_json::Value;
 
-use crate::job::Outcome;
+use crate::job::{Outcome, cap_error};
 use crate::redis::payload::{Payload, RetryPolicy};
 
 /// `error_class` of a job retried because no plugin served its class.
@@ -30,8 +30,6 @@ pub const ERROR_PLUGIN: &str = "error_plugin";
 
 /// Sidekiq's default number of retries.
 pub const DEFAULT_MAX_RETRIES: u64 = 25;
-/// Sidekiq caps `error_message` at this many characters.
-const MAX_ERROR_CHARS: usize = 10_000;
 
 /// What to write for one finished job.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,7 +130,7 @@ fn to_morgue(payload: Payload) -> Write {
 
 /// Writes Sidekiq's error fields; returns the new `retry_count`.
 fn record_failure(payload: &mut Payload, class: &str, message: &str, now: f64) -> u64 {
-    payload.set("error_message", Value::String(cap(message)));
+    payload.set("error_message", Value::String(cap_error(message).to_owned()));
     payload.set("error_class", Value::String(class.to_owned()));
     let count = match payload.retry_count() {
         Some(previous) => {
@@ -156,16 +154,10 @@ pub fn delay_secs(count: u64) -> f64 {
     (count.pow(4) + 15 + jitter) as f64
 }
 
-fn cap(message: &str) -> String {
-    match message.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((cut, _)) => message[..cut].to_owned(),
-        None => message.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::MAX_ERROR_CHARS;
 
     fn payload(extra: &str) -> Payload {
         Payload::parse(&format!(

@@ -172,13 +172,18 @@ impl Executor {
             plugin: plugin.name.clone(),
             version: plugin.version.clone(),
         };
-        let sink = LogSink::new(labels, options.capture_logs);
-        let done = |outcome: Outcome, backtrace: Option<String>| Execution {
-            outcome,
-            duration: started.elapsed(),
-            logs: sink.lines(),
-            backtrace,
-            plugin_version: plugin.version.clone(),
+        let budget = plugin.manifest.limits.log.unwrap_or_default();
+        let sink = LogSink::new(labels, options.capture_logs, budget);
+        let done = |outcome: Outcome, backtrace: Option<String>| {
+            // The job's output ends here: report lines past its log budget.
+            sink.finish();
+            Execution {
+                outcome,
+                duration: started.elapsed(),
+                logs: sink.lines(),
+                backtrace,
+                plugin_version: plugin.version.clone(),
+            }
         };
 
         let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
