@@ -28,6 +28,12 @@
 //! fuel = 1_000_000_000   # instructions-ish per job; needs `--fuel` on the runner
 //! ```
 //!
+//! Parsing checks each path lexically (no `..`, no absolute path without
+//! `outside = true`); what a path resolves to on disk, and whether a
+//! read-write grant reaches the plugin's own files, the plugins directory,
+//! the data directory or another grant, is checked when the plugin loads
+//! (`host::files::check`).
+//!
 //! Every error names the manifest file and, where it can, the line.
 
 use std::collections::HashSet;
@@ -39,6 +45,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::limits::{PluginLimits, RawLimits};
+use crate::host::files::Handles;
 use crate::host::http::AllowList;
 
 /// The file name the plugin catalog looks for.
@@ -68,6 +75,10 @@ pub struct Manifest {
     /// A name the runner does not configure is not an error here: which
     /// databases exist is runner configuration, checked at query time.
     pub sql: Vec<String>,
+    /// The granted directories, opened once when the plugin loaded
+    /// ([`crate::host::files::check`]); empty until then, and jobs of a
+    /// manifest whose grants were never opened get no preopens at all.
+    pub(crate) handles: Handles,
 }
 
 /// One directory made visible to the guest.
@@ -256,6 +267,7 @@ impl Manifest {
             env,
             limits,
             sql,
+            handles: Handles::default(),
         })
     }
 }
