@@ -12,8 +12,10 @@
 //! - A read-write grant may not reach what decides the runner's behaviour:
 //!   the plugin directory itself, its manifest or component (the reloader
 //!   would apply whatever a job writes there), the plugins directory or
-//!   another plugin's directory, and the runner's data directory (the
-//!   compile cache's parent: cached artifacts are loaded as native code).
+//!   another plugin's directory, the compile cache (its artifacts are
+//!   loaded as native code), and the runner's data directory (the cache's
+//!   parent, `--data-dir`): a grant may not contain it, nor lie in it
+//!   unless it also lies in the plugins directory kept there.
 //! - Grants may not overlap (one inside another, or the same directory
 //!   twice): a guest could otherwise rename a read-only grant away inside a
 //!   read-write one.
@@ -158,6 +160,9 @@ struct Guarded {
     /// Directories a rw grant may be neither inside nor around.
     trees: Vec<(PathBuf, &'static str)>,
     plugins: Option<PathBuf>,
+    /// The runner's data directory: a rw grant may not be inside it,
+    /// except inside the plugins directory when that lies in it.
+    data: Option<PathBuf>,
 }
 
 impl Guarded {
@@ -185,14 +190,13 @@ impl Guarded {
             contained.push((plugins.clone(), "the plugins directory"));
         }
         let mut trees = Vec::new();
+        let mut data = None;
         if let Some(cache) = &protected.cache {
             let cache = resolve_existing_prefix(cache)?;
             trees.push((cache.clone(), "the compile cache"));
-            if let Some(data) = cache.parent().filter(|p| p.parent().is_some()) {
-                trees.push((
-                    data.to_path_buf(),
-                    "the runner's data directory (the compile cache's parent)",
-                ));
+            if let Some(dir) = cache.parent().filter(|p| p.parent().is_some()) {
+                contained.push((dir.to_path_buf(), "the runner's data directory"));
+                data = Some(dir.to_path_buf());
             }
         }
         Ok(Self {
@@ -200,11 +204,20 @@ impl Guarded {
             contained,
             trees,
             plugins,
+            data,
         })
     }
 
     fn check(&self, grant: &Resolved<'_>) -> Result<()> {
         let real = &grant.real;
+        for (path, what) in &self.trees {
+            if real.starts_with(path) || path.starts_with(real) {
+                bail!(
+                    "reaches {what} ({}): a job could rewrite the runner's state",
+                    path.display()
+                );
+            }
+        }
         for (path, what) in &self.contained {
             if path.starts_with(real) {
                 bail!(
@@ -213,13 +226,14 @@ impl Guarded {
                 );
             }
         }
-        for (path, what) in &self.trees {
-            if real.starts_with(path) || path.starts_with(real) {
-                bail!(
-                    "reaches {what} ({}): a job could rewrite the runner's state",
-                    path.display()
-                );
-            }
+        if let Some(data) = &self.data
+            && real.starts_with(data)
+            && !self.plugins.as_ref().is_some_and(|plugins| real.starts_with(plugins))
+        {
+            bail!(
+                "lies in the runner's data directory {} (the compile cache's parent, with the runner's other state)",
+                data.display()
+            );
         }
         if let Some(plugins) = &self.plugins
             && real.starts_with(plugins)

@@ -79,7 +79,8 @@ fn a_read_write_grant_reaching_the_compile_cache_is_refused() {
     std::fs::create_dir_all(&cache_dir).unwrap();
     let plugins = tmp.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
-    for grant in [&data_dir, &cache_dir] {
+    let redis_dir = data_dir.join("redis");
+    for grant in [&data_dir, &cache_dir, &redis_dir] {
         chaos_with(
             &plugins,
             "chaos_job.wasm",
@@ -91,6 +92,19 @@ fn a_read_write_grant_reaching_the_compile_cache_is_refused() {
         let error = refused(&plugins, &CompileCache::new(&cache_dir));
         assert!(error.contains("cache"), "{error}");
     }
+}
+
+/// Plugins kept inside the data directory still get grants in their own
+/// directories.
+#[test]
+fn a_plugins_directory_inside_the_data_directory_keeps_its_grants() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plugins = tmp.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    chaos_with(&plugins, "chaos_job.wasm", &rw("data", "/data"));
+    let catalog = Catalog::load(&plugins, &executor(1), &CompileCache::new(tmp.path().join("cache"))).unwrap();
+    assert!(catalog.broken().is_empty(), "{:?}", catalog.broken());
+    assert!(catalog.get("ChaosJob").is_some());
 }
 
 #[test]
