@@ -3,71 +3,374 @@
 //! wasmtime-wasi resolves every guest path relative to a preopened directory
 //! handle with `openat`-style calls (cap-std), so `..`, absolute paths and
 //! symlinks cannot leave a preopen. This module adds the checks that belong
-//! to the host: a granted directory must exist (read-write ones are created),
-//! and after resolving symlinks it must still lie inside the plugin root
-//! (unless the manifest says `outside = true`), so a `data -> /etc` symlink
-//! dropped beside a manifest grants nothing.
+//! to the host, run once when a plugin loads ([`check`]):
+//!
+//! - A granted directory must exist (read-write ones are created), and after
+//!   resolving symlinks it must still lie inside the plugin root (unless the
+//!   manifest says `outside = true`), so a `data -> /etc` symlink dropped
+//!   beside a manifest grants nothing.
+//! - A read-write grant may not reach what decides the runner's behaviour:
+//!   the plugin directory itself, its manifest or component (the reloader
+//!   would apply whatever a job writes there), the plugins directory or
+//!   another plugin's directory, the compile cache (its artifacts are
+//!   loaded as native code), and the runner's data directory (the cache's
+//!   parent, `--data-dir`): a grant may not contain it, nor lie in it
+//!   unless it also lies in the plugins directory kept there.
+//! - Grants may not overlap (one inside another, or the same directory
+//!   twice): a guest could otherwise rename a read-only grant away inside a
+//!   read-write one.
+//! - Each granted directory is opened **once**, here, as a handle
+//!   ([`Handles`]), walking its canonical path from `/` one component at a
+//!   time with `O_NOFOLLOW`, so a symlink swapped in between the check and
+//!   the open fails the load. Every job then gets the directory through
+//!   `/proc/self/fd/<n>` ([`preopen`]), a magic link the kernel resolves to
+//!   the very inode the handle holds. Renaming the directory away and
+//!   putting a symlink in its place changes nothing for later jobs: they
+//!   keep seeing the directory that was checked. (wasmtime-wasi 48's
+//!   `WasiCtxBuilder::preopened_dir` only takes a path; this is how a path
+//!   names a handle.) Linux only, and `/proc` must be mounted.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use crate::plugin::manifest::{Manifest, Mode};
 
-/// Checks (and for `rw`, creates) the manifest's preopened directories.
-/// Run once when a plugin loads.
-pub fn check(manifest: &Manifest) -> Result<()> {
+/// The granted directories of one loaded plugin, opened once at load, in
+/// the manifest's `files` order. Cheap to clone; the handles close when the
+/// last clone (the last job of that plugin version) is gone.
+#[derive(Debug, Clone, Default)]
+pub struct Handles(Option<Arc<[OwnedFd]>>);
+
+/// What the runner must keep out of every read-write grant, besides the
+/// plugin's own directory and files.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Protected {
+    /// The plugins directory the catalog scans.
+    pub(crate) plugins: Option<PathBuf>,
+    /// The compile cache's directory; its parent is the runner's data
+    /// directory (`<data-dir>/cache`).
+    pub(crate) cache: Option<PathBuf>,
+}
+
+/// One grant, resolved.
+struct Resolved<'a> {
+    real: PathBuf,
+    guest: &'a str,
+    host: &'a Path,
+    mode: Mode,
+}
+
+/// Checks (and for `rw`, creates) the manifest's preopened directories and
+/// opens each once. Run once when a plugin loads.
+pub(crate) fn check(manifest: &Manifest, protected: &Protected) -> Result<Handles> {
+    let display = manifest.path.display();
     let root = manifest
         .root
         .canonicalize()
-        .with_context(|| format!("{}: cannot resolve plugin directory", manifest.path.display()))?;
+        .with_context(|| format!("{display}: cannot resolve plugin directory"))?;
+    let mut resolved = Vec::new();
     for preopen in &manifest.files {
         if preopen.mode == Mode::ReadWrite && !preopen.host.exists() {
             std::fs::create_dir_all(&preopen.host).with_context(|| {
                 format!(
-                    "{}: cannot create {} for {}",
-                    manifest.path.display(),
+                    "{display}: cannot create {} for {}",
                     preopen.host.display(),
                     preopen.guest
                 )
             })?;
         }
-        let real = preopen.host.canonicalize().with_context(|| {
-            format!(
-                "{}: granted directory {} is missing",
-                manifest.path.display(),
-                preopen.host.display()
-            )
-        })?;
+        let real = preopen
+            .host
+            .canonicalize()
+            .with_context(|| format!("{display}: granted directory {} is missing", preopen.host.display()))?;
         if !real.is_dir() {
-            bail!(
-                "{}: granted path {} is not a directory",
-                manifest.path.display(),
-                preopen.host.display()
-            );
+            bail!("{display}: granted path {} is not a directory", preopen.host.display());
         }
         if !preopen.outside && !real.starts_with(&root) {
             bail!(
-                "{}: granted directory {} resolves to {}, outside the plugin directory",
-                manifest.path.display(),
+                "{display}: granted directory {} resolves to {}, outside the plugin directory",
                 preopen.host.display(),
                 real.display()
             );
+        }
+        resolved.push(Resolved {
+            real,
+            guest: &preopen.guest,
+            host: &preopen.host,
+            mode: preopen.mode,
+        });
+    }
+    refuse_overlaps(manifest, &resolved)?;
+    let guarded = Guarded::new(manifest, &root, protected)?;
+    for grant in resolved.iter().filter(|g| g.mode == Mode::ReadWrite) {
+        guarded.check(grant).with_context(|| {
+            format!(
+                "{display}: files: the read-write grant {} ({} for {})",
+                grant.host.display(),
+                grant.real.display(),
+                grant.guest
+            )
+        })?;
+    }
+    let handles = resolved
+        .iter()
+        .map(|grant| {
+            open_no_follow(&grant.real).with_context(|| {
+                format!(
+                    "{display}: cannot open granted directory {} for {}",
+                    grant.real.display(),
+                    grant.guest
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Handles(Some(handles.into())))
+}
+
+/// Refuses two grants of which one contains (or is) the other.
+fn refuse_overlaps(manifest: &Manifest, resolved: &[Resolved<'_>]) -> Result<()> {
+    for (i, a) in resolved.iter().enumerate() {
+        for b in &resolved[i + 1..] {
+            if a.real.starts_with(&b.real) || b.real.starts_with(&a.real) {
+                bail!(
+                    "{}: files: the grants for {} ({}) and {} ({}) overlap; grant directories that do not contain one another",
+                    manifest.path.display(),
+                    a.guest,
+                    a.real.display(),
+                    b.guest,
+                    b.real.display()
+                );
+            }
         }
     }
     Ok(())
 }
 
-/// Adds the manifest's preopens to a job's WASI context.
-pub fn preopen(builder: &mut WasiCtxBuilder, manifest: &Manifest) -> Result<()> {
-    for preopen in &manifest.files {
+/// The paths a read-write grant must keep clear of, canonical.
+struct Guarded {
+    root: PathBuf,
+    /// Files and directories a rw grant may not contain, with what they are.
+    contained: Vec<(PathBuf, &'static str)>,
+    /// Directories a rw grant may be neither inside nor around.
+    trees: Vec<(PathBuf, &'static str)>,
+    plugins: Option<PathBuf>,
+    /// The runner's data directory: a rw grant may not be inside it,
+    /// except inside the plugins directory when that lies in it.
+    data: Option<PathBuf>,
+}
+
+impl Guarded {
+    fn new(manifest: &Manifest, root: &Path, protected: &Protected) -> Result<Self> {
+        let display = manifest.path.display();
+        let mut contained = vec![(root.to_path_buf(), "the plugin directory")];
+        let manifest_real = manifest
+            .path
+            .canonicalize()
+            .with_context(|| format!("{display}: cannot resolve the manifest"))?;
+        contained.push((manifest_real, "the plugin's manifest"));
+        let component_real = manifest
+            .component
+            .canonicalize()
+            .with_context(|| format!("{display}: cannot resolve component {}", manifest.component.display()))?;
+        contained.push((component_real, "the plugin's component"));
+        let plugins = match &protected.plugins {
+            Some(dir) => Some(
+                dir.canonicalize()
+                    .with_context(|| format!("cannot resolve plugins directory {}", dir.display()))?,
+            ),
+            None => None,
+        };
+        if let Some(plugins) = &plugins {
+            contained.push((plugins.clone(), "the plugins directory"));
+        }
+        let mut trees = Vec::new();
+        let mut data = None;
+        if let Some(cache) = &protected.cache {
+            let cache = resolve_existing_prefix(cache)?;
+            trees.push((cache.clone(), "the compile cache"));
+            if let Some(dir) = cache.parent().filter(|p| p.parent().is_some()) {
+                contained.push((dir.to_path_buf(), "the runner's data directory"));
+                data = Some(dir.to_path_buf());
+            }
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+            contained,
+            trees,
+            plugins,
+            data,
+        })
+    }
+
+    fn check(&self, grant: &Resolved<'_>) -> Result<()> {
+        let real = &grant.real;
+        for (path, what) in &self.trees {
+            if real.starts_with(path) || path.starts_with(real) {
+                bail!(
+                    "reaches {what} ({}): a job could rewrite the runner's state",
+                    path.display()
+                );
+            }
+        }
+        for (path, what) in &self.contained {
+            if path.starts_with(real) {
+                bail!(
+                    "contains {what} ({}): a job could rewrite what the runner loads; grant it read-only, or a subdirectory",
+                    path.display()
+                );
+            }
+        }
+        if let Some(data) = &self.data
+            && real.starts_with(data)
+            && !self.plugins.as_ref().is_some_and(|plugins| real.starts_with(plugins))
+        {
+            bail!(
+                "lies in the runner's data directory {} (the compile cache's parent, with the runner's other state)",
+                data.display()
+            );
+        }
+        if let Some(plugins) = &self.plugins
+            && real.starts_with(plugins)
+            && !real.starts_with(&self.root)
+        {
+            bail!(
+                "lies in the plugins directory {} but outside this plugin's directory: it is (or may become) another plugin's",
+                plugins.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `path` canonicalized as far as it exists, with the missing rest appended
+/// (the compile cache is created on first use).
+fn resolve_existing_prefix(path: &Path) -> Result<PathBuf> {
+    let absolute = std::path::absolute(path).with_context(|| format!("cannot resolve {}", path.display()))?;
+    let mut missing = Vec::new();
+    let mut existing = absolute.as_path();
+    loop {
+        match existing.canonicalize() {
+            Ok(real) => return Ok(missing.iter().rev().fold(real, |p, name| p.join(name))),
+            Err(_) => {
+                let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+                    bail!("cannot resolve {}", path.display());
+                };
+                missing.push(name.to_owned());
+                existing = parent;
+            }
+        }
+    }
+}
+
+/// Opens directory `real` (absolute, canonical) as an `O_PATH` handle,
+/// walking from `/` one component at a time without following symlinks,
+/// so the handle is the directory that `real` named when it was checked,
+/// or the open fails.
+fn open_no_follow(real: &Path) -> Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let mut dir = open_at(None, c"/", flags)?;
+    for component in real.components() {
+        match component {
+            Component::RootDir => {}
+            Component::Normal(name) => {
+                let name =
+                    CString::new(name.as_bytes()).with_context(|| format!("{:?} holds a NUL byte", real.display()))?;
+                dir = open_at(Some(&dir), &name, flags)
+                    .with_context(|| format!("{:?} (a symlink or not a directory?)", name))?;
+            }
+            other => bail!("{} is not canonical ({other:?})", real.display()),
+        }
+    }
+    Ok(dir)
+}
+
+/// `openat(dir or AT_FDCWD, name, flags)`.
+fn open_at(dir: Option<&OwnedFd>, name: &std::ffi::CStr, flags: libc::c_int) -> Result<OwnedFd> {
+    let at = dir.map_or(libc::AT_FDCWD, AsRawFd::as_raw_fd);
+    // SAFETY: `at` is AT_FDCWD or a descriptor owned by `dir`, alive for the
+    // call; `name` is a valid NUL-terminated string.
+    let fd = unsafe { libc::openat(at, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `openat` just returned this descriptor, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds the manifest's preopens to a job's WASI context: each granted
+/// directory as the handle opened at load, never by its host path again.
+pub(crate) fn preopen(builder: &mut WasiCtxBuilder, manifest: &Manifest) -> Result<()> {
+    if manifest.files.is_empty() {
+        return Ok(());
+    }
+    let Some(handles) = manifest
+        .handles
+        .0
+        .as_deref()
+        .filter(|h| h.len() == manifest.files.len())
+    else {
+        bail!(
+            "{}: the granted directories were not opened when the plugin loaded",
+            manifest.path.display()
+        );
+    };
+    for (preopen, handle) in manifest.files.iter().zip(handles) {
         let perms = match preopen.mode {
             Mode::ReadOnly => FsPerms::ReadOnly,
             Mode::ReadWrite => FsPerms::ReadWrite,
         };
         builder
-            .preopened_dir(&preopen.host, &preopen.guest, perms)
+            .preopened_dir(format!("/proc/self/fd/{}", handle.as_raw_fd()), &preopen.guest, perms)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("cannot open {} for {}", preopen.host.display(), preopen.guest))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_walk_refuses_a_symlink_anywhere() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(real.join("a/b")).unwrap();
+        std::os::unix::fs::symlink(real.join("a"), real.join("link")).unwrap();
+        assert!(open_no_follow(&real.join("a/b")).is_ok());
+        let err = open_no_follow(&real.join("link/b")).unwrap_err();
+        assert!(format!("{err:#}").contains("\"link\""), "{err:#}");
+        assert!(open_no_follow(&real.join("link")).is_err());
+        assert!(open_no_follow(&real.join("a/../a")).is_err());
+    }
+
+    #[test]
+    fn the_magic_link_follows_the_handle_not_the_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir(real.join("cfg")).unwrap();
+        std::fs::write(real.join("cfg/marker"), "original").unwrap();
+        let handle = open_no_follow(&real.join("cfg")).unwrap();
+        std::fs::rename(real.join("cfg"), real.join("moved")).unwrap();
+        std::os::unix::fs::symlink("/", real.join("cfg")).unwrap();
+        let through = PathBuf::from(format!("/proc/self/fd/{}", handle.as_raw_fd()));
+        assert_eq!(std::fs::read_to_string(through.join("marker")).unwrap(), "original");
+        assert!(!through.join("etc").exists());
+    }
+
+    #[test]
+    fn a_missing_tail_is_appended_to_the_existing_prefix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().canonicalize().unwrap();
+        assert_eq!(
+            resolve_existing_prefix(&tmp.path().join("x/y")).unwrap(),
+            real.join("x/y")
+        );
+    }
 }

@@ -34,7 +34,9 @@ pub struct Plugin {
     /// Content hash of component + manifest (12 hex chars): which build of
     /// the plugin ran a job.
     pub version: String,
-    /// The validated manifest.
+    /// The validated manifest, with its granted directories opened (the
+    /// handles every job of this version gets, whatever happens to the
+    /// directories' names after load).
     pub manifest: Manifest,
     /// Whether the compiled code came from the cache.
     pub cache: CacheUse,
@@ -99,6 +101,9 @@ pub struct Catalog {
     plugins: Vec<Arc<Plugin>>,
     by_class: BTreeMap<String, Arc<Plugin>>,
     broken: Vec<Broken>,
+    /// The directory [`Catalog::load`] scanned: read-write grants may not
+    /// reach it, nor other plugins' directories in it.
+    plugins_dir: Option<PathBuf>,
 }
 
 impl Catalog {
@@ -106,9 +111,13 @@ impl Catalog {
     /// `wasmjobs.toml`, otherwise each immediate subdirectory that does.
     /// Fails only if `dir` cannot be read; broken plugins are collected.
     pub fn load(dir: &Path, executor: &Executor, cache: &CompileCache) -> Result<Self> {
-        let mut catalog = Catalog::default();
+        let mut catalog = Catalog {
+            plugins_dir: Some(dir.to_path_buf()),
+            ..Catalog::default()
+        };
+        let protected = catalog.protected(cache);
         for manifest in find_manifests(dir)? {
-            match read_plugin(&manifest).and_then(|source| build_plugin(source, executor, cache)) {
+            match read_plugin(&manifest).and_then(|source| build_plugin(source, executor, cache, &protected)) {
                 Ok(plugin) => {
                     if let Err(broken) = catalog.insert(Arc::new(plugin)) {
                         catalog.broken.push(broken);
@@ -140,7 +149,7 @@ impl Catalog {
         }
         let built = read_plugin(&manifest).and_then(|source| match &old {
             Some(old) if old.version == source.version => Ok(None),
-            _ => build_plugin(source, executor, cache).map(Some),
+            _ => build_plugin(source, executor, cache, &self.protected(cache)).map(Some),
         });
         let mut next = self.clone();
         let plugin = match built {
@@ -179,6 +188,15 @@ impl Catalog {
                 kept.set_broken(broken);
                 (kept, Change::Rejected { error, kept: old })
             }
+        }
+    }
+
+    /// What read-write grants must keep clear of, besides each plugin's own
+    /// files: the plugins directory and the compile cache's data directory.
+    fn protected(&self, cache: &CompileCache) -> files::Protected {
+        files::Protected {
+            plugins: self.plugins_dir.clone(),
+            cache: cache.dir().map(Path::to_path_buf),
         }
     }
 
@@ -328,15 +346,24 @@ fn read_plugin(manifest_path: &Path) -> Result<Source> {
 }
 
 /// Compiles (or takes from the cache), checks and pre-links one plugin.
-fn build_plugin(source: Source, executor: &Executor, cache: &CompileCache) -> Result<Plugin> {
+/// The granted directories are checked and opened first: a plugin whose
+/// grants are refused is not compiled.
+fn build_plugin(
+    source: Source,
+    executor: &Executor,
+    cache: &CompileCache,
+    protected: &files::Protected,
+) -> Result<Plugin> {
     let Source {
         started,
-        manifest,
+        mut manifest,
         bytes,
         content_hash,
         version,
     } = source;
     let manifest_path = manifest.path.clone();
+    super::caps::check(&manifest, &executor.limits(), executor.protected_env())?;
+    manifest.handles = files::check(&manifest, protected)?;
     let (component, cache_use) = cache
         .component(executor.engine(), &bytes, &content_hash)
         .with_context(|| {
@@ -349,8 +376,6 @@ fn build_plugin(source: Source, executor: &Executor, cache: &CompileCache) -> Re
     let pre = executor
         .prepare(&component)
         .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;
-    super::caps::check(&manifest, &executor.limits(), executor.protected_env())?;
-    files::check(&manifest)?;
     if manifest.limits.fuel.is_some() && !executor.fuel() {
         bail!(
             "{}: limits.fuel needs fuel metering, which is off: start the runner with --fuel (it slows every plugin by 10–25%)",

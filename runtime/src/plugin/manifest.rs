@@ -29,6 +29,12 @@
 //! log = { bytes = "1MiB", lines = 10000 }   # per job; lines past it are dropped
 //! ```
 //!
+//! Parsing checks each path lexically (no `..`, no absolute path without
+//! `outside = true`); what a path resolves to on disk, and whether a
+//! read-write grant reaches the plugin's own files, the plugins directory,
+//! the data directory or another grant, is checked when the plugin loads
+//! (`host::files::check`).
+//!
 //! Every error names the manifest file and, where it can, the line.
 
 use std::collections::HashSet;
@@ -40,6 +46,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::limits::{PluginLimits, RawLimits};
+use crate::host::files::Handles;
 use crate::host::http::AllowList;
 
 /// The file name the plugin catalog looks for.
@@ -73,6 +80,10 @@ pub struct Manifest {
     /// every statement on them runs in a read-only transaction (PostgreSQL)
     /// or with `query_only` on (SQLite). The others are read-write.
     pub sql_read_only: Vec<String>,
+    /// The granted directories, opened once when the plugin loaded
+    /// ([`crate::host::files::check`]); empty until then, and jobs of a
+    /// manifest whose grants were never opened get no preopens at all.
+    pub(crate) handles: Handles,
 }
 
 /// One directory made visible to the guest.
@@ -290,6 +301,7 @@ impl Manifest {
             limits,
             sql,
             sql_read_only,
+            handles: Handles::default(),
         })
     }
 }
