@@ -5,6 +5,8 @@
 //! - `timeout` (e.g. `"30s"`, `"500ms"`): wall-clock bound per job;
 //! - `concurrency`: most jobs of this plugin in flight in the process — jobs
 //!   beyond it wait without holding one of the runner's slots;
+//! - `disk` (e.g. `"100MiB"`): most bytes the plugin's read-write
+//!   directories may hold, all its jobs together (`crate::host::disk`);
 //! - `fuel`: an instruction budget per job (needs the runner's `--fuel`,
 //!   because metering slows every plugin by 10–25%).
 //!
@@ -30,6 +32,8 @@ pub struct PluginLimits {
     pub concurrency: Option<u32>,
     /// Fuel per job.
     pub fuel: Option<u64>,
+    /// Bytes the plugin's read-write directories may hold.
+    pub disk: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +43,7 @@ pub(super) struct RawLimits {
     timeout: Option<Spanned<String>>,
     concurrency: Option<Spanned<i64>>,
     fuel: Option<Spanned<i64>>,
+    disk: Option<Spanned<String>>,
 }
 
 impl RawLimits {
@@ -70,11 +75,22 @@ impl RawLimits {
             .map(|c| at_least_one(c, "concurrency", at))
             .transpose()?;
         let fuel = self.fuel.as_ref().map(|f| at_least_one(f, "fuel", at)).transpose()?;
+        let disk = match &self.disk {
+            Some(d) => {
+                let bytes = parse_size(d.get_ref()).map_err(|e| anyhow!("{}: limits.disk: {e}", at(d.span())))?;
+                if bytes == 0 {
+                    bail!("{}: limits.disk must be more than zero", at(d.span()));
+                }
+                Some(bytes as u64)
+            }
+            None => None,
+        };
         Ok(PluginLimits {
             memory,
             timeout,
             concurrency,
             fuel,
+            disk,
         })
     }
 }
