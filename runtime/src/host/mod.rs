@@ -5,12 +5,14 @@
 //! does: [`files`] builds the filesystem preopens a manifest grants, [`http`]
 //! is the outgoing-request policy, [`log`] routes guest log lines and stdio
 //! into `tracing`, [`sql`] reaches the runner's databases the manifest
-//! grants. [`link`] assembles them into the one [`Linker`] shared by
+//! grants, [`disk`] holds the read-write preopens to the plugin's
+//! `limits.disk`. [`link`] assembles them into the one [`Linker`] shared by
 //! every plugin.
 //!
 //! Nothing is granted by default: no preopens, no environment variables, no
 //! databases, no sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.
 
+pub mod disk;
 pub mod files;
 pub mod http;
 pub mod log;
@@ -30,6 +32,7 @@ use crate::sandbox::JobState;
 pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    disk::link(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
     crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;

@@ -23,6 +23,7 @@ use super::manifest::{MANIFEST_FILE, Manifest};
 use crate::bindings::PluginPre;
 use tokio::sync::Semaphore;
 
+use crate::host::disk::{self, DiskBudget};
 use crate::host::files;
 use crate::host::http::{AllowList, HttpStats};
 use crate::sandbox::{Executor, JobState};
@@ -48,6 +49,8 @@ pub struct Plugin {
     pub http_stats: Arc<HttpStats>,
     /// Slots of `limits.concurrency`, if the plugin sets it.
     pub slots: Option<Arc<Semaphore>>,
+    /// The budget of its read-write directories (`limits.disk`), if it has any.
+    pub disk: Option<Arc<DiskBudget>>,
     pub(crate) pre: PluginPre<JobState>,
 }
 
@@ -392,6 +395,7 @@ fn build_plugin(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| manifest.root.display().to_string());
+    let disk = disk::budget(&manifest, &name, executor.disk())?.map(Arc::new);
     Ok(Plugin {
         name,
         version,
@@ -401,16 +405,25 @@ fn build_plugin(
         http_allow,
         http_stats: Arc::new(HttpStats::default()),
         slots,
+        disk,
         pre,
     })
 }
 
 impl Plugin {
     /// Carries per-plugin state over from the version this one replaces:
-    /// the HTTP counters, and the concurrency slots when the limit is
-    /// unchanged (so old and new versions together stay within it).
+    /// the HTTP counters, the concurrency slots when the limit is
+    /// unchanged (so old and new versions together stay within it), and
+    /// the disk budget when it covers the same directories (so the old
+    /// version's jobs still running stay counted), with the new limit.
     fn inherit(&mut self, old: &Plugin) {
         self.http_stats = old.http_stats.clone();
+        if let (Some(new), Some(old)) = (&self.disk, &old.disk)
+            && new.dirs() == old.dirs()
+        {
+            old.set_limit(new.limit());
+            self.disk = Some(old.clone());
+        }
         if self.manifest.limits.concurrency == old.manifest.limits.concurrency {
             self.slots = old.slots.clone();
         }

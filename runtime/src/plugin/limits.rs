@@ -5,6 +5,8 @@
 //! - `timeout` (e.g. `"30s"`, `"500ms"`): wall-clock bound per job;
 //! - `concurrency`: most jobs of this plugin in flight in the process — jobs
 //!   beyond it wait without holding one of the runner's slots;
+//! - `disk` (e.g. `"100MiB"`): most bytes the plugin's read-write
+//!   directories may hold, all its jobs together (`crate::host::disk`);
 //! - `fuel`: an instruction budget per job (needs the runner's `--fuel`,
 //!   because metering slows every plugin by 10–25%);
 //! - `log` (e.g. `{ bytes = "1MiB", lines = 10000 }`): the most log lines
@@ -38,6 +40,8 @@ pub struct PluginLimits {
     pub fuel: Option<u64>,
     /// Log lines and bytes per job.
     pub log: Option<LogBudget>,
+    /// Bytes the plugin's read-write directories may hold.
+    pub disk: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +52,7 @@ pub(super) struct RawLimits {
     concurrency: Option<Spanned<i64>>,
     fuel: Option<Spanned<i64>>,
     log: Option<RawLogBudget>,
+    disk: Option<Spanned<String>>,
 }
 
 /// `limits.log = { bytes = "1MiB", lines = 10000 }`.
@@ -106,12 +111,23 @@ impl RawLimits {
             .transpose()?;
         let fuel = self.fuel.as_ref().map(|f| at_least_one(f, "fuel", at)).transpose()?;
         let log = self.log.as_ref().map(|l| l.resolve(at)).transpose()?;
+        let disk = match &self.disk {
+            Some(d) => {
+                let bytes = parse_size(d.get_ref()).map_err(|e| anyhow!("{}: limits.disk: {e}", at(d.span())))?;
+                if bytes == 0 {
+                    bail!("{}: limits.disk must be more than zero", at(d.span()));
+                }
+                Some(bytes as u64)
+            }
+            None => None,
+        };
         Ok(PluginLimits {
             memory,
             timeout,
             concurrency,
             fuel,
             log,
+            disk,
         })
     }
 }

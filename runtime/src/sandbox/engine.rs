@@ -56,6 +56,9 @@ pub struct EngineConfig {
     pub fuel: bool,
     /// Bounds on the guests' outgoing HTTP.
     pub http: HttpLimits,
+    /// Default `limits.disk`: bytes a plugin's read-write directories may
+    /// hold, all its jobs together.
+    pub disk: u64,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +68,7 @@ impl Default for EngineConfig {
             limits: Limits::default(),
             fuel: false,
             http: HttpLimits::default(),
+            disk: crate::host::disk::DEFAULT_DISK,
         }
     }
 }

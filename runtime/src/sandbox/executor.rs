@@ -62,6 +62,7 @@ pub struct Executor {
     engine: Engine,
     linker: Linker<JobState>,
     limits: Limits,
+    disk: u64,
     fuel: bool,
     http: Arc<HttpClient>,
     databases: Arc<Databases>,
@@ -82,6 +83,7 @@ impl Executor {
             engine,
             linker,
             limits: config.limits,
+            disk: config.disk,
             fuel: config.fuel,
             http: Arc::new(HttpClient::new(HttpLimits {
                 // Every job in flight may hold a connection to the same host:
@@ -133,6 +135,11 @@ impl Executor {
     /// The default per-job limits.
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The default `limits.disk` in bytes.
+    pub fn disk(&self) -> u64 {
+        self.disk
     }
 
     /// Whether fuel metering is on (needed by plugins with `limits.fuel`).
@@ -195,7 +202,7 @@ impl Executor {
             sink.clone(),
         );
         let state = match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
-            Ok(state) => state,
+            Ok(state) => state.with_disk(plugin.disk.as_ref()),
             Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
         };
         let mut store = Store::new(&self.engine, state);
@@ -218,7 +225,7 @@ impl Executor {
         let execution = match result {
             Err(_) => done(Outcome::Retry(format!("timed out after {timeout:?}")), None),
             Ok(Ok(Ok(()))) => done(Outcome::Success, None),
-            Ok(Ok(Err(job_error))) => done(job_error.into(), None),
+            Ok(Ok(Err(job_error))) => done(with_disk_note(job_error.into(), store.data()), None),
             Ok(Err(err)) => {
                 let backtrace = err.downcast_ref::<WasmBacktrace>().map(|bt| bt.to_string());
                 done(Outcome::Retry(describe_trap(&err, store.data())), backtrace)
@@ -239,6 +246,21 @@ impl Executor {
     }
 }
 
+/// `outcome` with, for a failure, why the job's writes were refused for
+/// lack of space: guests on wasi-libc see a refused file-stream write as a
+/// bare EIO ("I/O error"), so the message says what really happened.
+fn with_disk_note(outcome: Outcome, state: &JobState) -> Outcome {
+    let Some(note) = state.disk_note() else {
+        return outcome;
+    };
+    match outcome {
+        Outcome::Retry(message) => Outcome::Retry(format!("{message} ({note})")),
+        Outcome::Discard(message) => Outcome::Discard(format!("{message} ({note})")),
+        Outcome::Dead(message) => Outcome::Dead(format!("{message} ({note})")),
+        Outcome::Success => Outcome::Success,
+    }
+}
+
 /// A one-line explanation of why the guest stopped.
 fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
     let mut message = if let Some(asked) = state.limiter.refused {
@@ -256,6 +278,10 @@ fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
     } else {
         err.root_cause().to_string()
     };
+    if let Some(note) = state.disk_note() {
+        message.push_str("; ");
+        message.push_str(&note);
+    }
     let stderr = state.log.stderr_tail();
     if !stderr.is_empty() {
         message.push_str("; guest stderr: ");

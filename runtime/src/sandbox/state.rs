@@ -5,8 +5,10 @@
 //! context + resource table), wasmtime-wasi-http through [`WasiHttpView`]
 //! (HTTP context + policy hook + table), the `log` import through the
 //! [`LogSink`], the `sql` import through its [`SqlView`] (the runner's
-//! databases as the plugin's grants filter them), and Wasmtime's resource
-//! accounting through [`MemoryLimiter`].
+//! databases as the plugin's grants filter them), the budgeted
+//! `wasi:filesystem/types` through a [`BudgetedFs`] (wasmtime-wasi's view
+//! plus the job's [`JobDisk`]), and Wasmtime's resource accounting through
+//! [`MemoryLimiter`].
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::host::disk::{BudgetedFs, DiskBudget, JobDisk};
 use crate::host::files;
 use crate::host::http::HttpPolicy;
 use crate::host::log::{LogSink, Source};
@@ -31,6 +34,9 @@ pub struct JobState {
     pub(crate) log: LogSink,
     pub(crate) sql: SqlView,
     pub(crate) limiter: MemoryLimiter,
+    /// The job's share of its plugin's disk budget. Last, so it is dropped
+    /// after the table has closed the job's files.
+    disk: Option<Arc<JobDisk>>,
 }
 
 impl JobState {
@@ -69,7 +75,31 @@ impl JobState {
             log,
             sql: SqlView::new(databases.clone(), manifest),
             limiter: MemoryLimiter::new(memory_limit),
+            disk: None,
         })
+    }
+
+    /// Charges the job's writes to its plugin's read-write directories to
+    /// `budget`.
+    pub fn with_disk(mut self, budget: Option<&Arc<DiskBudget>>) -> Self {
+        self.disk = budget.map(|budget| Arc::new(JobDisk::new(budget.clone())));
+        self
+    }
+
+    /// Why the job's writes were refused for lack of space, if they were.
+    pub fn disk_note(&self) -> Option<String> {
+        self.disk.as_ref().and_then(|disk| disk.note())
+    }
+
+    /// The view the budgeted `wasi:filesystem/types` works on.
+    pub(crate) fn budgeted_fs(&mut self) -> BudgetedFs<'_> {
+        BudgetedFs {
+            fs: wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            disk: self.disk.as_ref(),
+        }
     }
 }
 
