@@ -202,22 +202,22 @@ async fn fuel_limits_need_metering_and_then_stop_the_guest() {
 async fn only_granted_environment_variables_are_visible() {
     // SAFETY: set before any thread of this test reads the environment.
     unsafe {
-        std::env::set_var("WASMJOBS_TEST_GRANTED", "yes");
-        std::env::set_var("WASMJOBS_TEST_SECRET", "no");
+        std::env::set_var("CHAOS_TEST_GRANTED", "yes");
+        std::env::set_var("CHAOS_TEST_SECRET", "no");
     }
     // Top-level key: before the manifest's tables.
-    let dir = chaos_edited(|text| format!("env = [\"WASMJOBS_TEST_GRANTED\"]\n{text}"));
+    let dir = chaos_edited(|text| format!("env = [\"CHAOS_TEST_GRANTED\"]\n{text}"));
     let executor = executor(2);
     let chaos = catalog(dir.path(), &executor);
-    let granted = run(&executor, &chaos, "ChaosJob", r#"["env", "WASMJOBS_TEST_GRANTED"]"#).await;
+    let granted = run(&executor, &chaos, "ChaosJob", r#"["env", "CHAOS_TEST_GRANTED"]"#).await;
     assert!(
-        messages(&granted).contains(&"env WASMJOBS_TEST_GRANTED=yes".to_owned()),
+        messages(&granted).contains(&"env CHAOS_TEST_GRANTED=yes".to_owned()),
         "{:?}",
         granted.logs
     );
-    let secret = run(&executor, &chaos, "ChaosJob", r#"["env", "WASMJOBS_TEST_SECRET"]"#).await;
+    let secret = run(&executor, &chaos, "ChaosJob", r#"["env", "CHAOS_TEST_SECRET"]"#).await;
     assert!(
-        messages(&secret).contains(&"env WASMJOBS_TEST_SECRET=<unset>".to_owned()),
+        messages(&secret).contains(&"env CHAOS_TEST_SECRET=<unset>".to_owned()),
         "{:?}",
         secret.logs
     );
@@ -228,8 +228,13 @@ async fn hostile_guests_are_contained_among_healthy_jobs() {
     // 5 s, not less: building and lifting the 100 MB error string takes
     // most of a second on a busy 2-core CI machine, and it must not time out.
     let dir = chaos_with("[limits]\nmemory = \"256MiB\"\ntimeout = \"5s\"");
+    // The runner's --memory is a cap: raise it so the plugin may ask for 256 MiB.
     let executor = std::sync::Arc::new(executor_from(&EngineConfig {
         concurrency: 128,
+        limits: Limits {
+            memory: 256 << 20,
+            ..Limits::default()
+        },
         ..EngineConfig::default()
     }));
     let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));

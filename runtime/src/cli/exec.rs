@@ -32,6 +32,9 @@ pub struct ExecArgs {
     /// Most linear memory the guest may use (e.g. 64MiB).
     #[arg(long, default_value = "128MiB", value_parser = parse_size)]
     pub memory: usize,
+    /// Most bytes the plugin's read-write directories may hold (default and cap of `limits.disk`).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub disk: usize,
     /// Meter fuel, so the plugin's `limits.fuel` applies.
     #[arg(long)]
     pub fuel: bool,
@@ -54,6 +57,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
     let config = EngineConfig {
         concurrency: 1,
         limits,
+        disk: args.disk as u64,
         fuel: args.fuel,
         ..EngineConfig::default()
     };

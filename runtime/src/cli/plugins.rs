@@ -38,6 +38,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
             memory: MAX_MEMORY,
             timeout: Duration::MAX,
         },
+        disk: u64::MAX,
         ..EngineConfig::default()
     };
     let (_executor, catalog) = args.source.load(&cli.data_dir, &config, Vec::new())?;

@@ -47,6 +47,9 @@ pub struct RunArgs {
     /// Most linear memory per job (e.g. 64MiB).
     #[arg(long, default_value = "128MiB", value_parser = parse_size)]
     pub memory: usize,
+    /// Most bytes a plugin's read-write directories may hold (default and cap of `limits.disk`).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub disk: usize,
     /// Meter fuel, so plugins can set `limits.fuel` (slows every plugin by 10–25%).
     #[arg(long)]
     pub fuel: bool,
@@ -90,6 +93,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
             memory: args.memory,
             timeout: seconds(args.job_timeout, "--job-timeout")?,
         },
+        disk: args.disk as u64,
         fuel: args.fuel,
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,

@@ -1,7 +1,8 @@
 //! What a manifest may ask of the runner it is loaded into.
 //!
 //! The runner's flags are **caps**, not only defaults: a plugin's `[limits]`
-//! may lower `--memory` and `--job-timeout` but never raise them, and its
+//! may lower `--memory`, `--job-timeout` and `--disk` but never raise them
+//! (the log budget has no runner flag: a plugin may set any), and its
 //! `env` grants may not pass on the runner's own secrets. A manifest that
 //! asks for more is refused at load (and at every hot reload), naming the
 //! flag that caps it, so the operator decides, not the plugin's author.
@@ -25,10 +26,10 @@ const SECRET_NAMES: [&str; 2] = ["REDIS_URL", "DATABASE_URL"];
 /// Prefix of the runner's own settings.
 const RUNNER_PREFIX: &str = "WASMJOBS_";
 
-/// Refuses `manifest` if it asks for more than `caps` (the runner's
-/// `--memory` and `--job-timeout`) or grants a variable that holds a
-/// secret: by name, or by a value containing one of `protected`.
-pub(crate) fn check(manifest: &Manifest, caps: &Limits, protected: &[String]) -> Result<()> {
+/// Refuses `manifest` if it asks for more than `caps` and `disk` (the
+/// runner's `--memory`, `--job-timeout` and `--disk`) or grants a variable
+/// that holds a secret: by name, or by a value containing one of `protected`.
+pub(crate) fn check(manifest: &Manifest, caps: &Limits, disk: u64, protected: &[String]) -> Result<()> {
     let path = manifest.path.display();
     if let Some(memory) = manifest.limits.memory
         && memory > caps.memory
@@ -46,6 +47,15 @@ pub(crate) fn check(manifest: &Manifest, caps: &Limits, protected: &[String]) ->
             "{path}: limits.timeout asks for {}, over the runner's cap of {} (--job-timeout)",
             humantime::format_duration(timeout),
             humantime::format_duration(caps.timeout)
+        );
+    }
+    if let Some(asked) = manifest.limits.disk
+        && asked > disk
+    {
+        bail!(
+            "{path}: limits.disk asks for {}, over the runner's cap of {} (--disk)",
+            mib(usize::try_from(asked).unwrap_or(usize::MAX)),
+            mib(usize::try_from(disk).unwrap_or(usize::MAX))
         );
     }
     for name in &manifest.env {

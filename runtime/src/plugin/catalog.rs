@@ -365,7 +365,7 @@ fn build_plugin(
         version,
     } = source;
     let manifest_path = manifest.path.clone();
-    super::caps::check(&manifest, &executor.limits(), executor.protected_env())?;
+    super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
     manifest.handles = files::check(&manifest, protected)?;
     let (component, cache_use) = cache
         .component(executor.engine(), &bytes, &content_hash)

@@ -221,6 +221,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
+        disk: options.disk,
         fuel: options.fuel,
         ..EngineConfig::default()
     };

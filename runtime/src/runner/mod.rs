@@ -69,6 +69,8 @@ pub struct RunOptions {
     pub tag: String,
     /// Per-job limits (memory, wall-clock); plugins may override them.
     pub limits: Limits,
+    /// Default and cap of a plugin's `limits.disk`, bytes.
+    pub disk: u64,
     /// Fuel metering, for plugins with `limits.fuel`.
     pub fuel: bool,
     /// Average seconds between scheduled/retry polls (scaled by the number

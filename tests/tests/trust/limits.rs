@@ -112,6 +112,9 @@ fn runner_flags_cap_what_a_manifest_may_ask_for() {
     assert!(error.contains("--memory") && error.contains("128.0 MiB"), "{error}");
     let error = chaos_refusal("", "[limits]\ntimeout = \"10m\"").expect("10 min over a 10 s cap must be refused");
     assert!(error.contains("--job-timeout") && error.contains("10s"), "{error}");
+    let error =
+        chaos_refusal("", "[limits]\ndisk = \"2GiB\"").expect("2 GiB over the 1 GiB default cap must be refused");
+    assert!(error.contains("--disk") && error.contains("1024.0 MiB"), "{error}");
     // At or under the caps is fine.
     assert_eq!(
         chaos_refusal("", "[limits]\nmemory = \"128MiB\"\ntimeout = \"10s\""),
