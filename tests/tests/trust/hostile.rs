@@ -181,7 +181,10 @@ fn hostile(http: &str, http_port: u16, redis_port: u16) -> Vec<(Value, Expect)> 
             json!(["http", format!("http://127.1:{http_port}/ok")]),
             Dead("prohibited"),
         ),
-        (json!(["http", format!("http://127.0.0.1:{redis_port}/")]), Fails),
+        (
+            json!(["http", format!("http://127.0.0.1:{redis_port}/")]),
+            Dead("prohibited"),
+        ),
         // Item 8: responses held unread, and a flood.
         (json!(["http-hold", 101, http, "/ok"]), Contained),
         (json!(["http-flood", 200, http, "/ok"]), Contained),
