@@ -6,6 +6,7 @@
 mod cache;
 mod disk;
 mod files;
+mod hostile;
 mod http;
 mod limits;
 mod logs;
