@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 
@@ -107,6 +107,9 @@ pub struct Catalog {
     /// The directory [`Catalog::load`] scanned: read-write grants may not
     /// reach it, nor other plugins' directories in it.
     plugins_dir: Option<PathBuf>,
+    /// When [`Catalog::load`] began reading the directory: a file changed
+    /// since may have been read before or after its change.
+    scanned_at: Option<SystemTime>,
 }
 
 impl Catalog {
@@ -116,6 +119,7 @@ impl Catalog {
     pub fn load(dir: &Path, executor: &Executor, cache: &CompileCache) -> Result<Self> {
         let mut catalog = Catalog {
             plugins_dir: Some(dir.to_path_buf()),
+            scanned_at: Some(SystemTime::now()),
             ..Catalog::default()
         };
         let protected = catalog.protected(cache);
@@ -249,6 +253,12 @@ impl Catalog {
     /// The plugin loaded from directory `root`.
     pub fn plugin_at(&self, root: &Path) -> Option<&Arc<Plugin>> {
         self.plugins.iter().find(|p| p.manifest.root == root)
+    }
+
+    /// When [`Catalog::load`] began reading the plugins directory (`None`
+    /// for a catalog not built by `load`).
+    pub fn scanned_at(&self) -> Option<SystemTime> {
+        self.scanned_at
     }
 
     /// The plugin serving `class`, if any.

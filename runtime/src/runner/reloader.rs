@@ -22,7 +22,10 @@
 //! Rescans run on the blocking pool (compiling is CPU-heavy), one at a
 //! time. An unchanged version (same content hash) is a no-op. A version that
 //! does not load is logged with the file and the reason, and the previous
-//! version keeps serving. `SIGHUP` rescans every plugin.
+//! version keeps serving. `SIGHUP` rescans every plugin. When the watches
+//! are first set up, plugins whose files changed since the catalog's load
+//! began are rescanned: a deploy during start-up, between the load and the
+//! watches, would otherwise go unseen until the next change or `SIGHUP`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -117,10 +120,18 @@ impl Reloader {
         };
         let mut watched = BTreeSet::new();
         if let Some(watcher) = watcher.as_mut() {
-            // Everything on disk was just loaded: nothing to rescan yet.
             let _ = self.update_watches(watcher, &mut watched);
         }
+        // A plugin replaced between the catalog's load and the watches
+        // above was seen by neither: rescan what changed since the load
+        // began (a rescan of an unchanged plugin changes nothing).
         let mut pending: BTreeMap<PathBuf, Instant> = BTreeMap::new();
+        if let Some(since) = self.live.load().scanned_at() {
+            let now = Instant::now();
+            for root in self.all_roots().into_iter().filter(|r| self.changed_since(r, since)) {
+                pending.insert(root, now);
+            }
+        }
         loop {
             let next_due = pending.values().min().copied();
             let sleep = async {
@@ -220,6 +231,23 @@ impl Reloader {
         } else {
             None
         }
+    }
+
+    /// Whether the plugin directory `root`, its manifest, its loaded
+    /// component or that component's directory was modified at or after
+    /// `since` (a rename into a directory changes the directory's time, so
+    /// a component deployed with an old mtime is seen too). Unreadable
+    /// times count as changed.
+    fn changed_since(&self, root: &Path, since: SystemTime) -> bool {
+        let mut paths = vec![root.to_path_buf(), root.join(MANIFEST_FILE)];
+        if let Some(plugin) = self.live.load().plugin_at(root) {
+            paths.push(plugin.manifest.component.clone());
+            paths.extend(plugin.manifest.component.parent().map(Path::to_path_buf));
+        }
+        paths.iter().any(|path| match std::fs::metadata(path).and_then(|m| m.modified()) {
+            Ok(modified) => modified >= since,
+            Err(err) => err.kind() != std::io::ErrorKind::NotFound || path == root,
+        })
     }
 
     /// Every plugin directory on disk or loaded (a loaded one may be gone).
