@@ -416,6 +416,22 @@ mod tests {
         assert!(job_from_raw(&ok).is_ok());
     }
 
+    /// Found by `proptests::structured_payloads_decode_or_explain`: a number
+    /// out of `f64`'s range passed the fast path (which only skims it) but
+    /// not the full parse, so the job ran and then could not be retried.
+    #[test]
+    fn out_of_range_numbers_are_refused_by_both_parsers() {
+        for raw in [
+            r#"{"class":"\u000b","args":[],"retry_count":1e400}"#,
+            r#"{"class":"X","args":[1e999]}"#,
+            r#"{"class":"X","args":[],"custom":{"n":-1e400}}"#,
+        ] {
+            let full = Payload::parse(raw).unwrap_err();
+            assert!(full.contains("not valid JSON"), "{full}");
+            assert_eq!(job_from_raw(raw).map(|(job, _)| job.args), Err(full), "{raw}");
+        }
+    }
+
     #[test]
     fn the_fast_path_reads_what_the_full_parse_reads() {
         for raw in [
