@@ -6,6 +6,11 @@
 //! writes epoch seconds as floats, Sidekiq 8 epoch milliseconds as integers;
 //! both are read, and a payload keeps its own style when we write times into
 //! it.
+//!
+//! Everything here reads bytes a Redis client wrote: the property tests in
+//! `payload/proptests.rs` check that no input panics, that the fast path
+//! ([`job_from_raw`]) and the full parse ([`Payload::parse`]) agree, and that
+//! a dead-set entry for any bytes is valid JSON that keeps them.
 
 use std::borrow::Cow;
 
@@ -395,6 +400,9 @@ pub fn undecodable(raw: &[u8], queue: &str, now: f64) -> Payload {
     payload.set("raw_hex", Value::String(hex::encode(raw)));
     payload
 }
+
+#[cfg(test)]
+mod proptests;
 
 #[cfg(test)]
 mod tests {
