@@ -409,6 +409,9 @@ macro_rules! export_job {
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde::Deserialize;

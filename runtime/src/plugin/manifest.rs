@@ -35,7 +35,10 @@
 //! the data directory or another grant, is checked when the plugin loads
 //! (`host::files::check`).
 //!
-//! Every error names the manifest file and, where it can, the line.
+//! Every error names the manifest file and, where it can, the line. The
+//! property tests in `manifest/proptests.rs` hold the parser to that for
+//! arbitrary and hostile text, and to never granting a host path outside the
+//! plugin directory without `outside = true`.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -340,6 +343,9 @@ fn line_of(text: &str, offset: usize) -> usize {
         .count()
         + 1
 }
+
+#[cfg(test)]
+mod proptests;
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,11 @@
 //! writes epoch seconds as floats, Sidekiq 8 epoch milliseconds as integers;
 //! both are read, and a payload keeps its own style when we write times into
 //! it.
+//!
+//! Everything here reads bytes a Redis client wrote: the property tests in
+//! `payload/proptests.rs` check that no input panics, that the fast path
+//! ([`job_from_raw`]) and the full parse ([`Payload::parse`]) agree, and that
+//! a dead-set entry for any bytes is valid JSON that keeps them.
 
 use std::borrow::Cow;
 
@@ -228,6 +233,60 @@ struct Head<'a> {
     created_at: Option<&'a RawValue>,
 }
 
+/// A JSON document read in full, numbers included, and kept nowhere: fails
+/// on exactly the documents `serde_json::Value` cannot hold.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
 /// The job to run for payload text `raw`, and its enqueue time in epoch
 /// seconds (0 if unknown) — the same as `Payload::parse(raw)?.to_job()`,
 /// without building the whole map: on the hot path only the fields the
@@ -240,6 +299,13 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
             (p.to_job(), enqueued)
         })
     };
+    // The head skims the fields it skips (and `args`) without reading their
+    // numbers; a number the full parse cannot hold (`1e400`) would start a
+    // job whose failure could then not be written back as a retry. One
+    // allocation-free pass reads every number as the full parse would.
+    if serde_json::from_str::<Checked>(raw).is_err() {
+        return full();
+    }
     let Ok(head) = serde_json::from_str::<Head>(raw) else {
         return full();
     };
@@ -336,6 +402,9 @@ pub fn undecodable(raw: &[u8], queue: &str, now: f64) -> Payload {
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -414,6 +483,23 @@ mod tests {
         assert_eq!(job_from_raw(&raw).unwrap_err(), full);
         let ok = format!(r#"{{"class":"{}","args":[]}}"#, "C".repeat(MAX_CLASS_LEN));
         assert!(job_from_raw(&ok).is_ok());
+    }
+
+    /// Found by `proptests::structured_payloads_decode_or_explain`: a number
+    /// out of `f64`'s range passed the fast path (which only skims it) but
+    /// not the full parse, so the job ran and then could not be retried.
+    #[test]
+    fn out_of_range_numbers_are_refused_by_both_parsers() {
+        for raw in [
+            r#"{"class":"\u000b","args":[],"retry_count":1e400}"#,
+            r#"{"class":"X","args":[1e999]}"#,
+            r#"{"class":"X","args":[],"custom":{"n":-1e400}}"#,
+            r#"{"class":"X","args":[],"\ud800":1}"#,
+        ] {
+            let full = Payload::parse(raw).unwrap_err();
+            assert!(full.contains("not valid JSON"), "{full}");
+            assert_eq!(job_from_raw(raw).map(|(job, _)| job.args), Err(full), "{raw}");
+        }
     }
 
     #[test]
