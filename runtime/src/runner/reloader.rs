@@ -244,10 +244,12 @@ impl Reloader {
             paths.push(plugin.manifest.component.clone());
             paths.extend(plugin.manifest.component.parent().map(Path::to_path_buf));
         }
-        paths.iter().any(|path| match std::fs::metadata(path).and_then(|m| m.modified()) {
-            Ok(modified) => modified >= since,
-            Err(err) => err.kind() != std::io::ErrorKind::NotFound || path == root,
-        })
+        paths
+            .iter()
+            .any(|path| match std::fs::metadata(path).and_then(|m| m.modified()) {
+                Ok(modified) => modified >= since,
+                Err(err) => err.kind() != std::io::ErrorKind::NotFound || path == root,
+            })
     }
 
     /// Every plugin directory on disk or loaded (a loaded one may be gone).
