@@ -224,3 +224,25 @@ pub async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
         let _: () = conn.zadd("retry", member, 0).await.expect("ZADD");
     }
 }
+
+/// A free loopback address, e.g. for a runner's `--metrics-addr`.
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").to_string()
+}
+
+/// `GET path` on `addr` (a runner's metrics endpoint); returns the body
+/// (panics on a non-200).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    body.to_owned()
+}

@@ -2,33 +2,11 @@
 //! known mix of jobs, the JSON and Prometheus endpoints read over HTTP, and
 //! `--exit-when-empty` with its JSON summary.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, plugins, push, wait_processed};
-
-/// A free loopback address for the metrics endpoint.
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").to_string()
-}
-
-/// `GET path` on `addr`; returns the body (panics on a non-200).
-fn get(addr: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    body.to_owned()
-}
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
 
 /// Pushes the known mix: 200 NoopJob (fast), 20 ChaosJob sleeping 300 ms
 /// in a host call (slow), 10 FibJob with bad args (failing: dead).
@@ -92,7 +70,7 @@ async fn a_known_mix_is_counted_exactly_and_timed_sanely() {
         addr,
     } = run_mix().await;
     // Outcomes are recorded in the runner before they are written to Redis.
-    let stats: Value = serde_json::from_str(&get(&addr, "/stats")).expect("JSON");
+    let stats: Value = serde_json::from_str(&http_get(&addr, "/stats")).expect("JSON");
 
     let noop = class(&stats, "NoopJob");
     assert_eq!(noop["processed"], 200);
@@ -140,7 +118,7 @@ async fn the_prometheus_endpoint_parses_with_the_expected_families() {
         mut runner,
         addr,
     } = run_mix().await;
-    let text = get(&addr, "/metrics");
+    let text = http_get(&addr, "/metrics");
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("valid exposition");
     let samples = |name: &'static str| scrape.samples.iter().filter(move |s| s.metric == name);
 

@@ -7,8 +7,6 @@
 //! or `/metrics` without bound. And a Redis that is full (`maxmemory`
 //! with `noeviction`) must delay outcomes visibly, never lose them.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -16,27 +14,10 @@ use serde_json::{Value, json};
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, jobs_in_progress, plugins, push};
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, jobs_in_progress, plugins, push};
 
 /// A payload that starts with bytes no UTF-8 text can hold.
 const NOT_UTF8: &[u8] = b"\xff\xfe{\"class\":\"ChaosJob\",\"args\":[\"ok\"]}";
-
-/// A free loopback address for the metrics endpoint.
-fn free_addr() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").to_string()
-}
-
-/// `GET path` on `addr`; the body (panics on a non-200).
-fn get(addr: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(head.contains(" 200 "), "{head}");
-    body.to_owned()
-}
 
 /// The value of the unlabelled sample `name` in a Prometheus text body.
 fn sample(body: &str, name: &str) -> Option<f64> {
@@ -229,7 +210,7 @@ async fn junk_classes_share_one_metrics_label_and_a_huge_class_name_is_refused()
     )
     .await;
 
-    let body = get(&addr, "/metrics");
+    let body = http_get(&addr, "/metrics");
     let mut classes = std::collections::BTreeSet::new();
     for line in body.lines().filter(|l| !l.starts_with('#')) {
         if let Some(start) = line.find("class=\"") {
@@ -339,7 +320,7 @@ async fn a_full_redis_delays_outcomes_visibly_and_loses_none() {
         || {
             let addr = addr.clone();
             async move {
-                let body = get(&addr, "/metrics");
+                let body = http_get(&addr, "/metrics");
                 sample(&body, "wasmjobs_outcome_write_failures_total").is_some_and(|n| n > 0.0)
                     && sample(&body, "wasmjobs_outcomes_pending").is_some_and(|n| n > 0.0)
             }
@@ -376,7 +357,7 @@ async fn a_full_redis_delays_outcomes_visibly_and_loses_none() {
         async move {
             int(&mut conn, "stat:processed").await == JOBS
                 && jobs_in_progress(&mut conn).await == 0
-                && sample(&get(&addr, "/metrics"), "wasmjobs_outcomes_pending") == Some(0.0)
+                && sample(&http_get(&addr, "/metrics"), "wasmjobs_outcomes_pending") == Some(0.0)
         }
     })
     .await;
