@@ -26,6 +26,8 @@ pub mod host;
 pub mod job;
 pub mod metrics;
 pub mod plugin;
+#[cfg(test)]
+mod proptest_config;
 pub mod redis;
 pub mod runner;
 pub mod sandbox;

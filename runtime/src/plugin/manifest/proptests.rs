@@ -7,22 +7,11 @@
 //! runs a longer search.
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use super::*;
+use crate::proptest_config::config;
 
 const PATH: &str = "/plugins/fuzz/wasmjobs.toml";
-
-/// `cases` per property unless `PROPTEST_CASES` says otherwise; failures are
-/// not persisted to files (a crash found becomes a named regression test).
-fn config(cases: u32) -> Config {
-    let mut config = Config::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = cases;
-    }
-    config.failure_persistence = None;
-    config
-}
 
 /// Parses `text`; an error must name the manifest, an accepted manifest
 /// must keep its host paths inside the plugin root unless `outside`.

@@ -7,21 +7,10 @@
 //! runs a longer search.
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use serde_json::{Value, json};
 
 use super::*;
-
-/// `cases` per property unless `PROPTEST_CASES` says otherwise; failures are
-/// not persisted to files (a crash found becomes a named regression test).
-fn config(cases: u32) -> Config {
-    let mut config = Config::default();
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = cases;
-    }
-    config.failure_persistence = None;
-    config
-}
+use crate::proptest_config::config;
 
 /// Any JSON value, a few levels deep, with the awkward corners: big and
 /// negative numbers, floats, unicode and escapes in strings.
