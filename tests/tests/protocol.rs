@@ -173,3 +173,108 @@ async fn a_live_process_whose_heartbeat_vanished_keeps_its_jobs() {
     assert!(a.stop().success(), "{}", a.log());
     assert!(c.stop().success(), "{}", c.log());
 }
+
+/// The wrapper that runs a command in a PID namespace of its own (with its
+/// own /proc), killing it when the wrapper dies.
+const OWN_PID_NAMESPACE: [&str; 5] = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"];
+
+/// Whether this machine lets us create PID namespaces (root, or user
+/// namespaces allowed).
+fn pid_namespaces_work() -> bool {
+    std::process::Command::new(OWN_PID_NAMESPACE[0])
+        .args(&OWN_PID_NAMESPACE[1..])
+        .arg("true")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Containers on one host share its host name but not its pids: a process
+/// in another PID namespace is not dead because its pid is missing from
+/// our /proc (and ours is not dead because it is missing from its).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_hostname_other_pid_namespace_is_not_judged_dead() {
+    if !pid_namespaces_work() {
+        eprintln!(
+            "skipping: `{} true` fails here (needs root or user namespaces)",
+            OWN_PID_NAMESPACE.join(" ")
+        );
+        return;
+    }
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let server = HttpServer::start(Duration::ZERO).await;
+    let gate = json!(["http", server.url("/gate")]);
+    let mut p1 = Runner::start(&redis.url(), dir.path(), &["--concurrency", "1"]);
+    p1.wait_running();
+    let p1_id = new_owner(&mut conn, &[]).await;
+    push(&mut conn, "ChaosJob", "default", vec![gate.clone()]).await;
+    eventually(
+        Duration::from_secs(30),
+        || format!("the job did not start in P1:\n{}", p1.log()),
+        || async { server.gate_hits() == 1 },
+    )
+    .await;
+
+    // P2 and P3 serve queues of their own: a busy process may still hold a
+    // blocking fetch from before it became busy, and the second job must
+    // go to P2, not P1.
+    let mut p2 = Runner::start_wrapped(
+        &OWN_PID_NAMESPACE,
+        &redis.url(),
+        dir.path(),
+        &["--concurrency", "1", "--queues", "p2"],
+    );
+    p2.wait_running();
+    let p2_id = new_owner(&mut conn, &[&p1_id]).await;
+    let in_p1 = held_by(&mut conn, &p1_id).await;
+    let in_p2 = held_by(&mut conn, &p2_id).await;
+    let waiting = queued(&mut conn).await;
+    assert!(
+        in_p1.len() == 1 && in_p2.is_empty() && waiting.is_empty(),
+        "P1 ({p1_id}) still runs its job, yet P2 ({p2_id}, its own PID namespace) took it at its start sweep: P1 holds {in_p1:?}, P2 holds {in_p2:?}, queued {waiting:?}; gate calls: {}; P2's log:\n{}",
+        server.gate_hits(),
+        p2.log()
+    );
+    assert_eq!(server.gate_hits(), 1, "the job started once");
+
+    // The other direction: P2 runs a job, and a new process in the host's
+    // namespace (P3) leaves it alone.
+    push(&mut conn, "ChaosJob", "p2", vec![gate]).await;
+    eventually(
+        Duration::from_secs(30),
+        || format!("the job did not start in P2:\n{}", p2.log()),
+        || async { server.gate_hits() == 2 },
+    )
+    .await;
+    assert_eq!(held_by(&mut conn, &p2_id).await.len(), 1, "P2 runs the second job");
+    let mut p3 = Runner::start(&redis.url(), dir.path(), &["--queues", "p3"]);
+    p3.wait_running();
+    let p3_id = new_owner(&mut conn, &[&p1_id, &p2_id]).await;
+    let in_p2 = held_by(&mut conn, &p2_id).await;
+    let in_p3 = held_by(&mut conn, &p3_id).await;
+    assert!(
+        in_p2.len() == 1 && in_p3.is_empty(),
+        "P3 took the job of P2 ({p2_id}, its own PID namespace): P2 holds {in_p2:?}, P3 holds {in_p3:?}; P3's log:\n{}",
+        p3.log()
+    );
+    assert_eq!(held_by(&mut conn, &p1_id).await.len(), 1, "P1 still holds its job");
+    assert_eq!(server.gate_hits(), 2, "each job started once");
+
+    server.open_gate();
+    let probe = conn.clone();
+    eventually(
+        Duration::from_secs(30),
+        || format!("the jobs did not finish:\nP1:\n{}\nP2:\n{}", p1.log(), p2.log()),
+        || {
+            let mut conn = probe.clone();
+            async move { int(&mut conn, "stat:processed").await == 2 && jobs_in_progress(&mut conn).await == 0 }
+        },
+    )
+    .await;
+    assert_eq!(server.gate_hits(), 2, "no job ran twice");
+    assert!(p1.stop().success(), "{}", p1.log());
+    assert!(p3.stop().success(), "{}", p3.log());
+    // P2 is only reachable through its wrapper: dropping it kills both.
+    drop(p2);
+}
