@@ -278,3 +278,130 @@ async fn same_hostname_other_pid_namespace_is_not_judged_dead() {
     // P2 is only reachable through its wrapper: dropping it kills both.
     drop(p2);
 }
+
+/// How many entries the dead set keeps (Sidekiq's `dead_max_jobs`).
+const DEAD_MAX: usize = 10_000;
+/// A dead-set entry older than Sidekiq's `dead_timeout_in_seconds` (180 days).
+const ANCIENT: &str = r#"{"class":"SeedJob","args":[],"jid":"ancient","queue":"default"}"#;
+
+/// Fills the dead set with [`DEAD_MAX`] recent entries and [`ANCIENT`],
+/// 200 days old.
+async fn seed_dead(conn: &mut MultiplexedConnection) {
+    let now = wasmjobs::redis::now_f64();
+    let mut pipe = redis::pipe();
+    pipe.del("dead").ignore();
+    for chunk in (0..DEAD_MAX).collect::<Vec<_>>().chunks(1_000) {
+        let entries: Vec<(f64, String)> = chunk
+            .iter()
+            .map(|&i| {
+                let member = json!({"class": "SeedJob", "args": [i], "jid": format!("seed-{i}"), "queue": "default"});
+                (now - 3_600.0 + i as f64 * 0.01, member.to_string())
+            })
+            .collect();
+        pipe.zadd_multiple("dead", &entries).ignore();
+    }
+    pipe.zadd("dead", ANCIENT, now - 200.0 * 86_400.0).ignore();
+    let () = pipe.query_async(conn).await.expect("seed the dead set");
+}
+
+/// Waits until the newest dead-set entry is not a seed (something was
+/// buried), and returns it.
+async fn wait_buried(conn: &mut MultiplexedConnection, case: &str, log: impl Fn() -> String) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let newest: Vec<Vec<u8>> = conn.zrevrange("dead", 0, 0).await.expect("ZREVRANGE");
+        let newest = newest.first().map(|m| String::from_utf8_lossy(m).into_owned());
+        if let Some(newest) = newest.filter(|m| !m.contains(r#""jid":"seed-"#) && m != ANCIENT) {
+            return newest;
+        }
+        assert!(Instant::now() < deadline, "({case}) nothing was buried:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// After a bury: the dead set is within its cap and the ancient entry is
+/// gone; or what is wrong.
+async fn check_trimmed(conn: &mut MultiplexedConnection, case: &str, marker: &str, newest: &str) -> Option<String> {
+    assert!(
+        newest.contains(marker),
+        "({case}) the newest dead entry is this case's: {newest}"
+    );
+    let size: usize = conn.zcard("dead").await.expect("ZCARD");
+    let ancient: Option<f64> = conn.zscore("dead", ANCIENT).await.expect("ZSCORE");
+    (size > DEAD_MAX || ancient.is_some()).then(|| {
+        format!(
+            "({case}) ZCARD dead = {size} (cap {DEAD_MAX}), the 200-day-old entry {}",
+            if ancient.is_some() { "is still there" } else { "is gone" }
+        )
+    })
+}
+
+/// Every way into the dead set caps it as Sidekiq does: entries older than
+/// 180 days leave, and only the newest 10,000 stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_path_that_buries_trims_the_dead_set() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let mut failures = Vec::new();
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--poll-interval", "0.05"]);
+    runner.wait_running();
+
+    // (a) The guest says dead: the outcome writer.
+    seed_dead(&mut conn).await;
+    push(&mut conn, "ChaosJob", "default", vec![json!(["dead", "trim-a"])]).await;
+    let newest = wait_buried(&mut conn, "a", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "a: the guest returned dead", "trim-a", &newest).await);
+
+    // (b) Text that is not JSON, fetched from a queue.
+    seed_dead(&mut conn).await;
+    let _: () = conn.lpush("queue:default", "not json (trim-b)").await.expect("LPUSH");
+    let newest = wait_buried(&mut conn, "b", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "b: malformed payload in a queue", "trim-b", &newest).await);
+
+    // (c) Bytes that are not UTF-8, fetched from a queue.
+    seed_dead(&mut conn).await;
+    let _: () = conn
+        .lpush("queue:default", b"\xff\xfe not utf-8 (trim-c)".as_slice())
+        .await
+        .expect("LPUSH");
+    let newest = wait_buried(&mut conn, "c", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "c: non-UTF-8 payload in a queue", "trim-c", &newest).await);
+
+    // (d) A malformed member due in `schedule`: the poller.
+    seed_dead(&mut conn).await;
+    let _: () = conn.zadd("schedule", "not json (trim-d)", 0).await.expect("ZADD");
+    let newest = wait_buried(&mut conn, "d", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "d: malformed member due in schedule", "trim-d", &newest).await);
+
+    // (f) Retries exhausted (`retry: 0`, the job fails).
+    seed_dead(&mut conn).await;
+    let job =
+        json!({"class": "ChaosJob", "args": ["retry", "trim-f"], "jid": "trim-f", "queue": "default", "retry": 0});
+    let _: () = conn.lpush("queue:default", job.to_string()).await.expect("LPUSH");
+    let newest = wait_buried(&mut conn, "f", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "f: retries exhausted", "trim-f", &newest).await);
+    assert!(runner.stop().success(), "{}", runner.log());
+
+    // (e) A poison pill in the list of a dead process: orphan recovery, at
+    // the start of the next process.
+    seed_dead(&mut conn).await;
+    let ghost = "ghost-host:999999999:abcdef";
+    let pill = json!({"class": "ChaosJob", "args": ["ok"], "jid": "trim-e", "queue": "default",
+        "wasmjobs_recoveries": 3});
+    let _: () = conn
+        .lpush(format!("{OWNERS}:{ghost}"), pill.to_string())
+        .await
+        .expect("LPUSH");
+    let _: () = conn.sadd(OWNERS, ghost).await.expect("SADD");
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    let newest = wait_buried(&mut conn, "e", || runner.log()).await;
+    failures.extend(check_trimmed(&mut conn, "e: poison pill", "trim-e", &newest).await);
+    assert!(runner.stop().success(), "{}", runner.log());
+
+    assert!(
+        failures.is_empty(),
+        "buries that left the dead set untrimmed:\n{}",
+        failures.join("\n")
+    );
+}
