@@ -2,8 +2,12 @@
 //!
 //! Routes: `/ok` answers 200 `hello`; `/status/NNN` answers that status;
 //! `/sleep` waits the configured delay, then answers 200 (the seed
-//! benchmark's 200 ms endpoint); `/big/N` answers N bytes. Every request and
-//! every connection is counted, and so is the most requests open at once.
+//! benchmark's 200 ms endpoint); `/big/N` answers N bytes; `/gate` waits
+//! until the test opens the gate ([`HttpServer::open_gate`]), then answers
+//! 200, so a job calling it stays in flight as long as the test needs and
+//! each call marks a start of the job ([`HttpServer::gate_hits`]). Every
+//! request and every connection is counted, and so is the most requests
+//! open at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,6 +23,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
+use tokio::sync::watch;
 
 /// Connections the kernel may queue before `accept` (capped by
 /// `net.core.somaxconn`, 4,096 on Debian 12).
@@ -31,6 +36,23 @@ pub struct HttpServer {
     hits: Arc<AtomicUsize>,
     connections: Arc<AtomicUsize>,
     open: Arc<OpenRequests>,
+    gate: Arc<Gate>,
+}
+
+/// The `/gate` route: closed until the test opens it; counts its callers.
+struct Gate {
+    open: watch::Sender<bool>,
+    hits: AtomicUsize,
+}
+
+impl Gate {
+    /// Counts the call, then waits until the gate is open.
+    async fn pass(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        let mut open = self.open.subscribe();
+        // The sender lives as long as the server: an error cannot happen.
+        let _ = open.wait_for(|&open| open).await;
+    }
 }
 
 /// Requests being answered now, and the most there ever were.
@@ -73,6 +95,11 @@ impl HttpServer {
         let hits = Arc::new(AtomicUsize::new(0));
         let connections = Arc::new(AtomicUsize::new(0));
         let open = Arc::new(OpenRequests::default());
+        let gate = Arc::new(Gate {
+            open: watch::Sender::new(false),
+            hits: AtomicUsize::new(0),
+        });
+        let gates = gate.clone();
         let counter = hits.clone();
         let accepted = connections.clone();
         let requests = open.clone();
@@ -84,13 +111,19 @@ impl HttpServer {
                 accepted.fetch_add(1, Ordering::Relaxed);
                 let counter = counter.clone();
                 let requests = requests.clone();
+                let gates = gates.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
                         let counter = counter.clone();
                         let requests = requests.clone();
+                        let gate = gates.clone();
                         async move {
                             counter.fetch_add(1, Ordering::Relaxed);
                             let _open = Open::new(&requests);
+                            if req.uri().path() == "/gate" {
+                                gate.pass().await;
+                                return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"opened"))));
+                            }
                             Ok::<_, Infallible>(respond(req.uri().path(), delay).await)
                         }
                     });
@@ -105,7 +138,19 @@ impl HttpServer {
             hits,
             connections,
             open,
+            gate,
         }
+    }
+
+    /// Calls of `/gate` so far (answered or still waiting).
+    pub fn gate_hits(&self) -> usize {
+        self.gate.hits.load(Ordering::Relaxed)
+    }
+
+    /// Opens `/gate`: the calls waiting on it are answered, and later ones
+    /// pass at once.
+    pub fn open_gate(&self) {
+        self.gate.open.send_replace(true);
     }
 
     /// The URL of `path` on this server.

@@ -33,10 +33,25 @@ pub struct Runner {
 impl Runner {
     /// Starts `wasmjobs run --redis URL --plugins DIR` plus `extra` flags.
     pub fn start(redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
+        Self::start_wrapped(&[], redis_url, plugins, extra)
+    }
+
+    /// The same, run through `wrapper` (a command and its arguments that
+    /// runs the command line after it, e.g. `unshare --pid --fork ...`);
+    /// [`Runner::pid`] and the signals then address the wrapper.
+    pub fn start_wrapped(wrapper: &[&str], redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("runner.log");
         let data_dir = crate::repo_root().join("target/wasmjobs-test-data");
-        let child = Command::new(wasmjobs_bin())
+        let mut command = match wrapper.split_first() {
+            None => Command::new(wasmjobs_bin()),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(wasmjobs_bin());
+                command
+            }
+        };
+        let child = command
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["run", "--redis", redis_url, "--plugins"])
@@ -54,6 +69,11 @@ impl Runner {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
     }
 
     /// What the runner has logged so far.
