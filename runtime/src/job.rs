@@ -19,6 +19,10 @@ use crate::bindings::types as wit;
 /// to the dead set.
 pub const MAX_CLASS_LEN: usize = 256;
 
+/// The queue of a job that names none (Sidekiq's), and the queue
+/// `wasmjobs run` and `wasmjobs enqueue` use unless told otherwise.
+pub const DEFAULT_QUEUE: &str = "default";
+
 /// One job to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
@@ -47,7 +51,7 @@ impl Job {
         Ok(Self {
             jid: new_jid(),
             class: class.to_owned(),
-            queue: "default".to_owned(),
+            queue: DEFAULT_QUEUE.to_owned(),
             args: args.to_owned(),
             retry_count: 0,
             enqueued_at_ms: now_ms(),

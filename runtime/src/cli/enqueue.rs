@@ -28,7 +28,7 @@ pub struct EnqueueArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
     /// The queue to push to.
-    #[arg(long, short, default_value = "default")]
+    #[arg(long, short, default_value = crate::job::DEFAULT_QUEUE)]
     pub queue: String,
     /// Run the job this many seconds from now (scheduled).
     #[arg(long = "in", value_name = "SECS", conflicts_with = "at", value_parser = parse_delay)]

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::job::{Job, new_jid, preview};
+use crate::job::{DEFAULT_QUEUE, Job, new_jid, preview};
 
 pub use crate::job::MAX_CLASS_LEN;
 
@@ -88,7 +88,7 @@ impl Payload {
             payload.map.insert("jid".into(), Value::String(new_jid()));
         }
         if !matches!(payload.map.get("queue"), Some(Value::String(q)) if !q.is_empty()) {
-            payload.map.insert("queue".into(), Value::String("default".into()));
+            payload.map.insert("queue".into(), Value::String(DEFAULT_QUEUE.into()));
         }
         Ok(payload)
     }
@@ -119,7 +119,7 @@ impl Payload {
 
     /// The queue the job belongs to.
     pub fn queue(&self) -> &str {
-        self.str("queue").unwrap_or("default")
+        self.str("queue").unwrap_or(DEFAULT_QUEUE)
     }
 
     /// A string field.
@@ -325,7 +325,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     let queue = head
         .queue
         .filter(|q| !q.is_empty())
-        .map_or_else(|| "default".to_owned(), Cow::into_owned);
+        .map_or_else(|| DEFAULT_QUEUE.to_owned(), Cow::into_owned);
     let job = Job {
         jid,
         class: class.clone().into_owned(),

@@ -20,7 +20,7 @@ pub struct Queues {
 impl Default for Queues {
     fn default() -> Self {
         Self {
-            entries: vec![("default".into(), 1)],
+            entries: vec![(crate::job::DEFAULT_QUEUE.into(), 1)],
             weighted: false,
         }
     }
