@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 
 use super::{Cli, DbArgs, PluginSource, RedisArgs};
-use crate::runner::{self, FetchMode, Queues, RunOptions};
+use crate::runner::{self, DeadCaps, FetchMode, Queues, RunOptions};
 use crate::sandbox::Limits;
 use crate::sandbox::engine::parse_size;
 
@@ -27,7 +27,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub db: DbArgs,
     /// Queues to serve: `a,b` in strict order, or `a:3,b:1` weighted.
-    #[arg(long, short = 'q', default_value = "default")]
+    #[arg(long, short = 'q', default_value = crate::job::DEFAULT_QUEUE)]
     pub queues: Queues,
     /// Most jobs in flight at once.
     #[arg(long, short = 'c', default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -59,6 +59,12 @@ pub struct RunArgs {
     /// Recoveries from dead processes after which a job is a poison pill (sent to dead).
     #[arg(long, default_value_t = 3)]
     pub max_recoveries: u64,
+    /// Most jobs the dead set keeps (the newest); Sidekiq's `dead_max_jobs`.
+    #[arg(long, default_value_t = DeadCaps::default().max_jobs)]
+    pub dead_max_jobs: u64,
+    /// Days a job stays in the dead set; Sidekiq's `dead_timeout_in_seconds` (six months).
+    #[arg(long, default_value_t = 180.0)]
+    pub dead_days: f64,
     /// Serve Prometheus metrics at http://ADDR/metrics and JSON at /stats (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -83,7 +89,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         redis: args.redis.target(&cli.data_dir),
         plugins: args.source.plugins.clone(),
         data_dir: cli.data_dir.clone(),
-        no_cache: args.source.no_cache,
+        cache: args.source.cache(&cli.data_dir),
         queues: args.queues.clone(),
         concurrency: args.concurrency,
         shutdown_timeout: seconds(args.timeout, "--timeout")?,
@@ -97,6 +103,10 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         fuel: args.fuel,
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,
+        dead: DeadCaps {
+            max_jobs: args.dead_max_jobs,
+            timeout: seconds(args.dead_days * 86_400.0, "--dead-days")?,
+        },
         databases: args.db.databases.clone(),
         metrics_addr: args.metrics_addr,
         metrics: !args.no_metrics,

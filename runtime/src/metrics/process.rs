@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::watch;
 
 /// How often RSS and CPU are sampled while jobs run.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -142,13 +141,17 @@ impl ProcessGauges {
     }
 }
 
-/// Samples the gauges every [`SAMPLE_EVERY`] until `stop` turns true.
+/// Samples the gauges every [`SAMPLE_EVERY`] until `stop`.
 pub struct ProcessSampler;
 
 impl ProcessSampler {
     /// Runs the sampling loop; `refresh` updates the gauges that live
     /// elsewhere (in flight, live instances) at each tick.
-    pub async fn run(gauges: &ProcessGauges, refresh: impl Fn(&ProcessGauges), mut stop: watch::Receiver<bool>) {
+    pub async fn run(
+        gauges: &ProcessGauges,
+        refresh: impl Fn(&ProcessGauges),
+        stop: tokio_util::sync::CancellationToken,
+    ) {
         // Same source as every later reading (getrusage), so the first
         // interval's %CPU is not a difference of two different clocks.
         gauges.sample_memory_and_cpu();
@@ -158,7 +161,7 @@ impl ProcessSampler {
             let pause = if idle { SAMPLE_IDLE } else { SAMPLE_EVERY };
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|&s| s) => return,
+                () = stop.cancelled() => return,
             }
             gauges.sample_memory_and_cpu();
             refresh(gauges);

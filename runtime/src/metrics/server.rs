@@ -15,7 +15,6 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use super::Metrics;
 use super::exposition::{prometheus, stats_document};
@@ -25,7 +24,7 @@ use super::exposition::{prometheus, stats_document};
 pub async fn bind(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    stop: watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()>)> {
     let listener = TcpListener::bind(addr)
         .await
@@ -34,11 +33,11 @@ pub async fn bind(
     Ok((bound, serve(listener, metrics, stop)))
 }
 
-async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: tokio_util::sync::CancellationToken) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|&s| s) => return,
+            () = stop.cancelled() => return,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,

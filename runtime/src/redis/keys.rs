@@ -21,11 +21,9 @@ pub const STAT_FAILED: &str = "stat:failed";
 pub const STAT_DISCARDED: &str = "wasmjobs:stat:discarded";
 /// SET of identities that have (or had) an in-progress list, for orphan recovery.
 pub const INPROGRESS_OWNERS: &str = "wasmjobs:inprogress";
-
-/// Dead set caps, as Sidekiq's defaults.
-pub const DEAD_MAX_JOBS: isize = 10_000;
-/// Jobs older than this leave the dead set.
-pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 3600.0;
+/// HASH of identity → where the process runs (boot id, PID namespace, pid,
+/// start time), so a process on the same machine can prove it dead or alive.
+pub const ORIGINS: &str = "wasmjobs:origins";
 /// Daily stat keys live five years, as Sidekiq's.
 pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 /// Heartbeat keys expire after this many seconds without a beat.

@@ -9,15 +9,17 @@
 //! in-progress jobs are then recovered ([`super::orphans`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-use super::manager::Manager;
+use super::inflight::InFlightTable;
 use super::reloader::LiveCatalog;
+use super::source::JobSource;
 use crate::metrics::Metrics;
 use crate::redis::{Redis, keys, now_f64};
 
@@ -47,15 +49,6 @@ impl Identity {
             pid,
         }
     }
-
-    /// Splits an identity into host name and pid, if it has that shape.
-    pub fn parse(identity: &str) -> Option<(&str, u32)> {
-        let mut parts = identity.rsplitn(3, ':');
-        let _nonce = parts.next()?;
-        let pid = parts.next()?.parse().ok()?;
-        let host = parts.next()?;
-        Some((host, pid))
-    }
 }
 
 /// The machine's host name.
@@ -82,14 +75,37 @@ pub enum Command {
     Stop,
 }
 
+/// What the heartbeat says about this process.
+pub(crate) struct About {
+    /// The queues it serves.
+    pub(crate) queues: Vec<String>,
+    /// Its `--tag`.
+    pub(crate) tag: String,
+    /// Its `--concurrency`.
+    pub(crate) concurrency: u32,
+}
+
+/// What the heartbeat reads from, each beat.
+pub(crate) struct Parts {
+    /// The jobs in flight (the `:work` hash, `busy`).
+    pub(crate) inflight: Arc<InFlightTable>,
+    /// The job source, which registers the process with each beat.
+    pub(crate) source: Arc<dyn JobSource>,
+    /// The plugins loaded (their versions, in `info`).
+    pub(crate) catalog: LiveCatalog,
+    /// Cancelled once the process is quiet.
+    pub(crate) quiet: CancellationToken,
+}
+
 /// The heartbeat of one process.
 pub struct Heartbeat {
     redis: Redis,
     identity: Identity,
     info: serde_json::Value,
-    manager: Arc<Manager>,
+    inflight: Arc<InFlightTable>,
+    source: Arc<dyn JobSource>,
     catalog: LiveCatalog,
-    quiet: Arc<AtomicBool>,
+    quiet: CancellationToken,
     metrics: Option<Arc<Metrics>>,
     /// The round trip of the previous beat's transaction, µs (Sidekiq's
     /// `rtt_us`), written with the next beat: one round trip per beat
@@ -99,22 +115,25 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// A heartbeat describing this process (`queues`, `tag`, `concurrency`).
-    pub fn new(
-        redis: Redis,
-        identity: Identity,
-        queues: Vec<String>,
-        tag: &str,
-        manager: Arc<Manager>,
-        catalog: LiveCatalog,
-        quiet: Arc<AtomicBool>,
-    ) -> Self {
+    /// A heartbeat describing this process.
+    pub(crate) fn new(redis: Redis, identity: Identity, about: About, parts: Parts) -> Self {
+        let About {
+            queues,
+            tag,
+            concurrency,
+        } = about;
+        let Parts {
+            inflight,
+            source,
+            catalog,
+            quiet,
+        } = parts;
         let info = json!({
             "hostname": identity.hostname,
             "started_at": now_f64(),
             "pid": identity.pid,
             "tag": tag,
-            "concurrency": manager.concurrency(),
+            "concurrency": concurrency,
             "queues": queues,
             "labels": ["wasmjobs"],
             "identity": identity.identity,
@@ -124,7 +143,8 @@ impl Heartbeat {
             redis,
             identity,
             info,
-            manager,
+            inflight,
+            source,
             catalog,
             quiet,
             metrics: None,
@@ -138,9 +158,9 @@ impl Heartbeat {
         self
     }
 
-    /// Beats every [`INTERVAL`] until `commands` is closed, forwarding the
-    /// Web UI's signals to it.
-    pub async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>) {
+    /// Beats every [`INTERVAL`] until `stop`, forwarding the Web UI's
+    /// signals to `commands`.
+    pub(crate) async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>, stop: CancellationToken) {
         loop {
             match self.beat().await {
                 Ok(Some(command)) => {
@@ -153,7 +173,7 @@ impl Heartbeat {
             }
             tokio::select! {
                 () = tokio::time::sleep(INTERVAL) => {}
-                () = commands.closed() => return,
+                () = stop.cancelled() => return,
             }
         }
     }
@@ -164,7 +184,7 @@ impl Heartbeat {
         let rtt_us = self.rtt_us.load(Ordering::Relaxed);
 
         let id = &self.identity.identity;
-        let work = self.manager.snapshot();
+        let work = self.inflight.snapshot();
         let mut pipe = redis::pipe();
         pipe.atomic();
         for key in [keys::work(id), keys::workers(id)] {
@@ -192,15 +212,12 @@ impl Heartbeat {
             .arg("rtt_us")
             .arg(rtt_us)
             .arg("quiet")
-            .arg(if self.quiet.load(Ordering::Relaxed) {
-                "true"
-            } else {
-                "false"
-            })
+            .arg(if self.quiet.is_cancelled() { "true" } else { "false" })
             .arg("rss")
             .arg(rss_kb(std::process::id()))
             .ignore();
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
+        self.source.register(&mut pipe);
         pipe.cmd("RPOP").arg(keys::signals(id));
         let started = Instant::now();
         // Anyone can push into the signals list: read bytes, not text.
@@ -261,14 +278,6 @@ impl Heartbeat {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identities_round_trip() {
-        let me = Identity::current();
-        assert_eq!(Identity::parse(&me.identity), Some((me.hostname.as_str(), me.pid)));
-        assert_eq!(Identity::parse("host-1:42:abc"), Some(("host-1", 42)));
-        assert_eq!(Identity::parse("nonsense"), None);
-    }
 
     #[test]
     fn rss_is_measured() {

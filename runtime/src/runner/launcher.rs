@@ -1,38 +1,48 @@
-//! Start and stop: everything `wasmjobs run` does around the jobs.
+//! Start and stop: the wiring of everything `wasmjobs run` does around the
+//! jobs. No protocol lives here: the job source owns it.
 //!
 //! Start: connect to Redis (or start the embedded server), load the plugins
-//! (compiling off the async threads), write the first heartbeat, recover
-//! orphans, then start the outcome writer, the fetch loop, the scheduled
-//! poller, orphan recovery and the heartbeat.
+//! (compiling off the async threads), open the job source, write the first
+//! heartbeat (which registers the process), recover orphans, then start the
+//! outcome writer, the fetch loop, the scheduled poller, orphan recovery,
+//! the reloader, the monitor and the heartbeat.
 //!
-//! Stop (SIGTERM, SIGINT, or TERM from the Web UI): go quiet (no new
-//! fetches), wait up to the shutdown timeout for jobs in flight, stop the
-//! rest, let the writer record every outcome, push every job still in this
-//! process's in-progress list back to the front of its queue, remove the
-//! heartbeat, and stop the embedded Redis if we were its last user. SIGTSTP
-//! (or TSTP from the Web UI) only goes quiet.
+//! Shutdown is a tree of cancellation tokens: `done` (heartbeat, monitor)
+//! → `stop` (poller, reloader, orphan recovery) → `quiet` (the fetch loop).
+//! SIGTSTP (or TSTP from the Web UI) cancels `quiet` only; "quiet" is
+//! logged once the fetch loop has stopped. SIGTERM, SIGINT, TERM from the
+//! Web UI or `--exit-when-empty` run [`shut_down`]: quiet, wait up to the
+//! shutdown timeout for the jobs in flight (their task tracker), stop the
+//! rest (each goes back to its queue through the writer), let the writer
+//! record every outcome, have the job source requeue what it still holds,
+//! remove the heartbeat, and stop the embedded Redis if we were its last
+//! user.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::fetch::{Burier, FetchMode, Fetched, Fetcher, MAX_BATCH, Requeuer};
-use super::heartbeat::{Command, Heartbeat, Identity};
-use super::manager::{InFlightTable, Manager};
-use super::orphans::OrphanRecovery;
+use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
+use super::inflight::InFlightTable;
+use super::manager::Manager;
 use super::outcome::{self, Counters};
+use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
-use super::{RunOptions, RunSummary, monitor, os_limits};
+use super::source::{self, JobSource, Settings};
+use super::unit::Fetched;
+use super::{RunOptions, RunSummary, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
-use crate::plugin::{Catalog, CompileCache};
-use crate::redis::payload::Payload;
-use crate::redis::{Redis, connect, keys};
+use crate::plugin::Catalog;
+use crate::redis::connect;
 use crate::sandbox::{EngineConfig, Executor};
 
 /// Runs until told to stop; returns what happened.
@@ -43,154 +53,121 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
 
     let (executor, catalog) = load_plugins(&options).await?;
+    let catalog = reloader::live(catalog);
     let metrics = Arc::new(Metrics::new(options.metrics));
     let identity = Identity::current();
+    let source = source::open(
+        redis.clone(),
+        Settings {
+            mode: options.fetch,
+            queues: options.queues.clone(),
+            identity: identity.identity.clone(),
+            max_recoveries: options.max_recoveries,
+            dead: options.dead,
+        },
+    );
     let counters = Arc::new(Counters::default());
-    let fetcher = Fetcher::new(options.fetch, redis.clone(), options.queues.clone(), &identity.identity);
-    let inprogress = fetcher.inprogress_key().to_owned();
     let inflight = Arc::new(InFlightTable::default());
     let (completions, writer) = outcome::spawn(
-        redis.clone(),
-        options.fetch,
-        inprogress.clone(),
+        source.clone(),
         counters.clone(),
         inflight.clone(),
         metrics.clone(),
         options.concurrency as usize * 2,
     );
-    let catalog = reloader::live(catalog);
-    let manager = Manager::new(
-        metrics.clone(),
-        executor.clone(),
-        catalog.clone(),
-        options.concurrency,
-        completions,
-        inflight.clone(),
-    );
-    let quiet = Arc::new(AtomicBool::new(false));
+    let processor = Processor {
+        executor: executor.clone(),
+        catalog: catalog.clone(),
+        metrics: metrics.clone(),
+    };
+    let manager = Manager::new(Arc::new(processor), options.concurrency, completions, inflight.clone());
+
+    let done = CancellationToken::new();
+    let stop = done.child_token();
+    let quiet = stop.child_token();
     let heartbeat = Heartbeat::new(
         redis.clone(),
         identity.clone(),
-        options.queues.names(),
-        &options.tag,
-        manager.clone(),
-        catalog.clone(),
-        quiet.clone(),
+        About {
+            queues: options.queues.names(),
+            tag: options.tag.clone(),
+            concurrency: options.concurrency,
+        },
+        Parts {
+            inflight: inflight.clone(),
+            source: source.clone(),
+            catalog: catalog.clone(),
+            quiet: quiet.clone(),
+        },
     )
     .with_metrics(metrics.clone());
     heartbeat.beat().await.context("writing the first heartbeat")?;
-    if options.fetch == FetchMode::Reliable {
-        ::redis::cmd("SADD")
-            .arg(keys::INPROGRESS_OWNERS)
-            .arg(&identity.identity)
-            .query_async::<()>(&mut redis.conn())
-            .await
-            .context("registering the in-progress list")?;
-        let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
-        match recovery.sweep().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
-            Err(err) => tracing::warn!("orphan recovery: {err:#}"),
-        }
+    match source.recover_orphans().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
+        Err(err) => tracing::warn!("orphan recovery: {err:#}"),
     }
     tracing::info!(identity = %identity.identity, "running");
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (quiet_tx, quiet_rx) = watch::channel(false);
-    tokio::spawn(Poller::new(redis.clone(), options.poll_interval).run(stop_rx.clone()));
+    let tasks = TaskTracker::new();
+    let poller = || Poller::new(redis.clone(), options.poll_interval, options.dead);
+    tasks.spawn(poller().run(stop.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
-    tokio::spawn(
+    tasks.spawn(
         Reloader::new(
             options.plugins.clone(),
             executor.clone(),
-            cache(&options),
+            options.cache.clone(),
             catalog.clone(),
         )
         .on_new_classes(served_tx)
         .with_metrics(metrics.clone())
-        .run(stop_rx.clone()),
+        .run(stop.clone()),
     );
-    tokio::spawn(release_unserved(
-        Poller::new(redis.clone(), options.poll_interval),
-        served,
-    ));
-    if options.fetch == FetchMode::Reliable {
-        let recovery = OrphanRecovery::new(redis.clone(), identity.clone(), options.max_recoveries);
-        tokio::spawn(recovery.run(stop_rx.clone()));
-    }
+    tasks.spawn(release_unserved(poller(), served));
+    tasks.spawn(source::recover_orphans_periodically(source.clone(), stop.clone()));
     let (commands_tx, mut commands) = mpsc::channel(4);
     let heartbeat = Arc::new(heartbeat);
-    let beating = tokio::spawn({
-        let heartbeat = heartbeat.clone();
-        async move { heartbeat.run(commands_tx).await }
-    });
-    let fetching = tokio::spawn(fetch_loop(fetcher, manager.clone(), inflight.clone(), quiet_rx));
-
+    tasks.spawn(heartbeat.clone().run(commands_tx, done.clone()));
     monitor::start(
         metrics.clone(),
         executor,
         inflight.clone(),
         options.concurrency,
         options.metrics_addr,
-        stop_rx.clone(),
+        done.clone(),
     )
     .await?;
+    let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);
     let drained = options
         .exit_when_empty
         .then(|| monitor::drained(redis.clone(), options.queues.names(), inflight.clone()));
-    wait_for_stop(&mut commands, &quiet, &quiet_tx, drained).await?;
+    wait_for_stop(&mut commands, &mut fetching, drained).await?;
 
-    // Shutdown.
-    tracing::info!(
-        "shutting down: no new jobs; waiting up to {:?} for {} in flight",
+    let requeued = shut_down(
         options.shutdown_timeout,
-        manager.busy()
-    );
-    quiet.store(true, Ordering::Relaxed);
-    let _ = quiet_tx.send(true);
-    let mut leftovers = fetching.await.unwrap_or_default();
-    let _ = stop_tx.send(true);
-    if !manager.drain(options.shutdown_timeout).await {
-        let stopped = manager.abort_all();
-        tracing::warn!(
-            jobs = stopped.len(),
-            "shutdown timeout reached: stopping jobs still running and requeueing them"
-        );
-        leftovers.extend(stopped);
-    }
-    manager.close();
-    drop(commands);
-    let _ = beating.await;
-    let recorded = tokio::time::timeout(options.shutdown_timeout.max(Duration::from_secs(10)), writer)
+        Running {
+            source: source.as_ref(),
+            manager: &manager,
+            fetching,
+            stop: &stop,
+            writer,
+        },
+    )
+    .await;
+    done.cancel();
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
         .await
-        .is_ok();
-    let requeued = if recorded {
-        requeue(&redis, options.fetch, &inprogress, leftovers).await
-    } else {
-        tracing::error!(
-            "could not record every outcome (is Redis reachable?); unfinished jobs stay in {inprogress} for recovery"
-        );
-        0
-    };
+        .is_err()
+    {
+        tracing::warn!("background tasks did not stop within 10 s");
+    }
     if let Err(err) = heartbeat.clear().await {
         tracing::warn!("{err:#}");
     }
-    if options.fetch == FetchMode::Reliable && recorded {
-        let forget = ::redis::pipe()
-            .atomic()
-            .cmd("SREM")
-            .arg(keys::INPROGRESS_OWNERS)
-            .arg(&identity.identity)
-            .ignore()
-            .cmd("LLEN")
-            .arg(&inprogress)
-            .query_async::<(u64,)>(&mut redis.conn())
-            .await;
-        match forget {
-            Ok((0,)) => {}
-            Ok((left,)) => tracing::error!("{left} jobs are still in {inprogress}; they will be recovered as orphans"),
-            Err(err) => tracing::warn!("{err:#}"),
-        }
+    if requeued.is_some() {
+        source.unregister().await;
     }
     redis.close().await?;
 
@@ -200,13 +177,100 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         retried: counters.retried.load(Ordering::Relaxed),
         dead: counters.dead.load(Ordering::Relaxed),
         discarded: counters.discarded.load(Ordering::Relaxed),
-        requeued,
+        requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
         wall: started.elapsed(),
         ..RunSummary::default()
     }
     .with_metrics(&metrics);
     tracing::info!(processed = summary.processed, failed = summary.failed, "stopped");
     Ok(summary)
+}
+
+/// The fetch loop and the jobs it took but did not start.
+pub(crate) struct Fetching {
+    task: Option<JoinHandle<Vec<Fetched>>>,
+    leftovers: Vec<Fetched>,
+    quiet: CancellationToken,
+}
+
+impl Fetching {
+    /// Starts the fetch loop; it runs until `quiet`.
+    pub(crate) fn start(
+        source: Arc<dyn JobSource>,
+        manager: Arc<Manager>,
+        inflight: Arc<InFlightTable>,
+        quiet: CancellationToken,
+    ) -> Self {
+        Self {
+            task: Some(tokio::spawn(fetch::run(source, manager, inflight, quiet.clone()))),
+            leftovers: Vec::new(),
+            quiet,
+        }
+    }
+
+    /// Goes quiet and waits until the fetch loop has stopped (no job is
+    /// taken after this returns).
+    pub(crate) async fn quiet(&mut self) {
+        self.quiet.cancel();
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(leftovers) => self.leftovers.extend(leftovers),
+                Err(err) => tracing::error!("the fetch loop failed: {err}"),
+            }
+        }
+    }
+}
+
+/// What shutdown stops.
+pub(crate) struct Running<'a> {
+    pub(crate) source: &'a dyn JobSource,
+    pub(crate) manager: &'a Arc<Manager>,
+    pub(crate) fetching: Fetching,
+    pub(crate) stop: &'a CancellationToken,
+    pub(crate) writer: JoinHandle<()>,
+}
+
+/// Quiet, drain, stop what is left, record, requeue. Returns how many jobs
+/// the source requeued, or `None` if not every outcome could be recorded
+/// (then unfinished jobs stay held for recovery).
+pub(crate) async fn shut_down(timeout: Duration, running: Running<'_>) -> Option<u64> {
+    let Running {
+        source,
+        manager,
+        mut fetching,
+        stop,
+        writer,
+    } = running;
+    fetching.quiet().await;
+    stop.cancel();
+    tracing::info!(
+        "shutting down: no new jobs; waiting up to {:?} for {} in flight",
+        timeout,
+        manager.busy()
+    );
+    let mut leftovers = fetching.leftovers;
+    if !manager.drain(timeout).await {
+        tracing::warn!(
+            jobs = manager.busy(),
+            "shutdown timeout reached: stopping jobs still running and requeueing them"
+        );
+        leftovers.extend(manager.stop_all(Duration::from_secs(5)).await);
+    }
+    manager.close();
+    let recorded = tokio::time::timeout(timeout.max(Duration::from_secs(10)), writer)
+        .await
+        .is_ok();
+    if !recorded {
+        tracing::error!(
+            "could not record every outcome (is Redis reachable?); unfinished jobs stay held for this process and are recovered when it is seen dead"
+        );
+        return None;
+    }
+    let requeued = source.requeue_all(leftovers).await;
+    if requeued > 0 {
+        tracing::info!(jobs = requeued, "pushed unfinished jobs back to their queues");
+    }
+    Some(requeued)
 }
 
 /// Opens the databases and loads the plugins on a blocking thread
@@ -216,7 +280,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     let databases = Databases::open_async(options.databases.clone(), options.data_dir.clone()).await?;
     databases.warm_up(options.concurrency as usize).await;
     let shared = databases.clone();
-    let cache = cache(options);
+    let cache = options.cache.clone();
     let protected = super::protected_env(Some(&options.redis), &options.databases);
     let config = EngineConfig {
         concurrency: options.concurrency,
@@ -267,21 +331,12 @@ async fn release_unserved(poller: Poller, mut served: mpsc::UnboundedReceiver<Ve
     }
 }
 
-/// The compilation cache of this runner (shared with reloads).
-fn cache(options: &RunOptions) -> CompileCache {
-    if options.no_cache {
-        CompileCache::disabled()
-    } else {
-        CompileCache::new(options.data_dir.join("cache"))
-    }
-}
-
-/// Waits for SIGTERM/SIGINT or a Stop from the Web UI; SIGTSTP or Quiet
-/// from the Web UI only stop fetching.
+/// Waits for SIGTERM/SIGINT, a Stop from the Web UI, or (with
+/// `--exit-when-empty`) empty queues; SIGTSTP or Quiet from the Web UI only
+/// stop fetching.
 async fn wait_for_stop(
     commands: &mut mpsc::Receiver<Command>,
-    quiet: &AtomicBool,
-    quiet_tx: &watch::Sender<bool>,
+    fetching: &mut Fetching,
     drained: Option<impl Future<Output = ()>>,
 ) -> Result<()> {
     let drained = async {
@@ -295,193 +350,18 @@ async fn wait_for_stop(
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut tstp = signal(SignalKind::from_raw(20)).context("installing the SIGTSTP handler")?;
     loop {
-        let go_quiet = tokio::select! {
+        let why = tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
             () = &mut drained => { tracing::info!("every queue is empty: stopping (--exit-when-empty)"); return Ok(()) }
             _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
-            _ = tstp.recv() => { tracing::info!("SIGTSTP: quiet"); true }
+            _ = tstp.recv() => "SIGTSTP: quiet",
             command = commands.recv() => match command {
                 Some(Command::Stop) => { tracing::info!("TERM from the Web UI"); return Ok(()) }
-                Some(Command::Quiet) => { tracing::info!("TSTP from the Web UI: quiet"); true }
+                Some(Command::Quiet) => "TSTP from the Web UI: quiet",
                 None => return Ok(()),
             },
         };
-        if go_quiet {
-            quiet.store(true, Ordering::Relaxed);
-            let _ = quiet_tx.send(true);
-        }
+        fetching.quiet().await;
+        tracing::info!("{why}");
     }
-}
-
-/// Takes jobs while there are free slots, until told to go quiet. Returns
-/// jobs it took but did not start (to be requeued).
-async fn fetch_loop(
-    fetcher: Fetcher,
-    manager: Arc<Manager>,
-    inflight: Arc<InFlightTable>,
-    mut quiet: watch::Receiver<bool>,
-) -> Vec<Fetched> {
-    let (found_tx, mut found) = mpsc::channel(64);
-    let (armed_tx, armed_rx) = watch::channel(false);
-    let waiters = fetcher.spawn_waiters(armed_rx, found_tx);
-    let mut leftovers = Vec::new();
-    let mut known = std::collections::HashSet::new();
-    let mut backoff = Duration::from_millis(50);
-    'fetching: loop {
-        if *quiet.borrow() {
-            break;
-        }
-        let permits = tokio::select! {
-            permits = manager.slots(MAX_BATCH) => permits,
-            _ = quiet.wait_for(|&q| q) => break,
-        };
-        let mut permits = permits.into_iter();
-        // Jobs the blocking waiters found go first.
-        while let Ok(job) = found.try_recv() {
-            match permits.next() {
-                Some(permit) => leftovers.extend(manager.start(job, permit)),
-                None => {
-                    leftovers.push(job);
-                    continue 'fetching;
-                }
-            }
-        }
-        let mut permits: Vec<_> = permits.collect();
-        if permits.is_empty() {
-            continue;
-        }
-        let jobs = match fetcher.fetch(permits.len()).await {
-            Ok(jobs) => {
-                backoff = Duration::from_millis(50);
-                if fetcher.take_doubt() {
-                    // A reply was lost while Redis was away: jobs may sit in
-                    // our in-progress list that nobody here knows about.
-                    for job in &jobs {
-                        known.insert(job.raw.clone());
-                    }
-                    known.extend(inflight.raws());
-                    match fetcher.reconcile(&known).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::warn!(
-                            jobs = n,
-                            "requeued jobs whose fetch reply was lost while Redis was away"
-                        ),
-                        Err(err) => {
-                            tracing::warn!("{err:#}; will check again");
-                            fetcher.doubt();
-                        }
-                    }
-                    known.clear();
-                }
-                jobs
-            }
-            Err(err) => {
-                // The script may have run and only its reply been lost (the
-                // connection broke mid-call): its jobs would then sit in our
-                // in-progress list with nobody running them.
-                fetcher.doubt();
-                tracing::warn!("{err:#}; retrying in {backoff:?}");
-                drop(permits);
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    _ = quiet.wait_for(|&q| q) => break,
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        if jobs.is_empty() {
-            // Every queue is empty: wait in Redis, holding one slot.
-            permits.truncate(1);
-            let _ = armed_tx.send(true);
-            let job = tokio::select! {
-                job = found.recv() => job,
-                _ = quiet.wait_for(|&q| q) => None,
-            };
-            let _ = armed_tx.send(false);
-            match (job, permits.pop()) {
-                (Some(job), Some(permit)) => leftovers.extend(manager.start(job, permit)),
-                (Some(job), None) => leftovers.push(job),
-                (None, _) => {}
-            }
-            continue;
-        }
-        for (job, permit) in jobs.into_iter().zip(permits) {
-            leftovers.extend(manager.start(job, permit));
-        }
-    }
-    let _ = armed_tx.send(false);
-    found.close();
-    waiters.stop().await;
-    while let Some(job) = found.recv().await {
-        leftovers.push(job);
-    }
-    leftovers
-}
-
-/// Pushes jobs back to the front of their queues at shutdown: the ones
-/// given, and (reliable) anything else still in our in-progress list.
-async fn requeue(redis: &Redis, mode: FetchMode, inprogress: &str, jobs: Vec<Fetched>) -> u64 {
-    let requeuer = Requeuer::default();
-    let mut requeued = 0;
-    let mut jobs = jobs;
-    if mode == FetchMode::Reliable {
-        let rest: Result<Vec<Vec<u8>>, _> = ::redis::cmd("LRANGE")
-            .arg(inprogress)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut redis.conn())
-            .await;
-        match rest {
-            Ok(rest) => {
-                let given: std::collections::HashSet<String> = jobs.iter().map(|j| j.raw.clone()).collect();
-                for raw in rest {
-                    let raw = match String::from_utf8(raw) {
-                        Ok(raw) => raw,
-                        Err(err) => {
-                            if let Err(err) = Burier::default()
-                                .bury(redis, Some(inprogress), err.as_bytes(), "default")
-                                .await
-                            {
-                                tracing::error!("{err:#}; it will be recovered later");
-                            }
-                            continue;
-                        }
-                    };
-                    if !given.contains(&raw) {
-                        let queue = Payload::parse(&raw)
-                            .map(|p| p.queue().to_owned())
-                            .unwrap_or_else(|_| "default".into());
-                        jobs.push(Fetched { raw, queue });
-                    }
-                }
-            }
-            Err(err) => tracing::error!("cannot read {inprogress}: {err:#}; its jobs will be recovered later"),
-        }
-    }
-    for job in jobs {
-        let result = match mode {
-            FetchMode::Reliable => {
-                requeuer
-                    .requeue(redis, inprogress, &job.raw, &job.queue, &job.raw)
-                    .await
-            }
-            FetchMode::Basic => ::redis::cmd("RPUSH")
-                .arg(keys::queue(&job.queue))
-                .arg(&job.raw)
-                .query_async::<()>(&mut redis.conn())
-                .await
-                .map(|()| true)
-                .map_err(anyhow::Error::from),
-        };
-        match result {
-            Ok(true) => requeued += 1,
-            Ok(false) => {}
-            Err(err) => tracing::error!(queue = %job.queue, "cannot requeue a job: {err:#}"),
-        }
-    }
-    if requeued > 0 {
-        tracing::info!(jobs = requeued, "pushed unfinished jobs back to their queues");
-    }
-    requeued
 }

@@ -6,120 +6,55 @@
 //! (for the heartbeat's `:work` hash and for shutdown, when jobs still
 //! running at the deadline are stopped and handed back for requeueing).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::fetch::Fetched;
+use super::inflight::InFlightTable;
+use super::processor::{Perform, Slots};
+use super::unit::{CompletionSender, Fetched, UnitOfWork};
 
 /// How long the fetch loop may wait to gather a batch of free slots.
-pub const LINGER: Duration = Duration::from_millis(1);
-use super::outcome::{Completion, CompletionSender};
-use super::processor;
-use super::reloader::LiveCatalog;
-use crate::metrics::Metrics;
-use crate::redis::now_f64;
-use crate::sandbox::Executor;
-
-/// A job being worked on.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    /// The job as fetched.
-    pub job: Fetched,
-    /// When it started (epoch seconds).
-    pub run_at: f64,
-}
-
-struct Entry {
-    info: InFlight,
-    abort: Option<AbortHandle>,
-}
-
-/// Jobs taken from Redis and not yet recorded back: running, or finished
-/// with their outcome waiting in the writer. Shared by the manager (which
-/// adds), the outcome writer (which removes once written) and the fetch
-/// loop (which compares it with the in-progress list after a Redis error).
-#[derive(Default)]
-pub struct InFlightTable(Mutex<HashMap<u64, Entry>>);
-
-impl InFlightTable {
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Forgets jobs whose outcome is recorded.
-    pub fn remove(&self, ids: impl IntoIterator<Item = u64>) {
-        let mut entries = self.entries();
-        for id in ids {
-            entries.remove(&id);
-        }
-    }
-
-    /// How many jobs are not recorded yet.
-    pub fn len(&self) -> usize {
-        self.entries().len()
-    }
-
-    /// Whether every job is recorded.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The payload texts of the jobs not recorded yet.
-    pub fn raws(&self) -> std::collections::HashSet<String> {
-        self.entries().values().map(|e| e.info.job.raw.clone()).collect()
-    }
-}
+pub(crate) const LINGER: Duration = Duration::from_millis(1);
 
 /// The worker pool.
-pub struct Manager {
-    executor: Arc<Executor>,
-    catalog: LiveCatalog,
-    metrics: Arc<Metrics>,
+pub(crate) struct Manager {
+    perform: Arc<dyn Perform>,
     slots: Arc<Semaphore>,
     concurrency: usize,
-    completions: Mutex<Option<CompletionSender>>,
+    writer: Mutex<Option<CompletionSender>>,
     /// Room for jobs waiting on a plugin's own concurrency limit.
     parking: Arc<Semaphore>,
     inflight: Arc<InFlightTable>,
-    next_id: AtomicU64,
+    /// Every job task, so shutdown can wait for them.
+    jobs: TaskTracker,
+    /// Cancelled at a shutdown deadline: stops every job still running.
+    stop_jobs: CancellationToken,
 }
 
 impl Manager {
-    /// A pool of `concurrency` slots running `catalog`'s plugins.
-    pub fn new(
-        metrics: Arc<Metrics>,
-        executor: Arc<Executor>,
-        catalog: LiveCatalog,
+    /// A pool of `concurrency` slots running jobs with `perform`, handing
+    /// their outcomes to `writer`.
+    pub(crate) fn new(
+        perform: Arc<dyn Perform>,
         concurrency: u32,
-        completions: CompletionSender,
+        writer: CompletionSender,
         inflight: Arc<InFlightTable>,
     ) -> Arc<Self> {
         let concurrency = concurrency.max(1) as usize;
         Arc::new(Self {
-            metrics,
-            executor,
-            catalog,
+            perform,
             slots: Arc::new(Semaphore::new(concurrency)),
             concurrency,
-            completions: Mutex::new(Some(completions)),
+            writer: Mutex::new(Some(writer)),
             parking: Arc::new(Semaphore::new(concurrency)),
             inflight,
-            next_id: AtomicU64::new(0),
+            jobs: TaskTracker::new(),
+            stop_jobs: CancellationToken::new(),
         })
-    }
-
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
-        self.inflight.entries()
-    }
-
-    /// The configured concurrency.
-    pub fn concurrency(&self) -> usize {
-        self.concurrency
     }
 
     /// Waits for free slots and takes up to `max` of them.
@@ -132,7 +67,7 @@ impl Manager {
     /// C=10 an eighth is one job per round trip (noop 29k jobs/s; half:
     /// 38k), and at C=100 half gave 86k against 74k; waiting for every slot
     /// was no better than half, as nothing overlaps the round trip then.
-    pub async fn slots(&self, max: usize) -> Vec<OwnedSemaphorePermit> {
+    pub(crate) async fn slots(&self, max: usize) -> Vec<OwnedSemaphorePermit> {
         let mut permits = Vec::new();
         let Ok(first) = self.slots.clone().acquire_owned().await else {
             return permits;
@@ -174,101 +109,63 @@ impl Manager {
 
     /// Starts `job` in the slot `permit`. After [`Manager::close`] the job
     /// is not started and is returned, for requeueing.
-    pub fn start(self: &Arc<Self>, job: Fetched, permit: OwnedSemaphorePermit) -> Option<Fetched> {
-        let completions = self.completions.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let Some(completions) = completions else {
+    pub(crate) fn start(self: &Arc<Self>, job: Fetched, permit: OwnedSemaphorePermit) -> Option<Fetched> {
+        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(writer) = writer else {
             return Some(job);
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.entries().insert(
-            id,
-            Entry {
-                info: InFlight {
-                    job: job.clone(),
-                    run_at: now_f64(),
-                },
-                abort: None,
-            },
-        );
+        let unit = UnitOfWork::start(job, writer, self.inflight.clone());
         let manager = self.clone();
-        // The catalog as it is when the job is taken: a reload from now on
-        // does not change the version it runs on.
-        let catalog = self.catalog.load_full();
-        let handle = tokio::spawn(async move {
+        self.jobs.spawn(async move {
             let mut runner_slot = Some(permit);
-            let slots = processor::Slots {
+            let slots = Slots {
                 runner: &mut runner_slot,
                 parking: &manager.parking,
             };
-            let write = processor::process(&manager.executor, &catalog, &manager.metrics, &job, slots).await;
-            // The job stays in the in-flight table until the writer has
-            // recorded its outcome: if the task is stopped at shutdown before
-            // this send completes, it is still listed and gets requeued.
-            if completions
-                .send(Completion {
-                    id,
-                    raw: job.raw,
-                    write,
-                })
-                .await
-                .is_err()
-            {
-                tracing::error!("the outcome writer is gone; the job stays in the in-progress list");
-                manager.inflight.remove([id]);
+            let write = tokio::select! {
+                biased;
+                () = manager.stop_jobs.cancelled() => None,
+                write = manager.perform.perform(unit.job(), slots) => Some(write),
+            };
+            match write {
+                Some(write) => unit.finish(write).await,
+                None => unit.requeue().await,
             }
             drop(runner_slot);
         });
-        if let Some(entry) = self.entries().get_mut(&id) {
-            entry.abort = Some(handle.abort_handle());
-        }
         None
     }
 
     /// Stops accepting jobs and lets go of the outcome writer, which ends
     /// once the jobs still running have handed over their results.
-    pub fn close(&self) {
-        self.completions.lock().unwrap_or_else(PoisonError::into_inner).take();
+    pub(crate) fn close(&self) {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.jobs.close();
     }
 
     /// Jobs in flight now (including finished ones whose outcome is still
     /// being written).
-    pub fn busy(&self) -> usize {
-        self.entries().len()
+    pub(crate) fn busy(&self) -> usize {
+        self.inflight.len()
     }
 
-    /// What is in flight, keyed by a per-job id (Sidekiq's "tid").
-    pub fn snapshot(&self) -> Vec<(String, InFlight)> {
-        self.entries()
-            .iter()
-            .map(|(id, e)| (format!("{id:x}"), e.info.clone()))
-            .collect()
+    /// Waits until every job task has ended, or `timeout` passes. Returns
+    /// whether they all ended.
+    pub(crate) async fn drain(&self, timeout: Duration) -> bool {
+        self.jobs.close();
+        tokio::time::timeout(timeout, self.jobs.wait()).await.is_ok()
     }
 
-    /// Waits until nothing is in flight, or `timeout` passes. Returns whether
-    /// everything finished.
-    pub async fn drain(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.busy() == 0 {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    /// Stops every job still running: each is sent back to the front of
+    /// its queue through the writer (so call this before
+    /// [`Manager::close`]). Waits up to `grace` for the tasks to end; jobs
+    /// whose task has not ended by then are taken out of the in-flight
+    /// table and returned, for requeueing with the rest.
+    pub(crate) async fn stop_all(&self, grace: Duration) -> Vec<Fetched> {
+        self.stop_jobs.cancel();
+        if self.drain(grace).await {
+            return Vec::new();
         }
-    }
-
-    /// Stops every job still running and returns them, for requeueing.
-    pub fn abort_all(&self) -> Vec<Fetched> {
-        let mut entries = self.entries();
-        let mut jobs = Vec::with_capacity(entries.len());
-        for (_, entry) in entries.drain() {
-            if let Some(abort) = entry.abort {
-                abort.abort();
-            }
-            jobs.push(entry.info.job);
-        }
-        jobs
+        self.inflight.stop_running()
     }
 }

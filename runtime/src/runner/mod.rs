@@ -3,44 +3,52 @@
 //!
 //! | module | role |
 //! |---|---|
-//! | [`launcher`] | start and stop: connect, load plugins, start every loop below, shut down gracefully |
-//! | [`fetch`] | take jobs from the queues: reliable (moved into a per-process in-progress list) or basic (popped) |
-//! | [`manager`] | the worker pool: concurrency slots, jobs in flight, hand-over at shutdown |
-//! | [`processor`] | one job: parse the payload, dispatch to its plugin, run it in the sandbox |
+//! | [`launcher`] | start and stop: wiring only — connect, load plugins, start every loop below, shut down gracefully |
+//! | [`source`] | the work protocol with Redis: fetch, wait, record, requeue, orphans, the dead set — reliable or basic behind one trait |
+//! | [`fetch`] | the fetch loop: slots first, then as many jobs from the source; reconcile after a lost reply |
+//! | [`manager`] | the worker pool: concurrency slots, one task per job, stop at a shutdown deadline |
+//! | [`unit`] | a unit of work: the job parsed once, finished or requeued through the writer |
+//! | [`inflight`] | the jobs held and not yet recorded |
+//! | [`processor`] | one job: dispatch to its plugin, run it in the sandbox, decide |
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
-//! | [`outcome`] | write results back in batches: ack, retry, dead, counters |
+//! | [`outcome`] | the writer: batches what units hand over, has the source record them |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
-//! | [`orphans`] | recover the in-progress lists of processes that died |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
 //! | [`monitor`] | the process sampler, the `/metrics` endpoint, the `--exit-when-empty` check |
 //! | [`summary`] | the table (and JSON) of what a run did, printed at exit |
 //! | [`os_limits`] | raise the open-file limit, check the mapping limit, so thousands of jobs fit |
 //!
-//! A job's path: `fetch` → `manager` (slot) → `processor` → sandbox →
-//! `job_retry` → `outcome` (ack / retry / dead).
+//! A job's path: `source` → `fetch` → `manager` (slot, [`unit::UnitOfWork`])
+//! → `processor` → sandbox → `job_retry` → `unit` → `outcome` → `source`
+//! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
-pub mod fetch;
+mod fetch;
 pub mod heartbeat;
+pub(crate) mod inflight;
 pub mod job_retry;
 pub mod launcher;
-pub mod manager;
-pub mod monitor;
-pub mod orphans;
+pub(crate) mod manager;
+pub(crate) mod monitor;
 pub mod os_limits;
-pub mod outcome;
+pub(crate) mod outcome;
 pub mod processor;
 pub mod queues;
-pub mod reloader;
-pub mod scheduled;
+pub(crate) mod reloader;
+pub(crate) mod scheduled;
+pub(crate) mod source;
 pub mod summary;
+pub(crate) mod unit;
+
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use fetch::FetchMode;
 pub use launcher::run;
 pub use queues::Queues;
+pub use source::{DeadCaps, FetchMode};
 pub use summary::RunSummary;
 
 use crate::redis::Target;
@@ -53,10 +61,10 @@ pub struct RunOptions {
     pub redis: Target,
     /// The plugins directory.
     pub plugins: PathBuf,
-    /// The data directory (compilation cache, embedded Redis).
+    /// The data directory (SQLite files, embedded Redis).
     pub data_dir: PathBuf,
-    /// Compile every component instead of using the cache.
-    pub no_cache: bool,
+    /// The compilation cache (shared with reloads), or none.
+    pub cache: crate::plugin::CompileCache,
     /// Queues to fetch from, and in what order.
     pub queues: Queues,
     /// Most jobs in flight at once.
@@ -79,6 +87,8 @@ pub struct RunOptions {
     /// A job found in the in-progress list of a dead process more than this
     /// many times is a poison pill and goes to the dead set.
     pub max_recoveries: u64,
+    /// What the dead set keeps (Sidekiq's `dead_max_jobs`, `dead_timeout_in_seconds`).
+    pub dead: DeadCaps,
     /// The SQL databases plugins may use (`--db NAME=URL`), opened once and
     /// shared by every job.
     pub databases: Vec<crate::host::sql::DbSpec>,

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use super::manager::InFlightTable;
+use super::inflight::InFlightTable;
 use crate::metrics::{Metrics, ProcessSampler, server};
 use crate::redis::{Redis, keys};
 use crate::sandbox::Executor;
@@ -19,13 +19,13 @@ const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 /// Starts the sampler (and the metrics endpoint, if `addr` is set); both
 /// stop when `stop` turns true. Fails only if `addr` cannot be bound.
-pub async fn start(
+pub(crate) async fn start(
     metrics: Arc<Metrics>,
     executor: Arc<Executor>,
     inflight: Arc<InFlightTable>,
     concurrency: u32,
     addr: Option<SocketAddr>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> Result<()> {
     let gauges = &metrics.process;
     gauges.concurrency.store(u64::from(concurrency), Ordering::Relaxed);
@@ -56,7 +56,7 @@ pub async fn start(
 /// Resolves once every queue in `queues` is empty and no job is in flight,
 /// seen on two checks in a row (a job can be between the queue and the
 /// in-flight table during one check).
-pub async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InFlightTable>) {
+pub(crate) async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InFlightTable>) {
     let mut empty_checks = 0;
     loop {
         tokio::time::sleep(DRAIN_CHECK).await;

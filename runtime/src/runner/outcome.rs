@@ -1,10 +1,12 @@
 //! Writing results back: ack, retry, dead, counters — in batches.
 //!
-//! Processors send a [`Completion`] per job; one writer task drains what has
-//! accumulated (up to [`MAX_BATCH`]) and writes it in a single `MULTI`
-//! transaction: the `retry`/`dead` entry and the removal from the in-progress
-//! list land together or not at all, and at tens of thousands of jobs a
-//! second Redis sees a few hundred round trips instead of one per job.
+//! Units of work hand over a [`Completion`] each ([`super::unit`]); one
+//! writer task drains what has accumulated (up to [`MAX_BATCH`]) and has the
+//! job source record it in a single transaction
+//! ([`JobSource::record`](super::source::JobSource::record)): the outcome
+//! and the job's removal from the in-progress list land together or not at
+//! all, and at tens of thousands of jobs a second Redis sees a few hundred
+//! round trips instead of one per job.
 //!
 //! If Redis is unreachable or refuses the writes (a full Redis: `maxmemory`
 //! reached with `noeviction` answers `OOM`), the batch is kept and retried
@@ -22,32 +24,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 
-use super::fetch::FetchMode;
+use super::inflight::InFlightTable;
 use super::job_retry::Write;
-use super::manager::InFlightTable;
+use super::source::JobSource;
+use super::unit::{Completion, CompletionSender, Finish};
 use crate::metrics::Metrics;
-use crate::redis::{Redis, keys, now_f64, utc_date};
 
 /// Most completions written per transaction.
-pub const MAX_BATCH: usize = 1_000;
+pub(crate) const MAX_BATCH: usize = 1_000;
 /// Longest pause between two attempts to write a batch.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Least time between two log lines about the same failing batch.
-pub const LOG_EVERY: Duration = Duration::from_secs(30);
-
-/// One finished job, ready to be written.
-#[derive(Debug)]
-pub struct Completion {
-    /// The job's entry in the in-flight table, removed once written.
-    pub id: u64,
-    /// The payload exactly as fetched (the in-progress list entry).
-    pub raw: String,
-    /// What to write.
-    pub write: Write,
-}
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Process-local tallies, for the heartbeat, logs and the run summary.
 #[derive(Debug, Default)]
@@ -62,12 +52,22 @@ pub struct Counters {
     pub dead: AtomicU64,
     /// Jobs discarded at the guest's request.
     pub discarded: AtomicU64,
+    /// Jobs stopped at a shutdown deadline and sent back to their queues.
+    pub requeued: AtomicU64,
 }
 
 impl Counters {
     fn add(&self, batch: &[Completion]) {
-        let count = |f: fn(&Write) -> bool| batch.iter().filter(|c| f(&c.write)).count() as u64;
-        self.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let writes = || {
+            batch.iter().filter_map(|c| match &c.finish {
+                Finish::Outcome(write) => Some(write),
+                Finish::Requeue => None,
+            })
+        };
+        let count = |f: fn(&Write) -> bool| writes().filter(|w| f(w)).count() as u64;
+        self.processed.fetch_add(writes().count() as u64, Ordering::Relaxed);
+        self.requeued
+            .fetch_add((batch.len() - writes().count()) as u64, Ordering::Relaxed);
         self.failed.fetch_add(count(Write::is_failure), Ordering::Relaxed);
         self.retried
             .fetch_add(count(|w| matches!(w, Write::Retry { .. })), Ordering::Relaxed);
@@ -78,15 +78,10 @@ impl Counters {
     }
 }
 
-/// The writer task's input.
-pub type CompletionSender = mpsc::Sender<Completion>;
-
 /// Starts the writer. It ends once every sender is dropped and everything
 /// received has been written.
-pub fn spawn(
-    redis: Redis,
-    mode: FetchMode,
-    inprogress: String,
+pub(crate) fn spawn(
+    source: Arc<dyn JobSource>,
     counters: Arc<Counters>,
     inflight: Arc<InFlightTable>,
     metrics: Arc<Metrics>,
@@ -94,9 +89,7 @@ pub fn spawn(
 ) -> (CompletionSender, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(capacity.max(MAX_BATCH));
     let writer = Writer {
-        redis,
-        mode,
-        inprogress,
+        source,
         counters,
         inflight,
         metrics,
@@ -105,9 +98,7 @@ pub fn spawn(
 }
 
 struct Writer {
-    redis: Redis,
-    mode: FetchMode,
-    inprogress: String,
+    source: Arc<dyn JobSource>,
     counters: Arc<Counters>,
     inflight: Arc<InFlightTable>,
     metrics: Arc<Metrics>,
@@ -121,7 +112,7 @@ impl Writer {
             let mut backoff = Duration::from_millis(50);
             let mut attempts = 0u64;
             let mut logged: Option<Instant> = None;
-            while let Err(err) = self.write(&batch).await {
+            while let Err(err) = self.source.record(&batch).await {
                 attempts += 1;
                 gauges.outcome_write_failures.fetch_add(1, Ordering::Relaxed);
                 let pending = batch.len() + rx.len();
@@ -152,59 +143,6 @@ impl Writer {
             gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);
         }
     }
-
-    async fn write(&self, batch: &[Completion]) -> Result<()> {
-        let now = now_f64();
-        let date = utc_date(now);
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let mut failed = 0u64;
-        let mut discarded = 0u64;
-        let mut died = false;
-        for completion in batch {
-            if self.mode == FetchMode::Reliable {
-                pipe.cmd("LREM")
-                    .arg(&self.inprogress)
-                    .arg(-1)
-                    .arg(&completion.raw)
-                    .ignore();
-            }
-            match &completion.write {
-                Write::Ack | Write::Drop => {}
-                Write::Discard => discarded += 1,
-                Write::Retry { at, payload } => {
-                    pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();
-                }
-                Write::Dead { payload } => {
-                    pipe.cmd("ZADD").arg(keys::DEAD).arg(now).arg(payload).ignore();
-                    died = true;
-                }
-            }
-            if completion.write.is_failure() {
-                failed += 1;
-            }
-        }
-        if died {
-            pipe.cmd("ZREMRANGEBYSCORE")
-                .arg(keys::DEAD)
-                .arg("-inf")
-                .arg(now - keys::DEAD_TIMEOUT_SECS)
-                .ignore();
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(keys::DEAD)
-                .arg(0)
-                .arg(-(keys::DEAD_MAX_JOBS + 1))
-                .ignore();
-        }
-        incr(&mut pipe, keys::STAT_PROCESSED, &date, batch.len() as u64);
-        incr(&mut pipe, keys::STAT_FAILED, &date, failed);
-        if discarded > 0 {
-            pipe.cmd("INCRBY").arg(keys::STAT_DISCARDED).arg(discarded).ignore();
-        }
-        pipe.query_async::<()>(&mut self.redis.conn())
-            .await
-            .context("writing job outcomes")
-    }
 }
 
 /// What to do about a write error, when it is a known one.
@@ -214,15 +152,4 @@ fn hint(err: &anyhow::Error) -> &'static str {
     } else {
         ""
     }
-}
-
-/// `INCRBY stat` and its daily twin (with Sidekiq's five-year expiry).
-fn incr(pipe: &mut redis::Pipeline, stat: &str, date: &str, by: u64) {
-    if by == 0 {
-        return;
-    }
-    let daily = keys::daily(stat, date);
-    pipe.cmd("INCRBY").arg(stat).arg(by).ignore();
-    pipe.cmd("INCRBY").arg(&daily).arg(by).ignore();
-    pipe.cmd("EXPIRE").arg(&daily).arg(keys::STATS_TTL_SECS).ignore();
 }

@@ -1,4 +1,4 @@
-//! One job, from fetched text to a decision: parse the payload, find the
+//! One job, from its unit of work to a decision: find the
 //! plugin for its class (dispatch), run it in the sandbox, and apply the
 //! retry policy. Never fails: a malformed payload goes to the dead set with
 //! a clear `error_message`; a class no plugin serves (not deployed yet, or
@@ -7,45 +7,70 @@
 //!
 //! Metrics are per class only for classes a plugin serves (a bounded set):
 //! unserved classes are counted together as `(unserved)`, unparseable
-//! payloads (including class names over [`payload::MAX_CLASS_LEN`] bytes)
+//! payloads (including class names over [`crate::job::MAX_CLASS_LEN`] bytes)
 //! as `(malformed)`.
 
-use super::fetch::Fetched;
-use super::job_retry::{self, Write};
-use crate::job::Outcome;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::job_retry::{self, Write};
+use super::reloader::LiveCatalog;
+use super::unit::TypedJob;
+use crate::job::Outcome;
 use crate::metrics::{Counted, JobRecord, Metrics};
 use crate::plugin::{Catalog, Plugin};
 use crate::redis::now_f64;
-use crate::redis::payload::{self, Payload};
 use crate::sandbox::{ExecOptions, Executor};
 
-/// Where a job waits when its plugin's `limits.concurrency` is reached.
-pub struct Slots<'a> {
-    /// The runner slot the job holds; given up while the job waits for its
-    /// plugin (if there is room to park), so other plugins' jobs keep going.
-    pub runner: &'a mut Option<OwnedSemaphorePermit>,
-    /// Room for parked jobs (bounds the jobs held in memory to twice the
-    /// concurrency).
-    pub parking: &'a Arc<Semaphore>,
+/// What the manager runs for each job: the processor, or a test double in
+/// unit tests of the runner core.
+pub(crate) trait Perform: Send + Sync {
+    /// Runs `job` and decides what to write for it.
+    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write>;
 }
 
-/// Runs `fetched` and decides what to write for it.
-pub async fn process(
+/// Runs jobs on the plugins of the live catalog.
+pub(crate) struct Processor {
+    pub(crate) executor: Arc<Executor>,
+    pub(crate) catalog: LiveCatalog,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Perform for Processor {
+    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write> {
+        // The catalog as it is when the job starts: a reload from now on
+        // does not change the version it runs on.
+        let catalog = self.catalog.load_full();
+        async move { process(&self.executor, &catalog, &self.metrics, job, slots).await }.boxed()
+    }
+}
+
+/// Where a job waits when its plugin's `limits.concurrency` is reached.
+pub(crate) struct Slots<'a> {
+    /// The runner slot the job holds; given up while the job waits for its
+    /// plugin (if there is room to park), so other plugins' jobs keep going.
+    pub(crate) runner: &'a mut Option<OwnedSemaphorePermit>,
+    /// Room for parked jobs (bounds the jobs held in memory to twice the
+    /// concurrency).
+    pub(crate) parking: &'a Arc<Semaphore>,
+}
+
+/// Runs `typed` and decides what to write for it.
+async fn process(
     executor: &Executor,
     catalog: &Catalog,
     metrics: &Metrics,
-    fetched: &Fetched,
+    typed: &TypedJob,
     slots: Slots<'_>,
 ) -> Write {
-    let (job, enqueued_at) = match payload::job_from_raw(&fetched.raw) {
-        Ok(head) => head,
+    let (job, enqueued_at) = match &typed.parsed {
+        Ok((job, enqueued_at)) => (job, *enqueued_at),
         Err(error) => {
-            let write = malformed(fetched, &error);
+            let write = typed.malformed(error, now_f64());
             record(metrics, MALFORMED, "", &write, None, None);
             return write;
         }
@@ -62,9 +87,9 @@ pub async fn process(
             "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml; the job is retried until one does)",
             job.class
         );
-        let write = match Payload::parse(&fetched.raw) {
+        let write = match typed.payload() {
             Ok(payload) => job_retry::unserved(&payload, &message, now_f64()),
-            Err(error) => malformed(fetched, &error),
+            Err(error) => typed.malformed(&error, now_f64()),
         };
         // Anyone can push any class name: counting each under its own
         // label would grow memory and /metrics without bound.
@@ -73,10 +98,10 @@ pub async fn process(
     };
     let _plugin_slot = match plugin_slot(&plugin, slots).await {
         Ok(slot) => slot,
-        Err(outcome) => return decide(fetched, outcome, &plugin),
+        Err(outcome) => return decide(typed, outcome, &plugin),
     };
-    let execution = executor.execute(&plugin, &job, &ExecOptions::default()).await;
-    let write = decide(fetched, execution.outcome, &plugin);
+    let execution = executor.execute(&plugin, job, &ExecOptions::default()).await;
+    let write = decide(typed, execution.outcome, &plugin);
     record(
         metrics,
         &job.class,
@@ -139,12 +164,12 @@ async fn plugin_slot(
 
 /// The write for a job `plugin` ran; a failure records which plugin
 /// version failed (`error_plugin`, "name@version").
-fn decide(fetched: &Fetched, outcome: Outcome, plugin: &Plugin) -> Write {
+fn decide(typed: &TypedJob, outcome: Outcome, plugin: &Plugin) -> Write {
     match outcome {
         // Nothing to write into the payload: skip parsing it in full.
         Outcome::Success => Write::Ack,
         Outcome::Discard(_) => Write::Discard,
-        failed => match Payload::parse(&fetched.raw) {
+        failed => match typed.payload() {
             Ok(mut payload) => {
                 payload.set(
                     job_retry::ERROR_PLUGIN,
@@ -152,16 +177,7 @@ fn decide(fetched: &Fetched, outcome: Outcome, plugin: &Plugin) -> Write {
                 );
                 job_retry::decide(&payload, &failed, now_f64())
             }
-            Err(error) => malformed(fetched, &error),
+            Err(error) => typed.malformed(&error, now_f64()),
         },
-    }
-}
-
-/// A payload that cannot be parsed goes to the dead set, wrapped if needed.
-fn malformed(fetched: &Fetched, error: &str) -> Write {
-    tracing::warn!(queue = %fetched.queue, "malformed job sent to the dead set: {error}");
-    let dead = payload::malformed(&fetched.raw, error, &fetched.queue, now_f64());
-    Write::Dead {
-        payload: dead.to_json(),
     }
 }

@@ -36,7 +36,7 @@ use arc_swap::ArcSwap;
 use notify::event::{AccessKind, AccessMode, CreateKind, ModifyKind};
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::plugin::catalog::{Change, plugin_roots};
@@ -97,10 +97,10 @@ impl Reloader {
         self
     }
 
-    /// Watches until `stop` turns true. Without a working watcher (e.g. the
+    /// Watches until `stop`. Without a working watcher (e.g. the
     /// inotify watch limit is reached) it logs why and still rescans on
     /// `SIGHUP`.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    pub async fn run(self, stop: tokio_util::sync::CancellationToken) {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let mut watcher = match notify::recommended_watcher(move |event| {
             let _ = events_tx.send(event);
@@ -141,7 +141,7 @@ impl Reloader {
                 }
             };
             let next = tokio::select! {
-                _ = stop.wait_for(|&s| s) => Next::Stop,
+                () = stop.cancelled() => Next::Stop,
                 event = events.recv(), if watcher.is_some() => Next::Event(event),
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => Next::Hangup,
                 () = sleep => Next::Due,

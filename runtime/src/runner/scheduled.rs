@@ -1,15 +1,11 @@
 //! The poller: moves due jobs from `schedule` and `retry` to their queues.
 //!
-//! Each move is one Lua call (`ZREM` then `LPUSH`), so when several processes
-//! poll at once a job is enqueued exactly once: whoever removes it pushes it.
 //! As in Sidekiq, the pause between polls is random around
 //! `poll_interval × live processes`, so a cluster polls about once per
-//! `poll_interval` in total and processes do not stampede. The moved job gets
-//! a fresh `enqueued_at` (in its own time style); everything else is kept.
-//!
-//! Members are read as bytes: one that is not a valid job (not UTF-8 text,
-//! not JSON, no class...) is moved to the dead set, removed by its exact
-//! bytes, instead of stopping the poller for every process.
+//! `poll_interval` in total and processes do not stampede. Each move is the
+//! job source's ([`DueMover`]): atomic, so a job is enqueued exactly once
+//! however many processes poll; members are read as bytes, and one that is
+//! not a valid job goes to the dead set instead of stopping the poller.
 //!
 //! When a plugin appears for a class that had none, the jobs of that class
 //! waiting in `retry` for it ([`Poller::release_unserved`]) are enqueued at
@@ -19,10 +15,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rand::Rng;
-use redis::Script;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::redis::payload::{self, Payload};
+use super::source::DeadCaps;
+use super::source::due::DueMover;
+use crate::redis::payload::Payload;
 use crate::redis::{Redis, keys, now_f64};
 
 /// The `error_class` of a job retried because no plugin served its class.
@@ -31,53 +28,31 @@ const NO_PLUGIN: &str = super::job_retry::NO_PLUGIN;
 /// Jobs taken per `ZRANGEBYSCORE` round.
 const BATCH: isize = 100;
 
-/// Moves ARGV[1] from the set KEYS[1] to the list KEYS[2] as ARGV[2], and
-/// adds ARGV[3] to the queue set KEYS[3], if it is still in the set.
-const ENQUEUE_LUA: &str = r#"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('LPUSH', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[3])
-  return 1
-end
-return 0
-"#;
-
-/// Moves ARGV[1] from the set KEYS[1] to the dead set KEYS[2] as ARGV[2].
-const BURY_LUA: &str = r#"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
 /// The scheduled-job poller.
-pub struct Poller {
+pub(crate) struct Poller {
     redis: Redis,
     average: Duration,
-    enqueue: Script,
-    bury: Script,
+    mover: DueMover,
 }
 
 impl Poller {
     /// A poller whose average pause per process is `average`.
-    pub fn new(redis: Redis, average: Duration) -> Self {
+    pub(crate) fn new(redis: Redis, average: Duration, dead: DeadCaps) -> Self {
         Self {
             redis,
             average,
-            enqueue: Script::new(ENQUEUE_LUA),
-            bury: Script::new(BURY_LUA),
+            mover: DueMover::new(dead),
         }
     }
 
-    /// Polls until `stop` turns true.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Polls until `stop`.
+    pub(crate) async fn run(self, stop: CancellationToken) {
         // A random first wait spreads processes started together.
         let mut pause = self.average.mul_f64(rand::rng().random_range(0.0..1.0));
         loop {
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
-                _ = stop.wait_for(|&s| s) => return,
+                () = stop.cancelled() => return,
             }
             let processes = match self.poll().await {
                 Ok((_, processes)) => processes,
@@ -89,11 +64,6 @@ impl Poller {
             let average = self.average.mul_f64(processes.max(1) as f64);
             pause = average.mul_f64(rand::rng().random_range(0.5..1.5));
         }
-    }
-
-    /// Moves every due job of `schedule` and `retry`; returns how many moved.
-    pub async fn enqueue_due(&self) -> Result<usize> {
-        Ok(self.poll().await?.0)
     }
 
     /// One poll: the first batch of due jobs of both sets and the number of
@@ -135,7 +105,7 @@ impl Poller {
     /// Enqueues now the jobs in `retry` that failed only because no plugin
     /// served their class (`error_class` `wasmjobs::NoPlugin`) and whose
     /// class is in `classes`. Returns how many moved.
-    pub async fn release_unserved(&self, classes: &[String]) -> Result<usize> {
+    pub(crate) async fn release_unserved(&self, classes: &[String]) -> Result<usize> {
         let mut moved = 0;
         let mut cursor = 0u64;
         loop {
@@ -169,49 +139,8 @@ impl Poller {
         Ok(moved)
     }
 
-    /// Enqueues the due `member` of `set`, or, if it is not a valid job
-    /// (not UTF-8 text, not JSON, ...), moves it to the dead set, so a bad
-    /// entry never stops the poller. Removed from `set` by its exact bytes.
     async fn move_one(&self, set: &str, member: &[u8], now: f64) -> Result<bool> {
-        let mut conn = self.redis.conn();
-        let parsed = match std::str::from_utf8(member) {
-            Ok(text) => Payload::parse(text).map_err(|error| payload::malformed(text, &error, "default", now)),
-            Err(_) => Err(payload::undecodable(member, "default", now)),
-        };
-        let moved: i64 = match parsed {
-            Ok(mut job) => {
-                job.set_time("enqueued_at", now);
-                let queue = job.queue().to_owned();
-                self.enqueue
-                    .key(set)
-                    .key(keys::queue(&queue))
-                    .key(keys::QUEUES)
-                    .arg(member)
-                    .arg(job.to_json())
-                    .arg(&queue)
-                    .invoke_async(&mut conn)
-                    .await
-                    .context("enqueueing a due job")?
-            }
-            Err(dead) => {
-                tracing::warn!(
-                    set,
-                    jid = %dead.jid(),
-                    "malformed job sent to the dead set: {}",
-                    dead.str("error_message").unwrap_or_default()
-                );
-                self.bury
-                    .key(set)
-                    .key(keys::DEAD)
-                    .arg(member)
-                    .arg(dead.to_json())
-                    .arg(now)
-                    .invoke_async(&mut conn)
-                    .await
-                    .context("burying a malformed job")?
-            }
-        };
-        Ok(moved == 1)
+        self.mover.move_one(&self.redis, set, member, now).await
     }
 }
 

@@ -1,0 +1,156 @@
+//! Basic fetch: at-most-once, Sidekiq's default.
+//!
+//! Jobs are popped: a job popped by a process that then dies is lost. For
+//! users who want the last bit of speed. Nothing is held in Redis for this
+//! process, so there is nothing to register, reconcile or recover; jobs
+//! taken but not started are pushed back at shutdown.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use redis::Script;
+
+use super::dead::{DeadSet, Place};
+use super::doubt::Doubt;
+use super::waiters::{Wait, Waiting};
+use super::{JobSource, Settings, record, scripts, take};
+use crate::redis::{Redis, keys, now_f64};
+use crate::runner::unit::{Completion, Fetched};
+
+/// The basic job source of one process.
+pub(crate) struct Basic {
+    redis: Redis,
+    settings: Settings,
+    names: Vec<String>,
+    fetch: Script,
+    requeue: Script,
+    dead: Arc<DeadSet>,
+    waiting: Waiting,
+}
+
+impl Basic {
+    /// The source for `settings` (starts its waiter, disarmed).
+    pub(crate) fn new(redis: Redis, settings: Settings) -> Self {
+        let names = settings.queues.names();
+        let dead = Arc::new(DeadSet::new(settings.dead));
+        let waits = vec![Wait::Pop { queues: names.clone() }];
+        // Nothing is held in Redis, so a lost reply leaves nothing to find.
+        let waiting = Waiting::start(&redis, waits, dead.clone(), Arc::new(Doubt::default()));
+        Self {
+            names,
+            fetch: Script::new(scripts::FETCH),
+            requeue: Script::new(scripts::REQUEUE),
+            redis,
+            settings,
+            dead,
+            waiting,
+        }
+    }
+}
+
+impl JobSource for Basic {
+    fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
+        async move {
+            let mut jobs = self.waiting.take_found(max);
+            if jobs.len() < max {
+                let taken = take::take(
+                    &self.redis,
+                    &self.fetch,
+                    &self.settings.queues,
+                    &self.names,
+                    None,
+                    max - jobs.len(),
+                );
+                let taken = match taken.await {
+                    Ok(taken) => taken,
+                    Err(err) if jobs.is_empty() => return Err(err),
+                    Err(err) => {
+                        tracing::warn!("{err:#}");
+                        Vec::new()
+                    }
+                };
+                for (raw, queue) in taken {
+                    match String::from_utf8(raw) {
+                        Ok(raw) => jobs.push(Fetched { raw, queue }),
+                        Err(err) => {
+                            let bytes = err.as_bytes();
+                            let buried = self.dead.bury_undecodable(&self.redis, Place::Nowhere, bytes, &queue);
+                            if let Err(err) = buried.await {
+                                tracing::error!(queue = %queue, bytes = bytes.len(), "{err:#}; the payload, popped in basic mode, is lost");
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(jobs)
+        }
+        .boxed()
+    }
+
+    fn wait(&self) -> BoxFuture<'_, Option<Fetched>> {
+        self.waiting.wait().boxed()
+    }
+
+    fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>> {
+        self.waiting.stop().boxed()
+    }
+
+    fn doubt(&self) {}
+
+    fn take_doubt(&self) -> bool {
+        false
+    }
+
+    fn reconcile<'a>(&'a self, _known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+        async { Ok(0) }.boxed()
+    }
+
+    fn register(&self, _pipe: &mut redis::Pipeline) {}
+
+    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+        async move {
+            record::transaction(batch, None, &self.dead, &self.requeue, now_f64())
+                .query_async::<()>(&mut self.redis.conn())
+                .await
+                .context("writing job outcomes")
+        }
+        .boxed()
+    }
+
+    fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64> {
+        async move {
+            let mut requeued = 0;
+            // Newest first to the front: the oldest ends up fetched first.
+            for job in jobs.into_iter().rev() {
+                let pushed = redis::pipe()
+                    .cmd("RPUSH")
+                    .arg(keys::queue(&job.queue))
+                    .arg(&job.raw)
+                    .ignore()
+                    .cmd("SADD")
+                    .arg(keys::QUEUES)
+                    .arg(&job.queue)
+                    .ignore()
+                    .query_async::<()>(&mut self.redis.conn())
+                    .await;
+                match pushed {
+                    Ok(()) => requeued += 1,
+                    Err(err) => tracing::error!(queue = %job.queue, "cannot requeue a job popped in basic mode: {err}; payload: {}", job.raw),
+                }
+            }
+            requeued
+        }
+        .boxed()
+    }
+
+    fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
+        async { Ok(0) }.boxed()
+    }
+
+    fn unregister(&self) -> BoxFuture<'_, ()> {
+        async {}.boxed()
+    }
+}

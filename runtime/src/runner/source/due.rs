@@ -1,0 +1,73 @@
+//! Moving a due job from `schedule` or `retry` to its queue.
+//!
+//! Each move is one Lua call ([`super::scripts::ENQUEUE_DUE`]: `ZREM` then
+//! `LPUSH`), so when several processes poll at once a job is enqueued
+//! exactly once: whoever removes it pushes it. The moved job gets a fresh
+//! `enqueued_at` (in its own time style); everything else is kept. A member
+//! that is not a valid job (not UTF-8 text, not JSON, no class...) goes to
+//! the dead set instead, removed by its exact bytes, so a bad entry never
+//! stops the poller.
+
+use anyhow::{Context, Result};
+use redis::Script;
+
+use super::dead::{DeadCaps, DeadSet, Place};
+use super::scripts;
+use crate::job::DEFAULT_QUEUE;
+use crate::redis::payload::{self, Payload};
+use crate::redis::{Redis, keys};
+
+/// Moves due members of the sorted sets to their queues.
+pub(crate) struct DueMover {
+    enqueue: Script,
+    dead: DeadSet,
+}
+
+impl DueMover {
+    pub(crate) fn new(dead: DeadCaps) -> Self {
+        Self {
+            enqueue: Script::new(scripts::ENQUEUE_DUE),
+            dead: DeadSet::new(dead),
+        }
+    }
+
+    /// Enqueues the due `member` of `set` (or buries it if it is not a
+    /// valid job). Returns false if someone else moved it first.
+    pub(crate) async fn move_one(&self, redis: &Redis, set: &str, member: &[u8], now: f64) -> Result<bool> {
+        let parsed = match std::str::from_utf8(member) {
+            Ok(text) => Payload::parse(text).map_err(|error| payload::malformed(text, &error, DEFAULT_QUEUE, now)),
+            Err(_) => Err(payload::undecodable(member, DEFAULT_QUEUE, now)),
+        };
+        match parsed {
+            Ok(mut job) => {
+                job.set_time("enqueued_at", now);
+                let queue = job.queue().to_owned();
+                let moved: i64 = self
+                    .enqueue
+                    .key(set)
+                    .key(keys::queue(&queue))
+                    .key(keys::QUEUES)
+                    .arg(member)
+                    .arg(job.to_json())
+                    .arg(&queue)
+                    .invoke_async(&mut redis.conn())
+                    .await
+                    .context("enqueueing a due job")?;
+                Ok(moved == 1)
+            }
+            Err(dead) => {
+                tracing::warn!(
+                    set,
+                    jid = %dead.jid(),
+                    "malformed job sent to the dead set: {}",
+                    dead.str("error_message").unwrap_or_default()
+                );
+                let place = Place::Set { key: set, member };
+                self.dead
+                    .bury(redis, place, &dead.to_json(), now)
+                    .await
+                    .context("burying a malformed job")
+            }
+        }
+    }
+}

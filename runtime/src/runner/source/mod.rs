@@ -1,0 +1,165 @@
+//! The job source: the whole work protocol between this process and Redis.
+//!
+//! Everything that decides where a job is — in a queue, in this process's
+//! in-progress list, in `retry` / `schedule`, in the dead set, back in its
+//! queue — is done here, so at-least-once delivery has one owner. The rest
+//! of the runner sees one trait, [`JobSource`], and never the fetch mode
+//! (after Sidekiq's `fetch` with its `UnitOfWork`):
+//!
+//! | call | reliable ([`reliable::Reliable`]) | basic ([`basic::Basic`]) |
+//! |---|---|---|
+//! | [`fetch`](JobSource::fetch) | one Lua call moves up to *n* jobs into `wasmjobs:inprogress:<identity>` | the same call pops them |
+//! | [`wait`](JobSource::wait) | `BLMOVE` per queue, on its own connection | one `BRPOP` over all queues |
+//! | [`record`](JobSource::record) | one `MULTI`: `LREM` from the list + the outcome | the outcome |
+//! | [`requeue_all`](JobSource::requeue_all) | every job still in the list, to the front of its queue | the jobs given |
+//! | [`recover_orphans`](JobSource::recover_orphans) | claim the lists of dead processes ([`orphans`]) | nothing to recover |
+//! | [`register`](JobSource::register) | in `wasmjobs:inprogress`, with every heartbeat | nothing |
+//!
+//! Every Lua script lives in [`scripts`]; every way into the dead set is
+//! [`dead::DeadSet`], which trims it. `docs/redis-engine.md` draws a job's
+//! life through these states.
+
+pub(crate) mod basic;
+pub(crate) mod dead;
+mod doubt;
+pub(crate) mod due;
+pub(crate) mod liveness;
+#[cfg(test)]
+pub(crate) mod memory;
+pub(crate) mod orphans;
+mod record;
+pub(crate) mod reliable;
+mod scripts;
+mod take;
+mod waiters;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use futures_util::future::BoxFuture;
+
+pub use dead::DeadCaps;
+
+use super::queues::Queues;
+use super::unit::{Completion, Fetched};
+use crate::redis::Redis;
+
+/// Most jobs one fetch moves (also bounded by free slots).
+pub(crate) const MAX_BATCH: usize = 500;
+
+/// How long one blocking call waits in Redis before the loop re-checks
+/// whether it should still be waiting. Shutdown does not wait for it
+/// (`CLIENT UNBLOCK`), so it is long: each return is a wake-up, and on a VM
+/// a wake-up costs ~0.4 ms of CPU, the bulk of an idle runner's cost
+/// (docs/performance.md). A connection that dies silently is noticed after
+/// this plus the response timeout.
+pub(crate) const BLOCK: Duration = Duration::from_secs(15);
+
+/// The delivery guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FetchMode {
+    /// At-least-once: jobs are held in a per-process in-progress list.
+    #[default]
+    Reliable,
+    /// At-most-once: jobs are popped; a crash loses the jobs in flight.
+    Basic,
+}
+
+/// What a job source needs to know about its process.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// The delivery guarantee.
+    pub(crate) mode: FetchMode,
+    /// The queues to take jobs from, and in what order.
+    pub(crate) queues: Queues,
+    /// This process's identity (`hostname:pid:nonce`).
+    pub(crate) identity: String,
+    /// Recoveries after which a job is a poison pill.
+    pub(crate) max_recoveries: u64,
+    /// What the dead set keeps.
+    pub(crate) dead: DeadCaps,
+}
+
+/// The work protocol, as the runner sees it. Futures are boxed so the
+/// runner holds any source as `Arc<dyn JobSource>`.
+pub(crate) trait JobSource: Send + Sync {
+    /// Takes up to `max` jobs without blocking: first any a waiter found,
+    /// then from the queues in order.
+    fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>>;
+
+    /// Waits (in Redis, without polling) until a job can be taken, and
+    /// takes it. Cancel-safe: a job found after the future is dropped is
+    /// kept for the next [`fetch`](JobSource::fetch).
+    fn wait(&self) -> BoxFuture<'_, Option<Fetched>>;
+
+    /// Stops waiting for good (before anything is requeued at shutdown);
+    /// returns jobs taken but not handed out.
+    fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>>;
+
+    /// Notes that a reply may have been lost: a call may have moved jobs
+    /// into this process's list without us knowing which.
+    fn doubt(&self);
+
+    /// Whether a [`reconcile`](JobSource::reconcile) is due now.
+    fn take_doubt(&self) -> bool;
+
+    /// Puts back in their queues the jobs held for this process that are
+    /// not in `known` (running, or awaiting their outcome write). Returns
+    /// how many.
+    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>>;
+
+    /// Adds this process's registration to a heartbeat transaction, so a
+    /// process is registered as long as it beats.
+    fn register(&self, pipe: &mut redis::Pipeline);
+
+    /// Writes a batch of ended jobs in one transaction: each leaves this
+    /// process, and its outcome (retry, dead, requeue, counters) lands with
+    /// it, or nothing does.
+    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>>;
+
+    /// At shutdown, after every outcome is recorded: puts `jobs` (taken but
+    /// never started) and anything else still held for this process back
+    /// at the front of their queues. Returns how many.
+    fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64>;
+
+    /// Takes over the jobs of processes that died. Returns how many jobs
+    /// were handled (requeued or buried).
+    fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>>;
+
+    /// At a clean shutdown: this process holds nothing any more.
+    fn unregister(&self) -> BoxFuture<'_, ()>;
+}
+
+/// The job source for `settings`.
+pub(crate) fn open(redis: Redis, settings: Settings) -> Arc<dyn JobSource> {
+    match settings.mode {
+        FetchMode::Reliable => Arc::new(reliable::Reliable::new(redis, settings)),
+        FetchMode::Basic => Arc::new(basic::Basic::new(redis, settings)),
+    }
+}
+
+/// Average time between orphan-recovery sweeps.
+pub(crate) const RECOVERY_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Recovers orphans about every [`RECOVERY_INTERVAL`] (randomised, so
+/// processes started together do not sweep together) until `stop`.
+pub(crate) async fn recover_orphans_periodically(
+    source: Arc<dyn JobSource>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    use rand::Rng;
+    loop {
+        let pause = RECOVERY_INTERVAL.mul_f64(rand::rng().random_range(0.5..1.5));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = stop.cancelled() => return,
+        }
+        match source.recover_orphans().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
+            Err(err) => tracing::warn!("orphan recovery: {err:#}"),
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Reliable fetch (the default): at-least-once.
+//!
+//! A job is moved atomically from its queue into this process's in-progress
+//! list `wasmjobs:inprogress:<identity>` and leaves it only when its outcome
+//! is recorded, when it is pushed back to its queue at shutdown, or when
+//! another process recovers it after this one died ([`super::orphans`]). A
+//! reply lost while Redis is away raises doubt, and the list is reconciled
+//! with what the runner holds ([`super::doubt`]).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use redis::Script;
+
+use super::dead::{DeadSet, Place};
+use super::doubt::Doubt;
+use super::liveness::Origin;
+use super::orphans::Recovery;
+use super::waiters::{Wait, Waiting};
+use super::{JobSource, Settings, record, scripts, take};
+use crate::job::DEFAULT_QUEUE;
+use crate::redis::payload::{self, Payload};
+use crate::redis::{Redis, keys, now_f64};
+use crate::runner::unit::{Completion, Fetched};
+
+/// The reliable job source of one process.
+pub(crate) struct Reliable {
+    redis: Redis,
+    settings: Settings,
+    names: Vec<String>,
+    list: String,
+    origin: Option<String>,
+    fetch: Script,
+    requeue: Script,
+    dead: Arc<DeadSet>,
+    doubt: Arc<Doubt>,
+    waiting: Waiting,
+    recovery: Recovery,
+}
+
+impl Reliable {
+    /// The source for `settings` (starts its waiters, disarmed).
+    pub(crate) fn new(redis: Redis, settings: Settings) -> Self {
+        let names = settings.queues.names();
+        let list = keys::inprogress(&settings.identity);
+        let dead = Arc::new(DeadSet::new(settings.dead));
+        let doubt = Arc::new(Doubt::default());
+        let waits = names
+            .iter()
+            .map(|queue| Wait::Move {
+                queue: queue.clone(),
+                into: list.clone(),
+            })
+            .collect();
+        let waiting = Waiting::start(&redis, waits, dead.clone(), doubt.clone());
+        let origin = Origin::current();
+        if origin.is_none() {
+            tracing::warn!(
+                "cannot read this process's boot id, PID namespace or start time from /proc: other processes judge it by its heartbeat only"
+            );
+        }
+        let recovery = Recovery::new(
+            redis.clone(),
+            &settings.identity,
+            origin.clone(),
+            settings.max_recoveries,
+        );
+        Self {
+            names,
+            origin: origin.map(|o| o.encode()),
+            fetch: Script::new(scripts::FETCH),
+            requeue: Script::new(scripts::REQUEUE),
+            redis,
+            settings,
+            list,
+            dead,
+            doubt,
+            waiting,
+            recovery,
+        }
+    }
+
+    /// The fetched job `raw`, if it is text; else it goes to the dead set
+    /// and leaves the list. If that write fails, the entry stays and doubt
+    /// is raised, so the reconcile that follows buries it.
+    async fn decode(&self, raw: Vec<u8>, queue: String) -> Option<Fetched> {
+        match String::from_utf8(raw) {
+            Ok(raw) => Some(Fetched { raw, queue }),
+            Err(err) => {
+                let place = Place::List {
+                    key: &self.list,
+                    member: err.as_bytes(),
+                };
+                if let Err(err) = self
+                    .dead
+                    .bury_undecodable(&self.redis, place, err.as_bytes(), &queue)
+                    .await
+                {
+                    tracing::warn!(queue = %queue, "{err:#}; it stays in the in-progress list and is buried at the next check");
+                    self.doubt.raise();
+                }
+                None
+            }
+        }
+    }
+
+    /// Puts the list entry `raw` back at the front of its queue (with
+    /// `replacement` as its text) — or, if it is not a job, buries it.
+    /// Returns whether it was requeued.
+    async fn put_back(&self, raw: &[u8]) -> Result<bool> {
+        let place = Place::List {
+            key: &self.list,
+            member: raw,
+        };
+        let Ok(text) = std::str::from_utf8(raw) else {
+            self.dead
+                .bury_undecodable(&self.redis, place, raw, DEFAULT_QUEUE)
+                .await?;
+            return Ok(false);
+        };
+        let queue = match Payload::parse(text) {
+            Ok(job) => job.queue().to_owned(),
+            Err(error) => {
+                let now = now_f64();
+                tracing::warn!("a malformed job in the in-progress list was sent to the dead set: {error}");
+                let entry = payload::malformed(text, &error, DEFAULT_QUEUE, now);
+                self.dead.bury(&self.redis, place, &entry.to_json(), now).await?;
+                return Ok(false);
+            }
+        };
+        let moved: i64 = self
+            .requeue
+            .key(&self.list)
+            .key(keys::queue(&queue))
+            .key(keys::QUEUES)
+            .arg(raw)
+            .arg(raw)
+            .arg(&queue)
+            .invoke_async(&mut self.redis.conn())
+            .await
+            .context("requeueing a job")?;
+        Ok(moved == 1)
+    }
+
+    async fn listed(&self) -> Result<Vec<Vec<u8>>> {
+        redis::cmd("LRANGE")
+            .arg(&self.list)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.redis.conn())
+            .await
+            .context("reading the in-progress list")
+    }
+}
+
+impl JobSource for Reliable {
+    fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
+        async move {
+            let mut jobs = self.waiting.take_found(max);
+            if jobs.len() < max {
+                let taken = take::take(
+                    &self.redis,
+                    &self.fetch,
+                    &self.settings.queues,
+                    &self.names,
+                    Some(&self.list),
+                    max - jobs.len(),
+                )
+                .await;
+                let taken = match taken {
+                    Ok(taken) => taken,
+                    Err(err) => {
+                        // The script may have run and only its reply been
+                        // lost: its jobs would sit in our list unrun.
+                        self.doubt.raise();
+                        if jobs.is_empty() {
+                            return Err(err);
+                        }
+                        tracing::warn!("{err:#}");
+                        Vec::new()
+                    }
+                };
+                for (raw, queue) in taken {
+                    jobs.extend(self.decode(raw, queue).await);
+                }
+            }
+            Ok(jobs)
+        }
+        .boxed()
+    }
+
+    fn wait(&self) -> BoxFuture<'_, Option<Fetched>> {
+        self.waiting.wait().boxed()
+    }
+
+    fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>> {
+        self.waiting.stop().boxed()
+    }
+
+    fn doubt(&self) {
+        self.doubt.raise();
+    }
+
+    fn take_doubt(&self) -> bool {
+        self.doubt.take(Instant::now())
+    }
+
+    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+        async move {
+            let mut requeued = 0;
+            for raw in self.listed().await? {
+                if std::str::from_utf8(&raw).is_ok_and(|text| known.contains(text)) {
+                    continue;
+                }
+                if self.put_back(&raw).await? {
+                    requeued += 1;
+                }
+            }
+            Ok(requeued)
+        }
+        .boxed()
+    }
+
+    fn register(&self, pipe: &mut redis::Pipeline) {
+        let identity = &self.settings.identity;
+        pipe.cmd("SADD").arg(keys::INPROGRESS_OWNERS).arg(identity).ignore();
+        if let Some(origin) = &self.origin {
+            pipe.cmd("HSET").arg(keys::ORIGINS).arg(identity).arg(origin).ignore();
+        }
+    }
+
+    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+        async move {
+            record::transaction(batch, Some(&self.list), &self.dead, &self.requeue, now_f64())
+                .query_async::<()>(&mut self.redis.conn())
+                .await
+                .context("writing job outcomes")
+        }
+        .boxed()
+    }
+
+    fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64> {
+        async move {
+            // Every job taken is in the list, `jobs` included. The list's
+            // head is the newest: pushing to the front in that order puts
+            // the oldest at the very front, so jobs run again in the order
+            // they were fetched.
+            let listed = match self.listed().await {
+                Ok(listed) => listed,
+                Err(err) => {
+                    tracing::error!("{err:#}; trying the {} jobs not started one by one", jobs.len());
+                    jobs.into_iter().rev().map(|j| j.raw.into_bytes()).collect()
+                }
+            };
+            let mut requeued = 0;
+            for raw in listed {
+                match self.put_back(&raw).await {
+                    Ok(true) => requeued += 1,
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::error!("cannot requeue a job: {err:#}; it is recovered when this process is seen dead")
+                    }
+                }
+            }
+            requeued
+        }
+        .boxed()
+    }
+
+    fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
+        self.recovery.sweep(&self.dead).boxed()
+    }
+
+    fn unregister(&self) -> BoxFuture<'_, ()> {
+        async move {
+            let identity = &self.settings.identity;
+            let forget = redis::pipe()
+                .atomic()
+                .cmd("SREM")
+                .arg(keys::INPROGRESS_OWNERS)
+                .arg(identity)
+                .ignore()
+                .cmd("HDEL")
+                .arg(keys::ORIGINS)
+                .arg(identity)
+                .ignore()
+                .cmd("LLEN")
+                .arg(&self.list)
+                .query_async::<(u64,)>(&mut self.redis.conn())
+                .await;
+            match forget {
+                Ok((0,)) => {}
+                Ok((left,)) => tracing::error!(
+                    "{left} jobs are still in {}; they will be recovered as orphans",
+                    self.list
+                ),
+                Err(err) => tracing::warn!("{err:#}"),
+            }
+        }
+        .boxed()
+    }
+}

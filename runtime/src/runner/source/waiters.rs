@@ -1,0 +1,295 @@
+//! Waiting in Redis when every queue is empty.
+//!
+//! Each waiter is a task on its own connection that sleeps (no Redis
+//! traffic) until the fetch loop runs dry and arms it, then blocks in Redis
+//! for up to [`super::BLOCK`]: reliable runs one `BLMOVE` per queue (an
+//! atomic move into the in-progress list, so a job is never held only in
+//! memory), basic one `BRPOP` over all queues. A job found goes into a
+//! channel the source reads from first on its next fetch, so nothing is
+//! lost when the fetch loop stops waiting before a waiter returns.
+//!
+//! [`Waiting::stop`] ends a wait in progress at once with `CLIENT UNBLOCK`
+//! before anything is requeued at shutdown: a waiter still blocked in Redis
+//! would otherwise move a requeued job straight back into this process's
+//! list.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::dead::{DeadSet, Place};
+use super::doubt::Doubt;
+use crate::redis::{Redis, keys};
+use crate::runner::unit::Fetched;
+
+/// What one waiter blocks on.
+#[derive(Debug, Clone)]
+pub(super) enum Wait {
+    /// `BLMOVE queue → into` (reliable).
+    Move { queue: String, into: String },
+    /// `BRPOP` over the queues (basic).
+    Pop { queues: Vec<String> },
+}
+
+/// The waiters of one source.
+pub(super) struct Waiting {
+    redis: Redis,
+    armed: Arc<watch::Sender<bool>>,
+    found: tokio::sync::Mutex<mpsc::Receiver<Fetched>>,
+    tasks: std::sync::Mutex<Vec<(JoinHandle<()>, Arc<AtomicI64>)>>,
+}
+
+/// Disarms the waiters when a wait ends, however it ends.
+struct Armed<'a>(&'a watch::Sender<bool>);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
+}
+
+impl Waiting {
+    /// Starts one waiter per entry of `waits`, disarmed.
+    pub(super) fn start(redis: &Redis, waits: Vec<Wait>, dead: Arc<DeadSet>, doubt: Arc<Doubt>) -> Self {
+        let (armed, armed_rx) = watch::channel(false);
+        let armed = Arc::new(armed);
+        let (found_tx, found) = mpsc::channel(64);
+        let tasks = waits
+            .into_iter()
+            .map(|wait| {
+                let client_id = Arc::new(AtomicI64::new(-1));
+                let waiter = Waiter {
+                    armed: armed.clone(),
+                    redis: redis.clone(),
+                    wait,
+                    client_id: client_id.clone(),
+                    doubt: doubt.clone(),
+                    dead: dead.clone(),
+                };
+                (tokio::spawn(waiter.run(armed_rx.clone(), found_tx.clone())), client_id)
+            })
+            .collect();
+        Self {
+            redis: redis.clone(),
+            armed,
+            found: tokio::sync::Mutex::new(found),
+            tasks: std::sync::Mutex::new(tasks),
+        }
+    }
+
+    /// Jobs the waiters found, up to `max`, without waiting.
+    pub(super) fn take_found(&self, max: usize) -> Vec<Fetched> {
+        let mut jobs = Vec::new();
+        if let Ok(mut found) = self.found.try_lock() {
+            while jobs.len() < max {
+                match found.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        jobs
+    }
+
+    /// Arms the waiters and waits for the first job they find.
+    pub(super) async fn wait(&self) -> Option<Fetched> {
+        let mut found = self.found.lock().await;
+        if let Ok(job) = found.try_recv() {
+            return Some(job);
+        }
+        self.armed.send_replace(true);
+        let _armed = Armed(&self.armed);
+        let job = found.recv().await;
+        // The runner has work now: waiters still blocked on other queues
+        // would take jobs it has no slot for (and a recovered job could be
+        // pulled straight back into a busy process). End their waits.
+        self.armed.send_replace(false);
+        self.unblock().await;
+        job
+    }
+
+    /// Ends every wait in progress (`CLIENT UNBLOCK`; a waiter not blocked
+    /// is unaffected).
+    async fn unblock(&self) {
+        let ids: Vec<i64> = self
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(_, id)| id.load(Ordering::Acquire))
+            .filter(|&id| id >= 0)
+            .collect();
+        let mut conn = self.redis.conn();
+        for id in ids {
+            if let Err(err) = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async::<i64>(&mut conn)
+                .await
+            {
+                tracing::warn!("cannot unblock a fetch waiter: {err}");
+            }
+        }
+    }
+
+    /// Stops the waiters for good; returns the jobs they found that were
+    /// not handed out.
+    pub(super) async fn stop(&self) -> Vec<Fetched> {
+        self.armed.send_replace(false);
+        let mut found = self.found.lock().await;
+        found.close();
+        self.unblock().await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for (task, _) in tasks {
+            if tokio::time::timeout(Duration::from_secs(6), task).await.is_err() {
+                tracing::warn!("a fetch waiter did not stop in time");
+            }
+        }
+        let mut left = Vec::new();
+        while let Some(job) = found.recv().await {
+            left.push(job);
+        }
+        left
+    }
+}
+
+/// One blocking wait loop on its own connection.
+struct Waiter {
+    /// Shared with [`Waiting`]: a waiter that finds a job disarms them all.
+    armed: Arc<watch::Sender<bool>>,
+    redis: Redis,
+    wait: Wait,
+    /// The Redis client id of the waiter's connection, for `CLIENT UNBLOCK`.
+    client_id: Arc<AtomicI64>,
+    doubt: Arc<Doubt>,
+    dead: Arc<DeadSet>,
+}
+
+impl Waiter {
+    async fn run(self, mut armed: watch::Receiver<bool>, found: mpsc::Sender<Fetched>) {
+        let mut conn = None;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            // Sleep (no Redis traffic) until the fetch loop runs dry.
+            tokio::select! {
+                changed = armed.wait_for(|&a| a) => if changed.is_err() { return },
+                () = found.closed() => return,
+            }
+            if conn.is_none() {
+                match self.connect().await {
+                    Ok(c) => conn = Some(c),
+                    Err(err) => {
+                        tracing::warn!("blocking fetch: {err:#}; retrying in {backoff:?}");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+            let Some(c) = conn.as_mut() else { continue };
+            match self.wait_once(c).await {
+                Ok(Some(job)) => {
+                    backoff = Duration::from_millis(100);
+                    // Before handing it on, so this waiter does not block
+                    // again before the fetch loop has disarmed it.
+                    self.armed.send_replace(false);
+                    if let Err(mpsc::error::SendError(job)) = found.send(job).await {
+                        self.put_back(c, &job).await;
+                        return;
+                    }
+                }
+                Ok(None) => backoff = Duration::from_millis(100),
+                Err(err) => {
+                    tracing::warn!("blocking fetch: {err:#}; reconnecting in {backoff:?}");
+                    if matches!(self.wait, Wait::Move { .. }) {
+                        self.doubt.raise();
+                    }
+                    conn = None;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<redis::aio::MultiplexedConnection> {
+        let mut conn = self.redis.dedicated(super::BLOCK).await?;
+        let id: i64 = redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await
+            .context("CLIENT ID")?;
+        self.client_id.store(id, Ordering::Release);
+        Ok(conn)
+    }
+
+    /// Shutting down with a job in hand. Reliable: it is in the in-progress
+    /// list and is pushed back with the rest. Basic: it exists only here,
+    /// so it goes back now.
+    async fn put_back(&self, conn: &mut redis::aio::MultiplexedConnection, job: &Fetched) {
+        if !matches!(self.wait, Wait::Pop { .. }) {
+            return;
+        }
+        let pushed: redis::RedisResult<()> = redis::cmd("RPUSH")
+            .arg(keys::queue(&job.queue))
+            .arg(&job.raw)
+            .query_async(conn)
+            .await;
+        if let Err(err) = pushed {
+            tracing::error!(queue = %job.queue, "a job popped at shutdown could not be put back: {err}; payload: {}", job.raw);
+        }
+    }
+
+    async fn wait_once(&self, conn: &mut redis::aio::MultiplexedConnection) -> Result<Option<Fetched>> {
+        let timeout = super::BLOCK.as_secs_f64();
+        let (raw, queue, place_key) = match &self.wait {
+            Wait::Move { queue, into } => {
+                let job: Option<Vec<u8>> = redis::cmd("BLMOVE")
+                    .arg(keys::queue(queue))
+                    .arg(into)
+                    .arg("RIGHT")
+                    .arg("LEFT")
+                    .arg(timeout)
+                    .query_async(conn)
+                    .await
+                    .context("BLMOVE")?;
+                let Some(raw) = job else { return Ok(None) };
+                (raw, queue.clone(), Some(into.as_str()))
+            }
+            Wait::Pop { queues } => {
+                let lists: Vec<String> = queues.iter().map(|q| keys::queue(q)).collect();
+                let popped: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
+                    .arg(&lists)
+                    .arg(timeout)
+                    .query_async(conn)
+                    .await
+                    .context("BRPOP")?;
+                let Some((list, raw)) = popped else { return Ok(None) };
+                let queue = list.strip_prefix("queue:").unwrap_or(&list).to_owned();
+                (raw, queue, None)
+            }
+        };
+        match String::from_utf8(raw) {
+            Ok(raw) => Ok(Some(Fetched { raw, queue })),
+            Err(err) => {
+                // Reliable: if this fails, the error raises doubt and the
+                // reconcile that follows buries it.
+                let place = match place_key {
+                    Some(key) => Place::List {
+                        key,
+                        member: err.as_bytes(),
+                    },
+                    None => Place::Nowhere,
+                };
+                self.dead
+                    .bury_undecodable(&self.redis, place, err.as_bytes(), &queue)
+                    .await?;
+                Ok(None)
+            }
+        }
+    }
+}

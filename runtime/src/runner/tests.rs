@@ -1,0 +1,233 @@
+//! Unit tests of the runner core — the fetch loop, the manager, units of
+//! work, the writer and shutdown — against an in-memory job source
+//! ([`source::memory::MemorySource`]) and a scripted processor, so they
+//! run without Redis or Wasmtime. The protocol on a real Redis is tested
+//! end to end in `tests/tests/run.rs` and `tests/tests/protocol.rs`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::inflight::InFlightTable;
+use super::job_retry::Write;
+use super::launcher::{Fetching, Running, shut_down};
+use super::manager::Manager;
+use super::outcome::{self, Counters};
+use super::processor::{Perform, Slots};
+use super::source::JobSource;
+use super::source::memory::MemorySource;
+use super::unit::{Finish, TypedJob};
+use crate::metrics::Metrics;
+
+/// Jobs of class `Block` run until stopped; every other job succeeds; a
+/// payload that is not a job goes dead, as in the processor.
+struct Scripted;
+
+impl Perform for Scripted {
+    fn perform<'a>(&'a self, job: &'a TypedJob, _slots: Slots<'a>) -> BoxFuture<'a, Write> {
+        let blocks = match &job.parsed {
+            Ok((job, _)) => job.class == "Block",
+            Err(error) => return std::future::ready(job.malformed(error, 1.0)).boxed(),
+        };
+        async move {
+            if blocks {
+                std::future::pending::<()>().await;
+            }
+            Write::Ack
+        }
+        .boxed()
+    }
+}
+
+fn job(class: &str, n: u32) -> String {
+    format!(r#"{{"class":"{class}","args":[{n}],"jid":"j{n}","queue":"q"}}"#)
+}
+
+/// A runner core around `source`: writer, manager, fetch loop.
+struct Core {
+    source: Arc<MemorySource>,
+    inflight: Arc<InFlightTable>,
+    counters: Arc<Counters>,
+    manager: Arc<Manager>,
+    fetching: Fetching,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Core {
+    fn start(source: MemorySource, concurrency: u32) -> Self {
+        let source = Arc::new(source);
+        let dyn_source: Arc<dyn JobSource> = source.clone();
+        let inflight = Arc::new(InFlightTable::default());
+        let counters = Arc::new(Counters::default());
+        let metrics = Arc::new(Metrics::new(false));
+        let (completions, writer) = outcome::spawn(dyn_source.clone(), counters.clone(), inflight.clone(), metrics, 16);
+        let manager = Manager::new(Arc::new(Scripted), concurrency, completions, inflight.clone());
+        let fetching = Fetching::start(dyn_source, manager.clone(), inflight.clone(), CancellationToken::new());
+        Self {
+            source,
+            inflight,
+            counters,
+            manager,
+            fetching,
+            writer,
+        }
+    }
+
+    /// Shuts down with a `timeout` for the jobs in flight; returns what the
+    /// source requeued at the end.
+    async fn shut_down(self, timeout: Duration) -> Option<u64> {
+        let source: &dyn JobSource = self.source.as_ref();
+        let running = Running {
+            source,
+            manager: &self.manager,
+            fetching: self.fetching,
+            stop: &CancellationToken::new(),
+            writer: self.writer,
+        };
+        shut_down(timeout, running).await
+    }
+}
+
+/// Waits for `condition`, failing after 10 s.
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn recorded(source: &MemorySource, finish: &Finish) -> Vec<String> {
+    let state = source.state();
+    state
+        .recorded
+        .iter()
+        .filter(|(_, f)| f == finish)
+        .map(|(raw, _)| raw.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn shutdown_records_finished_jobs_and_requeues_the_ones_still_running_ahead_of_the_queue() {
+    let jobs = [
+        job("Quick", 1),
+        job("Block", 2),
+        job("Quick", 3),
+        job("Block", 4),
+        job("Later", 5),
+    ];
+    let core = Core::start(MemorySource::with(&jobs.each_ref().map(String::as_str)[..4]), 4);
+    let (source, inflight) = (core.source.clone(), core.inflight.clone());
+    until("the quick jobs are recorded and the blocked ones run", || {
+        recorded(&source, &Finish::Outcome(Write::Ack)).len() == 2 && inflight.len() == 2
+    })
+    .await;
+    source.push(&jobs[4]);
+    let counters = core.counters.clone();
+    // Every slot but the blocked two is free, so the last job may start
+    // before shutdown; quiet first, then the deadline.
+    let requeued = core.shut_down(Duration::from_millis(50)).await;
+    assert_eq!(requeued, Some(0), "nothing is left held after the writer is done");
+    let state = source.state();
+    assert!(state.held.is_empty(), "nothing held: {:?}", state.held);
+    let requeued: Vec<&String> = state
+        .recorded
+        .iter()
+        .filter(|(_, f)| *f == Finish::Requeue)
+        .map(|(r, _)| r)
+        .collect();
+    assert_eq!(requeued.len(), 2, "each blocked job is requeued once: {requeued:?}");
+    let front: Vec<&String> = state.queue.iter().take(2).collect();
+    assert!(
+        front.contains(&&jobs[1]) && front.contains(&&jobs[3]),
+        "stopped jobs go to the front: {:?}",
+        state.queue
+    );
+    assert_eq!(counters.requeued.load(Ordering::Relaxed), 2);
+    assert!(inflight.is_empty());
+    let done: Vec<&String> = state.recorded.iter().map(|(r, _)| r).collect();
+    for quick in [&jobs[0], &jobs[2]] {
+        assert_eq!(done.iter().filter(|r| **r == quick).count(), 1, "{quick} recorded once");
+    }
+}
+
+#[tokio::test]
+async fn quiet_has_taken_effect_when_it_returns() {
+    let mut core = Core::start(MemorySource::default(), 4);
+    core.source.push(&job("Quick", 1));
+    let source = core.source.clone();
+    until("the first job is recorded", || source.state().recorded.len() == 1).await;
+    core.fetching.quiet().await;
+    core.source.push(&job("Quick", 2));
+    // The fetch loop has ended: nothing can take the job any more.
+    tokio::task::yield_now().await;
+    assert_eq!(core.source.state().queue.len(), 1, "a quiet runner takes nothing");
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+    assert_eq!(source.state().queue.len(), 1, "and shutdown leaves the queue alone");
+}
+
+#[tokio::test]
+async fn jobs_moved_by_a_fetch_whose_reply_was_lost_are_reconciled_and_run_once() {
+    let jobs: Vec<String> = (0..5).map(|n| job("Quick", n)).collect();
+    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    source.lose_next_reply.store(true, Ordering::Release);
+    let core = Core::start(source, 8);
+    let source = core.source.clone();
+    until("every job is recorded", || source.state().recorded.len() == 5).await;
+    {
+        let state = source.state();
+        for raw in &jobs {
+            assert_eq!(
+                state.recorded.iter().filter(|(r, _)| r == raw).count(),
+                1,
+                "{raw} ran once"
+            );
+        }
+        assert!(state.held.is_empty() && state.queue.is_empty());
+    }
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+}
+
+#[tokio::test]
+async fn outcomes_refused_by_the_store_are_retried_until_written_and_none_is_lost() {
+    let jobs: Vec<String> = (0..20).map(|n| job("Quick", n)).collect();
+    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    source.refuse_records.store(3, Ordering::Release);
+    let core = Core::start(source, 4);
+    let (source, counters) = (core.source.clone(), core.counters.clone());
+    until("every outcome is written", || {
+        counters.processed.load(Ordering::Relaxed) == 20
+    })
+    .await;
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+    let state = source.state();
+    assert_eq!(state.recorded.len(), 20, "each outcome written once");
+    assert!(state.held.is_empty());
+    assert_eq!(
+        source.refuse_records.load(Ordering::Acquire),
+        0,
+        "the refusals were hit"
+    );
+}
+
+#[tokio::test]
+async fn payloads_that_are_not_jobs_are_parsed_once_and_finish_dead_with_their_reason() {
+    let core = Core::start(MemorySource::with(&["not json", r#"{"class":"X"}"#]), 2);
+    let source = core.source.clone();
+    until("both are recorded", || source.state().recorded.len() == 2).await;
+    for (raw, finish) in &source.state().recorded {
+        let Finish::Outcome(Write::Dead { payload }) = finish else {
+            panic!("{raw} should be dead, got {finish:?}");
+        };
+        assert!(payload.contains("error_message"), "{payload}");
+        assert!(
+            payload.contains("wasmjobs::MalformedJob") || payload.contains("error_class"),
+            "{payload}"
+        );
+    }
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+}

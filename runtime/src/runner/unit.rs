@@ -1,0 +1,144 @@
+//! A unit of work: one fetched job, parsed once, and the way to finish it.
+//!
+//! The job source hands out [`Fetched`] jobs (the payload exactly as stored,
+//! and its queue). When one starts, the manager wraps it in a
+//! [`UnitOfWork`]: the payload is parsed once into a [`TypedJob`] (the
+//! fields the sandbox needs, read without building the whole JSON map; the
+//! raw text is kept for the writes that need it), the job is listed in the
+//! in-flight table, and the unit holds the way back to Redis. It ends in
+//! exactly one of two ways, after Sidekiq's `UnitOfWork`:
+//!
+//! - [`UnitOfWork::finish`]: the outcome (ack, retry, dead, ...) goes to the
+//!   outcome writer, which records it in a batch with others;
+//! - [`UnitOfWork::requeue`]: the job goes back to the front of its queue
+//!   (stopped at a shutdown deadline), also through the writer.
+//!
+//! Neither knows the fetch mode: what "ack" or "requeue" means in Redis is
+//! the job source's business ([`super::source`]).
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::inflight::InFlightTable;
+use super::job_retry::Write;
+use crate::job::Job;
+use crate::redis::payload::{self, Payload};
+
+/// A job taken from a queue, exactly as it was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fetched {
+    /// The payload text (also the in-progress list entry, for the ack).
+    pub(crate) raw: String,
+    /// The queue it came from.
+    pub(crate) queue: String,
+}
+
+/// A fetched job, parsed once.
+#[derive(Debug)]
+pub(crate) struct TypedJob {
+    /// The job as stored.
+    pub(crate) fetched: Fetched,
+    /// The job to run and its enqueue time (epoch seconds, 0 if unknown),
+    /// or why the payload is not a job.
+    pub(crate) parsed: Result<(Job, f64), String>,
+}
+
+impl TypedJob {
+    /// Parses `fetched` (the fast path: only the fields a job needs).
+    pub(crate) fn parse(fetched: Fetched) -> Self {
+        let parsed = payload::job_from_raw(&fetched.raw);
+        Self { fetched, parsed }
+    }
+
+    /// The whole payload, to write a failure back into (the fast path read
+    /// only a few fields; a failure needs all of them kept).
+    pub(crate) fn payload(&self) -> Result<Payload, String> {
+        Payload::parse(&self.fetched.raw)
+    }
+
+    /// The dead-set write for a payload that is not a valid job.
+    pub(crate) fn malformed(&self, error: &str, now: f64) -> Write {
+        tracing::warn!(queue = %self.fetched.queue, "malformed job sent to the dead set: {error}");
+        let dead = payload::malformed(&self.fetched.raw, error, &self.fetched.queue, now);
+        Write::Dead {
+            payload: dead.to_json(),
+        }
+    }
+}
+
+/// How a unit of work ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Finish {
+    /// It ran (or could not): record this.
+    Outcome(Write),
+    /// It was stopped before it finished: back to the front of its queue.
+    Requeue,
+}
+
+/// One ended job, for the outcome writer.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    /// The job's entry in the in-flight table, removed once written.
+    pub(crate) id: u64,
+    /// The job exactly as fetched.
+    pub(crate) job: Fetched,
+    /// What to write.
+    pub(crate) finish: Finish,
+}
+
+/// The outcome writer's input.
+pub(crate) type CompletionSender = mpsc::Sender<Completion>;
+
+/// One job being worked on.
+pub(crate) struct UnitOfWork {
+    id: u64,
+    job: TypedJob,
+    writer: CompletionSender,
+    inflight: Arc<InFlightTable>,
+}
+
+impl UnitOfWork {
+    /// Starts the unit for `fetched`: parsed, listed in `inflight`.
+    pub(crate) fn start(fetched: Fetched, writer: CompletionSender, inflight: Arc<InFlightTable>) -> Self {
+        let id = inflight.add(fetched.clone(), crate::redis::now_f64());
+        Self {
+            id,
+            job: TypedJob::parse(fetched),
+            writer,
+            inflight,
+        }
+    }
+
+    /// The job.
+    pub(crate) fn job(&self) -> &TypedJob {
+        &self.job
+    }
+
+    /// Hands the outcome to the writer. The job stays in the in-flight
+    /// table (and in Redis's in-progress list) until it is written.
+    pub(crate) async fn finish(self, write: Write) {
+        self.hand_over(Finish::Outcome(write)).await;
+    }
+
+    /// Sends the job back to the front of its queue (through the writer).
+    pub(crate) async fn requeue(self) {
+        self.hand_over(Finish::Requeue).await;
+    }
+
+    async fn hand_over(self, finish: Finish) {
+        if !self.inflight.recording(self.id) {
+            // Taken out at a shutdown deadline: it is requeued from there.
+            return;
+        }
+        let completion = Completion {
+            id: self.id,
+            job: self.job.fetched,
+            finish,
+        };
+        if self.writer.send(completion).await.is_err() {
+            tracing::error!("the outcome writer is gone; the job stays in the in-progress list for recovery");
+            self.inflight.remove([self.id]);
+        }
+    }
+}
