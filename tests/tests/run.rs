@@ -329,11 +329,12 @@ async fn sigtstp_quiets_the_runner_and_sigint_stops_it() {
     wait_processed(&mut conn, 10, Duration::from_secs(30), || runner.log()).await;
 
     runner.signal("TSTP");
+    // Logged once quiet has taken effect: the fetch loop and its blocking
+    // waits have ended, so jobs pushed from now on stay queued.
     runner.wait_for_log("SIGTSTP: quiet", Duration::from_secs(10));
-    // The line is logged just before the fetch loop is told; give it time
-    // to cancel its blocking wait.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     push(&mut conn, "NoopJob", "default", (10..20).map(|i| json!([i])).collect()).await;
+    // Not a synchronisation: the window in which a wrongly active runner
+    // would have taken the jobs.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let waiting: u64 = conn.llen("queue:default").await.expect("LLEN");
     assert_eq!(waiting, 10, "a quiet runner takes no new job:\n{}", runner.log());
