@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::fetched::Fetched;
 use super::inflight::InFlightTable;
 use super::manager::Manager;
 use super::source::{JobSource, MAX_BATCH};
-use super::unit::Fetched;
 
 /// First pause after a failed fetch; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);

@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::unit::Fetched;
+use super::fetched::Fetched;
 
 /// A job being worked on.
 #[derive(Debug, Clone)]

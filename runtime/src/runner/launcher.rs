@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::fetched::Fetched;
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
 use super::manager::Manager;
@@ -37,7 +38,6 @@ use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
 use super::source::{self, JobSource, Settings};
-use super::unit::Fetched;
 use super::{RunOptions, RunSummary, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;

@@ -13,9 +13,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::fetched::{CompletionSender, Fetched};
 use super::inflight::InFlightTable;
 use super::processor::{Perform, Slots};
-use super::unit::{CompletionSender, Fetched, UnitOfWork};
+use super::unit::UnitOfWork;
 
 /// How long the fetch loop may wait to gather a batch of free slots.
 pub(crate) const LINGER: Duration = Duration::from_millis(1);

@@ -7,6 +7,7 @@
 //! | [`source`] | the work protocol with Redis: fetch, wait, record, requeue, orphans, the dead set — reliable or basic behind one trait |
 //! | [`fetch`] | the fetch loop: slots first, then as many jobs from the source; reconcile after a lost reply |
 //! | [`manager`] | the worker pool: concurrency slots, one task per job, stop at a shutdown deadline |
+//! | [`fetched`] | what passes between the source and the runner: a fetched job, a completion |
 //! | [`unit`] | a unit of work: the job parsed once, finished or requeued through the writer |
 //! | [`inflight`] | the jobs held and not yet recorded |
 //! | [`processor`] | one job: dispatch to its plugin, run it in the sandbox, decide |
@@ -24,6 +25,7 @@
 //! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
 mod fetch;
+pub(crate) mod fetched;
 pub mod heartbeat;
 pub(crate) mod inflight;
 pub mod job_retry;

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::fetched::{Completion, CompletionSender, Finish};
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
 use super::source::JobSource;
-use super::unit::{Completion, CompletionSender, Finish};
 use crate::metrics::Metrics;
 
 /// Most completions written per transaction.

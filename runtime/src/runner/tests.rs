@@ -12,6 +12,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use super::fetched::Finish;
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
 use super::launcher::{Fetching, Running, shut_down};
@@ -20,7 +21,7 @@ use super::outcome::{self, Counters};
 use super::processor::{Perform, Slots};
 use super::source::JobSource;
 use super::source::memory::MemorySource;
-use super::unit::{Finish, TypedJob};
+use super::unit::TypedJob;
 use crate::metrics::Metrics;
 
 /// Jobs of class `Block` run until stopped; every other job succeeds; a

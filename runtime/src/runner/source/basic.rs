@@ -18,7 +18,7 @@ use super::doubt::Doubt;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, record, scripts, take};
 use crate::redis::{Redis, keys, now_f64};
-use crate::runner::unit::{Completion, Fetched};
+use crate::runner::fetched::{Completion, Fetched};
 
 /// The basic job source of one process.
 pub(crate) struct Basic {

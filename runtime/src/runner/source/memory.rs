@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use super::JobSource;
 use super::doubt::Doubt;
-use crate::runner::unit::{Completion, Fetched, Finish};
+use crate::runner::fetched::{Completion, Fetched, Finish};
 
 /// What the source holds.
 #[derive(Debug, Default)]

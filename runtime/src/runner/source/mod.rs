@@ -42,8 +42,8 @@ use futures_util::future::BoxFuture;
 
 pub use dead::DeadCaps;
 
+use super::fetched::{Completion, Fetched};
 use super::queues::Queues;
-use super::unit::{Completion, Fetched};
 use crate::redis::Redis;
 
 /// Most jobs one fetch moves (also bounded by free slots).

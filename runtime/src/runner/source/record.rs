@@ -10,8 +10,8 @@ use redis::Script;
 
 use super::dead::DeadSet;
 use crate::redis::{keys, utc_date};
+use crate::runner::fetched::{Completion, Finish};
 use crate::runner::job_retry::Write;
-use crate::runner::unit::{Completion, Finish};
 
 /// Builds the transaction for `batch`. `held_in` is this process's
 /// in-progress list (reliable), `requeue` the requeue script (loaded in

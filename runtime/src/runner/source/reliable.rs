@@ -25,7 +25,7 @@ use super::{JobSource, Settings, record, scripts, take};
 use crate::job::DEFAULT_QUEUE;
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
-use crate::runner::unit::{Completion, Fetched};
+use crate::runner::fetched::{Completion, Fetched};
 
 /// The reliable job source of one process.
 pub(crate) struct Reliable {

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
 use crate::redis::{Redis, keys};
-use crate::runner::unit::Fetched;
+use crate::runner::fetched::Fetched;
 
 /// What one waiter blocks on.
 #[derive(Debug, Clone)]
