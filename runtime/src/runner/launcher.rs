@@ -110,8 +110,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     tracing::info!(identity = %identity.identity, "running");
 
     let tasks = TaskTracker::new();
-    let poller = || Poller::new(redis.clone(), options.poll_interval, options.dead);
-    tasks.spawn(poller().run(stop.clone()));
+    let poller = Arc::new(Poller::new(redis.clone(), options.poll_interval, options.dead));
+    tasks.spawn(poller.clone().run(stop.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
     tasks.spawn(
         Reloader::new(
@@ -124,7 +124,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         .with_metrics(metrics.clone())
         .run(stop.clone()),
     );
-    tasks.spawn(release_unserved(poller(), served));
+    tasks.spawn(release_unserved(poller, served));
     tasks.spawn(source::recover_orphans_periodically(source.clone(), stop.clone()));
     let (commands_tx, mut commands) = mpsc::channel(4);
     let heartbeat = Arc::new(heartbeat);
@@ -318,7 +318,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
 
 /// Enqueues the jobs waiting in `retry` for a plugin as soon as a reload
 /// brings one for their class.
-async fn release_unserved(poller: Poller, mut served: mpsc::UnboundedReceiver<Vec<String>>) {
+async fn release_unserved(poller: Arc<Poller>, mut served: mpsc::UnboundedReceiver<Vec<String>>) {
     while let Some(classes) = served.recv().await {
         match poller.release_unserved(&classes).await {
             Ok(0) => {}

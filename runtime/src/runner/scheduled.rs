@@ -46,7 +46,7 @@ impl Poller {
     }
 
     /// Polls until `stop`.
-    pub(crate) async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self: std::sync::Arc<Self>, stop: CancellationToken) {
         // A random first wait spreads processes started together.
         let mut pause = self.average.mul_f64(rand::rng().random_range(0.0..1.0));
         loop {
