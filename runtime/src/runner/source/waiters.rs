@@ -106,34 +106,26 @@ impl Waiting {
         let job = found.recv().await;
         // The runner has work now: waiters still blocked on other queues
         // would take jobs it has no slot for (and a recovered job could be
-        // pulled straight back into a busy process). End their waits.
+        // pulled straight back into a busy process). End their waits, in
+        // the background so the job starts at once. (The waiter that found
+        // the job disarmed itself; with one queue there is no other.)
         self.armed.send_replace(false);
-        self.unblock().await;
+        let ids = self.client_ids();
+        if ids.len() > 1 {
+            tokio::spawn(unblock(self.redis.clone(), ids));
+        }
         job
     }
 
-    /// Ends every wait in progress (`CLIENT UNBLOCK`; a waiter not blocked
-    /// is unaffected).
-    async fn unblock(&self) {
-        let ids: Vec<i64> = self
-            .tasks
+    /// The Redis client ids of the waiters' connections.
+    fn client_ids(&self) -> Vec<i64> {
+        self.tasks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .map(|(_, id)| id.load(Ordering::Acquire))
             .filter(|&id| id >= 0)
-            .collect();
-        let mut conn = self.redis.conn();
-        for id in ids {
-            if let Err(err) = redis::cmd("CLIENT")
-                .arg("UNBLOCK")
-                .arg(id)
-                .query_async::<i64>(&mut conn)
-                .await
-            {
-                tracing::warn!("cannot unblock a fetch waiter: {err}");
-            }
-        }
+            .collect()
     }
 
     /// Stops the waiters for good; returns the jobs they found that were
@@ -142,7 +134,7 @@ impl Waiting {
         self.armed.send_replace(false);
         let mut found = self.found.lock().await;
         found.close();
-        self.unblock().await;
+        unblock(self.redis.clone(), self.client_ids()).await;
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         for (task, _) in tasks {
             if tokio::time::timeout(Duration::from_secs(6), task).await.is_err() {
@@ -154,6 +146,22 @@ impl Waiting {
             left.push(job);
         }
         left
+    }
+}
+
+/// Ends the waits in progress on the connections `ids` (`CLIENT UNBLOCK`;
+/// a connection not blocked is unaffected).
+async fn unblock(redis: Redis, ids: Vec<i64>) {
+    let mut conn = redis.conn();
+    for id in ids {
+        if let Err(err) = redis::cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(id)
+            .query_async::<i64>(&mut conn)
+            .await
+        {
+            tracing::warn!("cannot unblock a fetch waiter: {err}");
+        }
     }
 }
 
