@@ -25,6 +25,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use url::{Url, form_urlencoded};
 
 use crate::sandbox::engine::parse_size;
 
@@ -206,35 +207,60 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
 }
 
-/// `scheme://user:secret@host/...` → `scheme://user:***@host/...`; also
-/// hides a `password=` parameter.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+/// `postgres://user:secret@host/...` → `postgres://user:***@host/...`, for
+/// logs and errors; the value of any query parameter whose name contains
+/// `pass` (`password=`, `sslpassword=`) is shown as `***` too, and a
+/// `#fragment` is left out.
+///
+/// The `url` crate parses; but tokio-postgres, which gets the URL, reads the
+/// credentials up to the *first* `@` anywhere, so `u:p/ss@h` has the
+/// password `p/ss` where the `url` crate sees host `u`, port `p`. Where the
+/// two could disagree (a `/`, `?` or `#` before the first `@` after a `:`),
+/// or the text is no `postgres://` URL at all (several hosts, `h1,h2`, are
+/// not one the `url` crate takes), only the scheme is shown.
+fn redact(text: &str) -> String {
+    let credentials = text
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map(|(credentials, _)| credentials);
+    let ambiguous = credentials.is_some_and(|c| c.contains(':') && c.contains(['/', '?', '#']));
+    let mut url = match Url::parse(text) {
+        Ok(url) if !ambiguous && matches!(url.scheme(), "postgres" | "postgresql") => url,
+        _ => return scheme_only(text),
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some(("password", _)) => "password=***".to_owned(),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}://{authority}{tail}")
+    if url.password().is_some() && url.set_password(Some("***")).is_err() {
+        return scheme_only(text);
+    }
+    url.set_fragment(None);
+    if let Some(query) = url.query() {
+        let query = query
+            .split('&')
+            .map(|pair| match form_urlencoded::parse(pair.as_bytes()).next() {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{}=***", pair.split_once('=').map_or(pair, |(name, _)| name))
+                }
+                _ => pair.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        url.set_query(Some(&query));
+    }
+    url.into()
+}
+
+/// `scheme://***` (or `***` if `text` starts with no scheme): all that can
+/// be shown of text that is not a URL.
+fn scheme_only(text: &str) -> String {
+    let scheme = text.split_once("://").map(|(scheme, _)| scheme).filter(|scheme| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    match scheme {
+        Some(scheme) => format!("{scheme}://***"),
+        None => "***".to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -340,11 +366,13 @@ mod tests {
             user in "[a-z%:]{0,4}",
             password in "Zq[a-zA-Z0-9%:@/?#&=]{4,10}",
             host in "(h|\\[::1\\]|%2Frun)?(:5432)?",
-            tail in "(/db)?(\\?(user=u|password=|sslmode=disable)&?)?",
+            path in "(/db)?",
+            params in "((user=u|password=|sslmode=disable)&){0,2}",
         ) {
             for url in [
-                format!("{scheme}{user}:{password}@{host}{tail}"),
-                format!("{scheme}{host}{tail}?password={password}"),
+                format!("{scheme}{user}:{password}@{host}{path}?{params}"),
+                // A raw '&' ends a query value for every parser.
+                format!("{scheme}{host}{path}?{params}password={}", password.replace('&', "%26")),
             ] {
                 let shown = redact(&url);
                 proptest::prop_assert!(!shown.contains("Zq"), "{url} shown as {shown}");
