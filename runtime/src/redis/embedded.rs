@@ -456,6 +456,42 @@ mod tests {
         assert!(!process_running(replacement));
     }
 
+    #[tokio::test]
+    async fn a_busy_server_is_waited_for_not_replaced() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let first = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        let server = pid(data.path());
+        // Every client's commands wait, PING too: the next user's probes
+        // time out until the pause ends.
+        let pause = Duration::from_millis(2500);
+        let client = redis::Client::open(first.url()).expect("url accepted by redis-rs");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause.as_millis() as u64)
+            .arg("ALL")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT PAUSE");
+        let paused = Instant::now();
+        let second = EmbeddedRedis::acquire(data.path())
+            .await
+            .expect("join the paused server");
+        assert!(
+            paused.elapsed() >= pause - Duration::from_millis(500),
+            "joined after {:?}, before the pause ended",
+            paused.elapsed()
+        );
+        assert_eq!(
+            pid(data.path()),
+            server,
+            "a busy server must be waited for, not replaced"
+        );
+        first.release().await.expect("first release");
+        second.release().await.expect("last release");
+        assert!(!process_running(server), "the last user must stop the server");
+    }
+
     #[test]
     fn the_url_survives_odd_characters() {
         let redis = EmbeddedRedis {
