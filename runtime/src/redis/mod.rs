@@ -115,16 +115,19 @@ impl Redis {
 
 /// Opens Redis at `target`, starting the embedded server if needed.
 pub async fn connect(target: &Target) -> Result<Redis> {
-    let (url, location, embedded) = match target {
-        Target::Url(url) => (url.clone(), redact(url), None),
+    let (client, location, embedded) = match target {
+        Target::Url(url) => {
+            let location = redact(url);
+            let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
+            (client, location, None)
+        }
         Target::Embedded(data_dir) => {
             let server = EmbeddedRedis::acquire(data_dir).await?;
-            let url = server.url();
             let location = format!("embedded redis-server ({})", server.socket().display());
-            (url, location, Some(Arc::new(Mutex::new(Some(server)))))
+            let client = Client::open(server.addr()).with_context(|| format!("cannot use the {location}"))?;
+            (client, location, Some(Arc::new(Mutex::new(Some(server)))))
         }
     };
-    let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(RESPONSE_TIMEOUT))
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
