@@ -48,7 +48,7 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// A use of the private server; the server lives while any process holds one.
 #[derive(Debug)]
-pub struct EmbeddedRedis {
+pub(crate) struct EmbeddedRedis {
     dir: PathBuf,
     socket: PathBuf,
     /// Our shared lock on `users.lock`; `None` once we left.
@@ -57,7 +57,7 @@ pub struct EmbeddedRedis {
 
 impl EmbeddedRedis {
     /// Starts the server for `data_dir`, or joins the one already running there.
-    pub async fn acquire(data_dir: &Path) -> Result<Self> {
+    pub(crate) async fn acquire(data_dir: &Path) -> Result<Self> {
         let data_dir = data_dir.to_path_buf();
         tokio::task::spawn_blocking(move || Self::acquire_blocking(&data_dir))
             .await
@@ -66,18 +66,18 @@ impl EmbeddedRedis {
 
     /// Where redis-rs connects: the unix socket, as an address rather than
     /// a URL, so any path works as it is.
-    pub fn addr(&self) -> ConnectionAddr {
+    pub(crate) fn addr(&self) -> ConnectionAddr {
         ConnectionAddr::Unix(self.socket.clone())
     }
 
     /// The server's unix socket.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// Leaves the server; if no other wasmjobs process still uses it, shuts
     /// it down cleanly (`SHUTDOWN`, AOF flushed) and waits for it to exit.
-    pub async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(mut self) -> Result<()> {
         tokio::task::spawn_blocking(move || self.leave(STOP_TIMEOUT, true))
             .await
             .context("the task stopping redis-server failed")?

@@ -13,14 +13,16 @@
 //! - [`api`]: the read side (`wasmjobs stats`).
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
-//! component uses for ordinary commands; blocking commands (`BRPOP`,
-//! `BRPOPLPUSH`) get dedicated connections from [`Redis::dedicated`] so they
-//! never stall the shared one.
+//! component uses for ordinary commands: the fetch's Lua script (which pops
+//! a batch of jobs with `RPOP` and `LPUSH`es them onto the in-progress list),
+//! outcomes, orphan recovery (`RPOPLPUSH`). Blocking commands (the fetch's
+//! `BLMOVE` or `BRPOP` while every queue is empty) get dedicated connections
+//! from [`Redis::dedicated`] so they never stall the shared one.
 
-pub mod api;
+pub(crate) mod api;
 pub mod client;
-pub mod embedded;
-pub mod keys;
+pub(crate) mod embedded;
+pub(crate) mod keys;
 pub mod payload;
 
 use std::path::Path;
@@ -34,7 +36,7 @@ use redis::{AsyncConnectionConfig, Client};
 use self::embedded::EmbeddedRedis;
 
 /// How long an ordinary command may take before it counts as failed.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where Redis is: a URL, or the embedded private server in a data directory.
 #[derive(Debug, Clone)]
@@ -67,7 +69,7 @@ pub struct Redis {
     client: Client,
     conn: ConnectionManager,
     /// Human-readable location, for logs (no password).
-    pub location: String,
+    pub(crate) location: String,
     /// Shared by every clone; emptied by [`Redis::close`].
     embedded: Option<Arc<Mutex<Option<EmbeddedRedis>>>>,
 }
@@ -91,11 +93,6 @@ impl Redis {
             .with_context(|| format!("cannot connect to Redis at {}", self.location))
     }
 
-    /// Whether this is the embedded server.
-    pub fn is_embedded(&self) -> bool {
-        self.embedded.is_some()
-    }
-
     /// Leaves the embedded server, stopping it if no other wasmjobs process
     /// uses it; a no-op for a Redis given by URL. Called on orderly
     /// shutdown, and effective for every clone: tasks still holding one
@@ -114,7 +111,7 @@ impl Redis {
 }
 
 /// Opens Redis at `target`, starting the embedded server if needed.
-pub async fn connect(target: &Target) -> Result<Redis> {
+pub(crate) async fn connect(target: &Target) -> Result<Redis> {
     let (client, location, embedded) = match target {
         Target::Url(url) => {
             let location = redact(url);
@@ -202,7 +199,7 @@ pub fn now_f64() -> f64 {
 }
 
 /// Today's date in UTC as `YYYY-MM-DD` (the suffix of Sidekiq's daily stat keys).
-pub fn utc_date(epoch_secs: f64) -> String {
+pub(crate) fn utc_date(epoch_secs: f64) -> String {
     let days = (epoch_secs / 86_400.0).floor() as i64;
     let (year, month, day) = crate::time::civil_from_days(days);
     format!("{year:04}-{month:02}-{day:02}")

@@ -32,16 +32,16 @@ use crate::sandbox::engine::parse_size;
 /// Default pool size of a PostgreSQL database: enough for typical job mixes
 /// without exhausting a server's default `max_connections` (100) when a few
 /// runners share it. Raise it with `?pool=N` for IO-bound jobs.
-pub const DEFAULT_POSTGRES_POOL: usize = 10;
+pub(crate) const DEFAULT_POSTGRES_POOL: usize = 10;
 /// Default pool size of a SQLite database: WAL mode lets readers run in
 /// parallel, but writers take turns, so more connections rarely help.
-pub const DEFAULT_SQLITE_POOL: usize = 4;
+pub(crate) const DEFAULT_SQLITE_POOL: usize = 4;
 /// Default per-statement timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default cap on the rows one query returns.
-pub const DEFAULT_MAX_ROWS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ROWS: usize = 100_000;
 /// Default cap on the bytes one query returns.
-pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: usize = 64 << 20;
 /// Smallest SQLite size budget accepted (`max_size`): 16 pages of the
 /// largest page size, room for a schema and a few rows.
 const MIN_MAX_SIZE: usize = 1 << 20 >> 4;
@@ -61,36 +61,36 @@ pub enum Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     /// Most connections open at once.
-    pub pool: usize,
+    pub(crate) pool: usize,
     /// Per-statement timeout (and bound on waiting for a connection).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Most rows one query may return.
-    pub max_rows: usize,
+    pub(crate) max_rows: usize,
     /// Most bytes one query may return (text and blob lengths, plus a small
     /// fixed cost per value).
-    pub max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// SQLite only: the size budget of the database file, in bytes
     /// (enforced as SQLite's `max_page_count`); `None` for no budget.
-    pub max_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
 }
 
 /// One `--db NAME=URL` option, parsed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DbSpec {
     /// The name plugins use (`sql = ["main"]`, `sql::query("main", ...)`).
-    pub name: String,
+    pub(crate) name: String,
     /// Which engine.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// What the driver gets: the URL without wasmjobs's parameters
     /// (PostgreSQL), or the file path as written (SQLite).
-    pub target: String,
+    pub(crate) target: String,
     /// Pool size, timeout and caps.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
 }
 
 impl DbSpec {
     /// The target with any password replaced by `***`, for logs and errors.
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         match self.backend {
             Backend::Postgres => redact(&self.target),
             Backend::Sqlite => format!("sqlite://{}", self.target),
