@@ -18,7 +18,7 @@ use super::now_f64;
 use super::payload::Payload;
 
 /// Jobs per round trip in bulk operations.
-pub const CHUNK: usize = 1_000;
+pub(crate) const CHUNK: usize = 1_000;
 
 /// Pushes one job now: sets `enqueued_at` (in the payload's own time style,
 /// see [`Payload::set_time`]), `SADD queues`, `LPUSH queue:Q`, in one
@@ -61,7 +61,7 @@ where
 }
 
 /// Schedules many jobs for `at`, [`CHUNK`] per `ZADD`.
-pub async fn schedule_bulk<C>(conn: &mut C, payloads: &mut [Payload], at: f64) -> Result<()>
+pub(crate) async fn schedule_bulk<C>(conn: &mut C, payloads: &mut [Payload], at: f64) -> Result<()>
 where
     C: ConnectionLike + Send,
 {

@@ -22,16 +22,14 @@
 //! user; a socket with no server behind it is removed.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 use tracing::{debug, info, warn};
 
 /// The error when the binary is missing: one line, saying what to do.
@@ -39,6 +37,8 @@ const NOT_INSTALLED: &str =
     "redis-server is not installed: install it (apt-get install redis-server) or pass --redis URL";
 /// How long a new server may take to answer `PING`.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one `PING` may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long [`EmbeddedRedis::release`] waits for the server to exit.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `Drop` waits: it may run on an async thread.
@@ -48,7 +48,7 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// A use of the private server; the server lives while any process holds one.
 #[derive(Debug)]
-pub struct EmbeddedRedis {
+pub(crate) struct EmbeddedRedis {
     dir: PathBuf,
     socket: PathBuf,
     /// Our shared lock on `users.lock`; `None` once we left.
@@ -57,34 +57,27 @@ pub struct EmbeddedRedis {
 
 impl EmbeddedRedis {
     /// Starts the server for `data_dir`, or joins the one already running there.
-    pub async fn acquire(data_dir: &Path) -> Result<Self> {
+    pub(crate) async fn acquire(data_dir: &Path) -> Result<Self> {
         let data_dir = data_dir.to_path_buf();
         tokio::task::spawn_blocking(move || Self::acquire_blocking(&data_dir))
             .await
             .context("the task starting redis-server failed")?
     }
 
-    /// URL for redis-rs: `unix:///abs/path/redis.sock`, percent-encoded.
-    pub fn url(&self) -> String {
-        let mut url = String::from("unix://");
-        for &byte in self.socket.as_os_str().as_bytes() {
-            if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
-                url.push(char::from(byte));
-            } else {
-                url.push_str(&format!("%{byte:02X}"));
-            }
-        }
-        url
+    /// Where redis-rs connects: the unix socket, as an address rather than
+    /// a URL, so any path works as it is.
+    pub(crate) fn addr(&self) -> ConnectionAddr {
+        ConnectionAddr::Unix(self.socket.clone())
     }
 
     /// The server's unix socket.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// Leaves the server; if no other wasmjobs process still uses it, shuts
     /// it down cleanly (`SHUTDOWN`, AOF flushed) and waits for it to exit.
-    pub async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(mut self) -> Result<()> {
         tokio::task::spawn_blocking(move || self.leave(STOP_TIMEOUT, true))
             .await
             .context("the task stopping redis-server failed")?
@@ -117,6 +110,10 @@ impl EmbeddedRedis {
             .context("cannot lock users.lock of the embedded Redis")?;
         match probe(&socket)? {
             Probe::Pong => debug!(socket = %socket.display(), "joined the running embedded redis-server"),
+            Probe::Loading => {
+                debug!("embedded redis-server is up but still loading its data");
+                wait_ready(&dir, &socket, None)?;
+            }
             Probe::Other(reply) => {
                 debug!(%reply, "embedded redis-server is up but not ready yet");
                 wait_ready(&dir, &socket, None)?;
@@ -188,48 +185,44 @@ enum Probe {
     Down,
     /// A server answering `PING`.
     Pong,
-    /// A server answering something else (e.g. `-LOADING`) or not at all.
+    /// A server still loading its data (`-LOADING`): making progress.
+    Loading,
+    /// A server answering something else, or not at all.
     Other(String),
 }
 
-/// Connects to the socket; `None` if no server listens there.
-fn connect(socket: &Path) -> Result<Option<UnixStream>> {
-    match UnixStream::connect(socket) {
-        Ok(stream) => Ok(Some(stream)),
-        Err(err)
-            if matches!(
-                err.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-            ) =>
-        {
-            Ok(None)
-        }
-        Err(err) => Err(err).with_context(|| format!("cannot connect to {}", socket.display())),
-    }
+/// A blocking connection to the server behind `socket`, `timeout` on every
+/// read and write; `None` if no server listens there. Blocking, because
+/// this runs in `Drop` too, where no async connection can be made; with no
+/// `CLIENT SETINFO`, so the only commands sent are the caller's.
+fn connect(socket: &Path, timeout: Duration) -> Result<Option<Connection>> {
+    let context = || format!("cannot connect to {}", socket.display());
+    let info = ConnectionAddr::Unix(socket.to_path_buf())
+        .into_connection_info()
+        .with_context(context)?
+        .set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name());
+    let conn = match Client::open(info).and_then(|client| client.get_connection_with_timeout(timeout)) {
+        Ok(conn) => conn,
+        // No socket file, or nobody accepting on it.
+        Err(err) if err.is_connection_refusal() => return Ok(None),
+        Err(err) => return Err(err).with_context(context),
+    };
+    conn.set_read_timeout(Some(timeout)).with_context(context)?;
+    conn.set_write_timeout(Some(timeout)).with_context(context)?;
+    Ok(Some(conn))
 }
 
-/// Sends `PING` on the socket, speaking RESP by hand (this runs in `Drop`
-/// too, where no async connection can be made).
+/// Sends `PING` on the socket.
 fn probe(socket: &Path) -> Result<Probe> {
-    let Some(mut stream) = connect(socket)? else {
+    let Some(mut conn) = connect(socket, PROBE_TIMEOUT)? else {
         return Ok(Probe::Down);
     };
-    let reply = request(&mut stream, b"*1\r\n$4\r\nPING\r\n", Duration::from_secs(1));
-    Ok(match reply {
-        Ok(line) if line == "+PONG" => Probe::Pong,
-        Ok(line) => Probe::Other(line),
+    Ok(match redis::cmd("PING").query::<String>(&mut conn) {
+        Ok(reply) if reply == "PONG" => Probe::Pong,
+        Ok(reply) => Probe::Other(reply),
+        Err(err) if err.code() == Some("LOADING") => Probe::Loading,
         Err(err) => Probe::Other(err.to_string()),
     })
-}
-
-/// Writes `command` and reads the first reply line ("" at end of stream).
-fn request(stream: &mut UnixStream, command: &[u8], timeout: Duration) -> std::io::Result<String> {
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    stream.write_all(command)?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    Ok(line.trim_end().to_owned())
 }
 
 /// Starts `redis-server` in `dir` and waits until it answers.
@@ -293,7 +286,7 @@ fn wait_ready(dir: &Path, socket: &Path, mut child: Option<&mut Child>) -> Resul
         }
         match probe(socket)? {
             Probe::Pong => return Ok(()),
-            Probe::Other(reply) if reply.starts_with("-LOADING") => {
+            Probe::Loading => {
                 if !loading_logged {
                     info!("the embedded redis-server is loading its data");
                     loading_logged = true;
@@ -318,16 +311,16 @@ fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
         .ok()
         .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
         .filter(|pid| *pid > 0);
-    let Some(mut stream) = connect(socket)? else {
+    let Some(mut conn) = connect(socket, timeout)? else {
         debug!("the embedded redis-server is already gone");
         let _ = std::fs::remove_file(socket);
         return Ok(());
     };
     // A successful SHUTDOWN closes the connection without a reply.
-    match request(&mut stream, b"*1\r\n$8\r\nSHUTDOWN\r\n", timeout) {
-        Ok(line) if line.starts_with('-') => bail!("redis-server refused to shut down: {line}; {}", log_tail(dir)),
-        Ok(_) => {}
-        Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
+    match redis::cmd("SHUTDOWN").exec(&mut conn) {
+        Ok(()) => {}
+        Err(err) if err.code().is_some() => bail!("redis-server refused to shut down: {err}; {}", log_tail(dir)),
+        Err(err) if err.is_connection_dropped() => {}
         Err(err) => return Err(err).context("cannot send SHUTDOWN to the embedded redis-server"),
     }
     let deadline = Instant::now() + timeout;
@@ -385,8 +378,8 @@ mod tests {
         text.trim().parse().expect("pid")
     }
 
-    async fn set_and_get(url: &str, write: Option<&str>) -> Option<String> {
-        let client = redis::Client::open(url).expect("url accepted by redis-rs");
+    async fn set_and_get(redis: &EmbeddedRedis, write: Option<&str>) -> Option<String> {
+        let client = redis::Client::open(redis.addr()).expect("a unix socket address");
         let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
         if let Some(value) = write {
             let () = redis::cmd("SET")
@@ -403,13 +396,13 @@ mod tests {
     async fn second_user_joins_and_last_user_stops_the_server() {
         let data = tempfile::tempdir().expect("tempdir");
         let first = EmbeddedRedis::acquire(data.path()).await.expect("start");
-        assert!(first.url().starts_with("unix:///"), "{}", first.url());
+        assert!(first.socket().is_absolute(), "{}", first.socket().display());
         let server = pid(data.path());
         let second = EmbeddedRedis::acquire(data.path()).await.expect("join");
         assert_eq!(pid(data.path()), server, "the second user must reuse the server");
         first.release().await.expect("first release");
         assert!(process_running(server), "still in use by the second user");
-        assert_eq!(set_and_get(&second.url(), Some("v")).await.as_deref(), Some("v"));
+        assert_eq!(set_and_get(&second, Some("v")).await.as_deref(), Some("v"));
         let socket = second.socket().to_path_buf();
         second.release().await.expect("last release");
         assert!(!process_running(server), "the last user must stop the server");
@@ -420,10 +413,10 @@ mod tests {
     async fn data_survives_a_restart() {
         let data = tempfile::tempdir().expect("tempdir");
         let redis = EmbeddedRedis::acquire(data.path()).await.expect("start");
-        set_and_get(&redis.url(), Some("kept")).await;
+        set_and_get(&redis, Some("kept")).await;
         redis.release().await.expect("stop");
         let redis = EmbeddedRedis::acquire(data.path()).await.expect("restart");
-        assert_eq!(set_and_get(&redis.url(), None).await.as_deref(), Some("kept"));
+        assert_eq!(set_and_get(&redis, None).await.as_deref(), Some("kept"));
         let server = pid(data.path());
         drop(redis);
         assert!(!process_running(server), "dropping the last user stops the server too");
@@ -456,17 +449,56 @@ mod tests {
         assert!(!process_running(replacement));
     }
 
-    #[test]
-    fn the_url_survives_odd_characters() {
-        let redis = EmbeddedRedis {
-            dir: PathBuf::from("/data dir/50%"),
-            socket: PathBuf::from("/data dir/50%/redis.sock"),
-            users: None,
-        };
-        assert_eq!(redis.url(), "unix:///data%20dir/50%25/redis.sock");
-        let client = redis::Client::open(redis.url()).expect("redis-rs accepts the URL");
-        let addr = client.get_connection_info().addr();
-        assert_eq!(addr, &redis::ConnectionAddr::Unix(redis.socket.clone()));
+    #[tokio::test]
+    async fn a_busy_server_is_waited_for_not_replaced() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let first = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        let server = pid(data.path());
+        // Every client's commands wait, PING too: the next user's probes
+        // time out until the pause ends.
+        let pause = Duration::from_millis(2500);
+        let client = redis::Client::open(first.addr()).expect("a unix socket address");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause.as_millis() as u64)
+            .arg("ALL")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT PAUSE");
+        let paused = Instant::now();
+        let second = EmbeddedRedis::acquire(data.path())
+            .await
+            .expect("join the paused server");
+        assert!(
+            paused.elapsed() >= pause - Duration::from_millis(500),
+            "joined after {:?}, before the pause ended",
+            paused.elapsed()
+        );
+        assert_eq!(
+            pid(data.path()),
+            server,
+            "a busy server must be waited for, not replaced"
+        );
+        first.release().await.expect("first release");
+        second.release().await.expect("last release");
+        assert!(!process_running(server), "the last user must stop the server");
+    }
+
+    #[tokio::test]
+    async fn any_data_directory_path_works() {
+        use std::os::unix::ffi::OsStrExt;
+        let data = tempfile::tempdir().expect("tempdir");
+        // Spaces, '%', '?', '#', non-ASCII and non-UTF-8 bytes: the socket
+        // path reaches redis-rs as a path, never through a URL.
+        let odd = data
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"data dir/50%?#\xc3\xa9\xff"));
+        let redis = EmbeddedRedis::acquire(&odd).await.expect("start");
+        assert_eq!(set_and_get(&redis, Some("v")).await.as_deref(), Some("v"));
+        let server = pid(&odd);
+        redis.release().await.expect("stop");
+        assert!(!process_running(server));
     }
 
     #[tokio::test]

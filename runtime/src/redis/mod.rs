@@ -13,14 +13,16 @@
 //! - [`api`]: the read side (`wasmjobs stats`).
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
-//! component uses for ordinary commands; blocking commands (`BRPOP`,
-//! `BRPOPLPUSH`) get dedicated connections from [`Redis::dedicated`] so they
-//! never stall the shared one.
+//! component uses for ordinary commands: the fetch's Lua script (which pops
+//! a batch of jobs with `RPOP` and `LPUSH`es them onto the in-progress list),
+//! outcomes, orphan recovery (`RPOPLPUSH`). Blocking commands (the fetch's
+//! `BLMOVE` or `BRPOP` while every queue is empty) get dedicated connections
+//! from [`Redis::dedicated`] so they never stall the shared one.
 
-pub mod api;
+pub(crate) mod api;
 pub mod client;
-pub mod embedded;
-pub mod keys;
+pub(crate) mod embedded;
+pub(crate) mod keys;
 pub mod payload;
 
 use std::path::Path;
@@ -34,7 +36,7 @@ use redis::{AsyncConnectionConfig, Client};
 use self::embedded::EmbeddedRedis;
 
 /// How long an ordinary command may take before it counts as failed.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where Redis is: a URL, or the embedded private server in a data directory.
 #[derive(Debug, Clone)]
@@ -67,7 +69,7 @@ pub struct Redis {
     client: Client,
     conn: ConnectionManager,
     /// Human-readable location, for logs (no password).
-    pub location: String,
+    pub(crate) location: String,
     /// Shared by every clone; emptied by [`Redis::close`].
     embedded: Option<Arc<Mutex<Option<EmbeddedRedis>>>>,
 }
@@ -91,11 +93,6 @@ impl Redis {
             .with_context(|| format!("cannot connect to Redis at {}", self.location))
     }
 
-    /// Whether this is the embedded server.
-    pub fn is_embedded(&self) -> bool {
-        self.embedded.is_some()
-    }
-
     /// Leaves the embedded server, stopping it if no other wasmjobs process
     /// uses it; a no-op for a Redis given by URL. Called on orderly
     /// shutdown, and effective for every clone: tasks still holding one
@@ -114,17 +111,20 @@ impl Redis {
 }
 
 /// Opens Redis at `target`, starting the embedded server if needed.
-pub async fn connect(target: &Target) -> Result<Redis> {
-    let (url, location, embedded) = match target {
-        Target::Url(url) => (url.clone(), redact(url), None),
+pub(crate) async fn connect(target: &Target) -> Result<Redis> {
+    let (client, location, embedded) = match target {
+        Target::Url(url) => {
+            let location = redact(url);
+            let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
+            (client, location, None)
+        }
         Target::Embedded(data_dir) => {
             let server = EmbeddedRedis::acquire(data_dir).await?;
-            let url = server.url();
             let location = format!("embedded redis-server ({})", server.socket().display());
-            (url, location, Some(Arc::new(Mutex::new(Some(server)))))
+            let client = Client::open(server.addr()).with_context(|| format!("cannot use the {location}"))?;
+            (client, location, Some(Arc::new(Mutex::new(Some(server)))))
         }
     };
-    let client = Client::open(url.as_str()).with_context(|| format!("invalid Redis URL {location}"))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(RESPONSE_TIMEOUT))
         .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -142,20 +142,51 @@ pub async fn connect(target: &Target) -> Result<Redis> {
     })
 }
 
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!(
-                "{}{}{}",
-                &url[..scheme + 3],
-                if user.is_empty() { "" } else { user },
-                &url[at..]
-            )
-        }
-        _ => url.to_owned(),
+/// `text` without its password, for messages. Parsed exactly as redis-rs
+/// parses it ([`redis::parse_redis_url`]): the password of the userinfo is
+/// dropped (`redis://user@host`), and the value of any query parameter whose
+/// name contains `pass` is shown as `***` (redis-rs reads a unix socket's
+/// password from `?pass=`); a `#fragment` is left out. Text redis-rs does
+/// not accept shows its scheme at most: where its password would be is
+/// anyone's guess.
+fn redact(text: &str) -> String {
+    let Some(mut url) = redis::parse_redis_url(text) else {
+        return scheme_only(text);
+    };
+    if url.password().is_some() && url.set_password(None).is_err() {
+        return scheme_only(text);
+    }
+    // redis-rs ignores it, and it may be the end of a password with a '#'.
+    url.set_fragment(None);
+    if let Some(query) = url.query() {
+        let query = query
+            .split('&')
+            .map(|pair| match url::form_urlencoded::parse(pair.as_bytes()).next() {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{}=***", pair.split_once('=').map_or(pair, |(name, _)| name))
+                }
+                _ => pair.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        url.set_query(Some(&query));
+    }
+    url.into()
+}
+
+/// `scheme://***` (or `scheme:***`, or `***` if `text` starts with no
+/// scheme): all that can be shown of text that is not a URL.
+fn scheme_only(text: &str) -> String {
+    let scheme = text.split_once(':').map(|(scheme, _)| scheme).filter(|scheme| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    match scheme {
+        Some(scheme) if text[scheme.len() + 1..].starts_with("//") => format!("{scheme}://***"),
+        Some(scheme) => format!("{scheme}:***"),
+        None => "***".to_owned(),
     }
 }
 
@@ -168,7 +199,7 @@ pub fn now_f64() -> f64 {
 }
 
 /// Today's date in UTC as `YYYY-MM-DD` (the suffix of Sidekiq's daily stat keys).
-pub fn utc_date(epoch_secs: f64) -> String {
+pub(crate) fn utc_date(epoch_secs: f64) -> String {
     let days = (epoch_secs / 86_400.0).floor() as i64;
     let (year, month, day) = crate::time::civil_from_days(days);
     format!("{year:04}-{month:02}-{day:02}")
@@ -188,9 +219,60 @@ mod tests {
 
     #[test]
     fn passwords_are_redacted() {
-        assert_eq!(redact("redis://:secret@host:6379/0"), "redis://@host:6379/0");
-        assert_eq!(redact("redis://user:secret@host"), "redis://user@host");
-        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+        let wrong = [
+            ("redis://:secret@host:6379/0", "redis://host:6379/0"),
+            ("redis://user:secret@host", "redis://user@host"),
+            ("redis://host:6379", "redis://host:6379"),
+            ("redis://user@host:6379", "redis://user@host:6379"),
+            ("rediss://user:p@ss:w%40rd@host/1", "rediss://user@host/1"),
+            ("redis://:secret@[::1]:6379/0", "redis://[::1]:6379/0"),
+            ("redis://u:secret@host/0?x=a@b", "redis://u@host/0?x=a@b"),
+            // redis-rs takes a unix socket's credentials from the query.
+            (
+                "redis+unix:///run/redis.sock?db=2&user=u&pass=secret",
+                "redis+unix:///run/redis.sock?db=2&user=u&pass=***",
+            ),
+            (
+                "unix:///run/redis.sock?pass=%26secret",
+                "unix:///run/redis.sock?pass=***",
+            ),
+            ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+            // Not URLs redis-rs accepts: nothing after the scheme is shown.
+            ("u:secret@host:6379", "u:***"),
+            ("redis://u:secret@host:port/0", "redis://***"),
+            ("localhost:6379", "localhost:***"),
+            ("u@secret", "***"),
+        ]
+        .into_iter()
+        .filter(|(url, shown)| redact(url) != *shown)
+        .map(|(url, shown)| format!("{url}: {} instead of {shown}", redact(url)))
+        .collect::<Vec<_>>();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::proptest_config::config(500))]
+
+        /// Wherever a password goes (where redis-rs reads one or not), it
+        /// never shows (it starts with `Zq`, found nowhere else).
+        #[test]
+        fn a_password_never_shows(
+            scheme in "(redis|rediss|unix|redis\\+unix|valkey)://",
+            user in "[a-z%:@]{0,4}",
+            password in "Zq[a-zA-Z0-9%:@/?#&=]{4,10}",
+            host in "(host|\\[::1\\]|/run/r\\.sock)?(:6379)?",
+            path in "(/[0-9])?",
+            params in "((db=1|pass=|user=u)&){0,2}",
+        ) {
+            for url in [
+                format!("{scheme}{user}:{password}@{host}{path}?{params}"),
+                // A raw '&' ends a query value for every parser.
+                format!("{scheme}{host}{path}?{params}pass={}", password.replace('&', "%26")),
+            ] {
+                let shown = redact(&url);
+                proptest::prop_assert!(!shown.contains("Zq"), "{url} shown as {shown}");
+            }
+        }
     }
 
     #[test]

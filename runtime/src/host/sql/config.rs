@@ -25,22 +25,23 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use url::{Url, form_urlencoded};
 
 use crate::sandbox::engine::parse_size;
 
 /// Default pool size of a PostgreSQL database: enough for typical job mixes
 /// without exhausting a server's default `max_connections` (100) when a few
 /// runners share it. Raise it with `?pool=N` for IO-bound jobs.
-pub const DEFAULT_POSTGRES_POOL: usize = 10;
+pub(crate) const DEFAULT_POSTGRES_POOL: usize = 10;
 /// Default pool size of a SQLite database: WAL mode lets readers run in
 /// parallel, but writers take turns, so more connections rarely help.
-pub const DEFAULT_SQLITE_POOL: usize = 4;
+pub(crate) const DEFAULT_SQLITE_POOL: usize = 4;
 /// Default per-statement timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default cap on the rows one query returns.
-pub const DEFAULT_MAX_ROWS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ROWS: usize = 100_000;
 /// Default cap on the bytes one query returns.
-pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: usize = 64 << 20;
 /// Smallest SQLite size budget accepted (`max_size`): 16 pages of the
 /// largest page size, room for a schema and a few rows.
 const MIN_MAX_SIZE: usize = 1 << 20 >> 4;
@@ -60,36 +61,36 @@ pub enum Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     /// Most connections open at once.
-    pub pool: usize,
+    pub(crate) pool: usize,
     /// Per-statement timeout (and bound on waiting for a connection).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Most rows one query may return.
-    pub max_rows: usize,
+    pub(crate) max_rows: usize,
     /// Most bytes one query may return (text and blob lengths, plus a small
     /// fixed cost per value).
-    pub max_bytes: usize,
+    pub(crate) max_bytes: usize,
     /// SQLite only: the size budget of the database file, in bytes
     /// (enforced as SQLite's `max_page_count`); `None` for no budget.
-    pub max_size: Option<u64>,
+    pub(crate) max_size: Option<u64>,
 }
 
 /// One `--db NAME=URL` option, parsed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DbSpec {
     /// The name plugins use (`sql = ["main"]`, `sql::query("main", ...)`).
-    pub name: String,
+    pub(crate) name: String,
     /// Which engine.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// What the driver gets: the URL without wasmjobs's parameters
     /// (PostgreSQL), or the file path as written (SQLite).
-    pub target: String,
+    pub(crate) target: String,
     /// Pool size, timeout and caps.
-    pub settings: Settings,
+    pub(crate) settings: Settings,
 }
 
 impl DbSpec {
     /// The target with any password replaced by `***`, for logs and errors.
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         match self.backend {
             Backend::Postgres => redact(&self.target),
             Backend::Sqlite => format!("sqlite://{}", self.target),
@@ -206,35 +207,60 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
 }
 
-/// `scheme://user:secret@host/...` → `scheme://user:***@host/...`; also
-/// hides a `password=` parameter.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+/// `postgres://user:secret@host/...` → `postgres://user:***@host/...`, for
+/// logs and errors; the value of any query parameter whose name contains
+/// `pass` (`password=`, `sslpassword=`) is shown as `***` too, and a
+/// `#fragment` is left out.
+///
+/// The `url` crate parses; but tokio-postgres, which gets the URL, reads the
+/// credentials up to the *first* `@` anywhere, so `u:p/ss@h` has the
+/// password `p/ss` where the `url` crate sees host `u`, port `p`. Where the
+/// two could disagree (a `/`, `?` or `#` before the first `@` after a `:`),
+/// or the text is no `postgres://` URL at all (several hosts, `h1,h2`, are
+/// not one the `url` crate takes), only the scheme is shown.
+fn redact(text: &str) -> String {
+    let credentials = text
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map(|(credentials, _)| credentials);
+    let ambiguous = credentials.is_some_and(|c| c.contains(':') && c.contains(['/', '?', '#']));
+    let mut url = match Url::parse(text) {
+        Ok(url) if !ambiguous && matches!(url.scheme(), "postgres" | "postgresql") => url,
+        _ => return scheme_only(text),
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some(("password", _)) => "password=***".to_owned(),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}://{authority}{tail}")
+    if url.password().is_some() && url.set_password(Some("***")).is_err() {
+        return scheme_only(text);
+    }
+    url.set_fragment(None);
+    if let Some(query) = url.query() {
+        let query = query
+            .split('&')
+            .map(|pair| match form_urlencoded::parse(pair.as_bytes()).next() {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{}=***", pair.split_once('=').map_or(pair, |(name, _)| name))
+                }
+                _ => pair.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("&");
+        url.set_query(Some(&query));
+    }
+    url.into()
+}
+
+/// `scheme://***` (or `***` if `text` starts with no scheme): all that can
+/// be shown of text that is not a URL.
+fn scheme_only(text: &str) -> String {
+    let scheme = text.split_once("://").map(|(scheme, _)| scheme).filter(|scheme| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    match scheme {
+        Some(scheme) => format!("{scheme}://***"),
+        None => "***".to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -293,11 +319,64 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
-        assert_eq!(
-            redact("postgres://h/db?user=u&password=x"),
-            "postgres://h/db?user=u&password=***"
-        );
+        let wrong = [
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://h/db?user=u&password=x",
+                "postgres://h/db?user=u&password=***",
+            ),
+            ("postgres://u:p%40ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:pa:ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://:pw@h/db", "postgres://:***@h/db"),
+            ("postgresql://u:pw@[::1]:5432/db", "postgresql://u:***@[::1]:5432/db"),
+            (
+                "postgres://u:pw@%2Frun%2Fpostgresql/db",
+                "postgres://u:***@%2Frun%2Fpostgresql/db",
+            ),
+            (
+                "postgres:///db?host=/run/postgresql&PASSWORD=pw&sslpassword=pw",
+                "postgres:///db?host=/run/postgresql&PASSWORD=***&sslpassword=***",
+            ),
+            // tokio-postgres reads credentials up to the first '@', so these
+            // are passwords with '/', '?' or '#' in them: unparseable as URLs,
+            // or parsed with the password in the path.
+            ("postgres://u:p/ss@h/db", "postgres://***"),
+            ("postgres://u:p?ss@h/db", "postgres://***"),
+            ("postgres://u:p#ss@h/db", "postgres://***"),
+            ("postgres://u:5432/ss@h/db", "postgres://***"),
+            // Several hosts are not a URL the url crate parses.
+            ("postgres://u:pw@h1:5432,h2:5432/db", "postgres://***"),
+        ]
+        .into_iter()
+        .filter(|(url, shown)| redact(url) != *shown)
+        .map(|(url, shown)| format!("{url}: {} instead of {shown}", redact(url)))
+        .collect::<Vec<_>>();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::proptest_config::config(500))]
+
+        /// Wherever a password goes, it never shows (it starts with `Zq`,
+        /// found nowhere else).
+        #[test]
+        fn a_password_never_shows(
+            scheme in "postgres(ql)?://",
+            user in "[a-z%:]{0,4}",
+            password in "Zq[a-zA-Z0-9%:@/?#&=]{4,10}",
+            host in "(h|\\[::1\\]|%2Frun)?(:5432)?",
+            path in "(/db)?",
+            params in "((user=u|password=|sslmode=disable)&){0,2}",
+        ) {
+            for url in [
+                format!("{scheme}{user}:{password}@{host}{path}?{params}"),
+                // A raw '&' ends a query value for every parser.
+                format!("{scheme}{host}{path}?{params}password={}", password.replace('&', "%26")),
+            ] {
+                let shown = redact(&url);
+                proptest::prop_assert!(!shown.contains("Zq"), "{url} shown as {shown}");
+            }
+        }
     }
 }
