@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod plugin;
 #[cfg(test)]
 mod proptest_config;
+mod redact;
 pub mod redis;
 pub mod runner;
 pub mod sandbox;

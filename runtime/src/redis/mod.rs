@@ -151,43 +151,15 @@ pub(crate) async fn connect(target: &Target) -> Result<Redis> {
 /// anyone's guess.
 fn redact(text: &str) -> String {
     let Some(mut url) = redis::parse_redis_url(text) else {
-        return scheme_only(text);
+        return crate::redact::scheme_only(text);
     };
     if url.password().is_some() && url.set_password(None).is_err() {
-        return scheme_only(text);
+        return crate::redact::scheme_only(text);
     }
     // redis-rs ignores it, and it may be the end of a password with a '#'.
     url.set_fragment(None);
-    if let Some(query) = url.query() {
-        let query = query
-            .split('&')
-            .map(|pair| match url::form_urlencoded::parse(pair.as_bytes()).next() {
-                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
-                    format!("{}=***", pair.split_once('=').map_or(pair, |(name, _)| name))
-                }
-                _ => pair.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join("&");
-        url.set_query(Some(&query));
-    }
+    crate::redact::query_passwords(&mut url);
     url.into()
-}
-
-/// `scheme://***` (or `scheme:***`, or `***` if `text` starts with no
-/// scheme): all that can be shown of text that is not a URL.
-fn scheme_only(text: &str) -> String {
-    let scheme = text.split_once(':').map(|(scheme, _)| scheme).filter(|scheme| {
-        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    });
-    match scheme {
-        Some(scheme) if text[scheme.len() + 1..].starts_with("//") => format!("{scheme}://***"),
-        Some(scheme) => format!("{scheme}:***"),
-        None => "***".to_owned(),
-    }
 }
 
 /// Seconds since the Unix epoch, as a float (Sidekiq ≤ 7's timestamps).

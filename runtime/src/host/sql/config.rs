@@ -25,7 +25,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use url::{Url, form_urlencoded};
+use url::Url;
 
 use crate::sandbox::engine::parse_size;
 
@@ -226,41 +226,14 @@ fn redact(text: &str) -> String {
     let ambiguous = credentials.is_some_and(|c| c.contains(':') && c.contains(['/', '?', '#']));
     let mut url = match Url::parse(text) {
         Ok(url) if !ambiguous && matches!(url.scheme(), "postgres" | "postgresql") => url,
-        _ => return scheme_only(text),
+        _ => return crate::redact::scheme_only(text),
     };
     if url.password().is_some() && url.set_password(Some("***")).is_err() {
-        return scheme_only(text);
+        return crate::redact::scheme_only(text);
     }
     url.set_fragment(None);
-    if let Some(query) = url.query() {
-        let query = query
-            .split('&')
-            .map(|pair| match form_urlencoded::parse(pair.as_bytes()).next() {
-                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
-                    format!("{}=***", pair.split_once('=').map_or(pair, |(name, _)| name))
-                }
-                _ => pair.to_owned(),
-            })
-            .collect::<Vec<_>>()
-            .join("&");
-        url.set_query(Some(&query));
-    }
+    crate::redact::query_passwords(&mut url);
     url.into()
-}
-
-/// `scheme://***` (or `***` if `text` starts with no scheme): all that can
-/// be shown of text that is not a URL.
-fn scheme_only(text: &str) -> String {
-    let scheme = text.split_once("://").map(|(scheme, _)| scheme).filter(|scheme| {
-        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    });
-    match scheme {
-        Some(scheme) => format!("{scheme}://***"),
-        None => "***".to_owned(),
-    }
 }
 
 #[cfg(test)]
