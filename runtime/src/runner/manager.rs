@@ -118,6 +118,7 @@ impl Manager {
         let unit = UnitOfWork::start(job, writer, self.inflight.clone());
         let manager = self.clone();
         self.jobs.spawn(async move {
+            let unit = unit.parse();
             let mut runner_slot = Some(permit);
             let slots = Slots {
                 runner: &mut runner_slot,

@@ -65,13 +65,35 @@ pub(crate) struct UnitOfWork {
     inflight: Arc<InFlightTable>,
 }
 
+/// A unit of work registered as in flight, its payload not parsed yet
+/// (parsing happens in the job's own task, not in the fetch loop).
+pub(crate) struct Registered {
+    id: u64,
+    fetched: Fetched,
+    writer: CompletionSender,
+    inflight: Arc<InFlightTable>,
+}
+
+impl Registered {
+    /// Parses the payload, once.
+    pub(crate) fn parse(self) -> UnitOfWork {
+        UnitOfWork {
+            id: self.id,
+            job: TypedJob::parse(self.fetched),
+            writer: self.writer,
+            inflight: self.inflight,
+        }
+    }
+}
+
 impl UnitOfWork {
-    /// Starts the unit for `fetched`: parsed, listed in `inflight`.
-    pub(crate) fn start(fetched: Fetched, writer: CompletionSender, inflight: Arc<InFlightTable>) -> Self {
+    /// Starts the unit for `fetched`: listed in `inflight` at once (so a
+    /// reconcile knows it), parsed later by [`Registered::parse`].
+    pub(crate) fn start(fetched: Fetched, writer: CompletionSender, inflight: Arc<InFlightTable>) -> Registered {
         let id = inflight.add(fetched.clone(), crate::redis::now_f64());
-        Self {
+        Registered {
             id,
-            job: TypedJob::parse(fetched),
+            fetched,
             writer,
             inflight,
         }
