@@ -38,18 +38,26 @@ impl RunnerProcess {
         extra: &[&str],
         filter: &str,
     ) -> Result<Self> {
-        let log = tempfile::NamedTempFile::new()?;
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .arg("--data-dir")
             .arg(data_dir)
             .args(["run", "--redis", redis_url, "--plugins"])
             .arg(plugins)
             .args(extra)
-            .env("RUST_LOG", filter)
+            .env("RUST_LOG", filter);
+        Self::spawn(&mut command).context("starting wasmjobs run")
+    }
+
+    /// Starts `command` (any worker: the suite's native baseline too) with
+    /// its stderr as the log and its stdout discarded.
+    pub fn spawn(command: &mut Command) -> Result<Self> {
+        let log = tempfile::NamedTempFile::new()?;
+        let child = command
             .stdout(Stdio::null())
             .stderr(log.reopen()?)
             .spawn()
-            .context("starting wasmjobs run")?;
+            .with_context(|| format!("starting {:?}", command.get_program()))?;
         Ok(Self { child, log })
     }
 
@@ -144,6 +152,18 @@ pub fn thread_cpu_ns(pid: u32) -> std::collections::HashMap<u32, u64> {
         }
     }
     times
+}
+
+/// CPU nanoseconds used so far by those threads of `pid` whose name
+/// (`/proc/PID/task/TID/comm`) starts with `prefix`.
+pub fn named_threads_cpu_ns(pid: u32, prefix: &str) -> u64 {
+    thread_cpu_ns(pid)
+        .into_iter()
+        .filter(|(tid, _)| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).is_ok_and(|name| name.starts_with(prefix))
+        })
+        .map(|(_, ns)| ns)
+        .sum()
 }
 
 /// CPU nanoseconds `pid`'s threads used since `before` (from

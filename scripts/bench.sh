@@ -16,6 +16,6 @@ cd "$(dirname "$0")/.."
 # redis-server and PostgreSQL's binaries (the suite starts its own servers).
 bash scripts/setup.sh test
 bash scripts/build-plugins.sh
-cargo build --release --locked -p wasmjobs --bin wasmjobs -p wasmjobs-benches --bin wasmjobs-bench
+cargo build --release --locked -p wasmjobs --bin wasmjobs -p wasmjobs-benches --bin wasmjobs-bench --bin wasmjobs-native
 export WASMJOBS_SKIP_GUEST_BUILD=1
 exec target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "$@"

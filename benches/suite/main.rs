@@ -4,15 +4,19 @@
 //! Normally started by `scripts/bench.sh`, which builds what it needs.
 //!
 //! ```text
-//! wasmjobs-bench --wasmjobs target/release/wasmjobs [--quick] [--only noop,http] [--out DIR]
+//! wasmjobs-bench --wasmjobs target/release/wasmjobs [--native PATH] [--quick] [--only noop,http] [--out DIR]
 //! ```
 //!
 //! It starts its own `redis-server`, PostgreSQL (for `pg-sleep`) and a
-//! 200 ms HTTP server on loopback; see [`plan`] for the cases, [`measure`]
-//! for how one is timed and checked, and [`output`] for the report. Exits
-//! non-zero when any job was lost or failed.
+//! 200 ms HTTP server on loopback (on its own runtime, so its CPU can be
+//! counted); see [`plan`] for the cases, [`measure`] for how one is timed
+//! and checked, and [`output`] for the report. Noop and HTTP cases also run
+//! through the native baseline, `wasmjobs-native` (built beside this
+//! binary), and the report divides wasmjobs by it. Exits non-zero when any
+//! job was lost or failed.
 
 mod chart;
+mod compare;
 mod measure;
 mod output;
 mod plan;
@@ -30,11 +34,11 @@ use measure::{Bench, Row};
 use output::{Machine, Native, Results};
 use plan::Workload;
 
-const USAGE: &str =
-    "usage: wasmjobs-bench --wasmjobs PATH [--quick] [--only noop,http,pg-sleep,file-append,fib,idle] [--out DIR]";
+const USAGE: &str = "usage: wasmjobs-bench --wasmjobs PATH [--native PATH] [--quick] [--only noop,http,pg-sleep,file-append,fib,idle] [--out DIR]";
 
 struct Args {
     wasmjobs: PathBuf,
+    native: PathBuf,
     quick: bool,
     only: Vec<Workload>,
     out: PathBuf,
@@ -42,8 +46,10 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     let repo = wasmjobs_e2e::guests::repo_root();
+    let beside = std::env::current_exe().context("locating this binary")?;
     let mut args = Args {
         wasmjobs: repo.join("target/release/wasmjobs"),
+        native: beside.with_file_name("wasmjobs-native"),
         quick: false,
         only: Vec::new(),
         out: repo.join("benches/results"),
@@ -53,6 +59,7 @@ fn parse_args() -> Result<Args> {
         let mut value = || argv.next().with_context(|| format!("{arg} needs a value\n{USAGE}"));
         match arg.as_str() {
             "--wasmjobs" => args.wasmjobs = value()?.into(),
+            "--native" => args.native = value()?.into(),
             "--quick" => args.quick = true,
             "--only" => args.only = plan::parse_only(&value()?)?,
             "--out" => args.out = value()?.into(),
@@ -67,6 +74,12 @@ fn parse_args() -> Result<Args> {
         bail!(
             "{} is not built (cargo build --release -p wasmjobs)",
             args.wasmjobs.display()
+        );
+    }
+    if !args.native.is_file() {
+        bail!(
+            "{} is not built (cargo build --release -p wasmjobs-benches --bin wasmjobs-native)",
+            args.native.display()
         );
     }
     Ok(args)
@@ -85,20 +98,31 @@ fn main() -> Result<()> {
 
     let rt = tokio::runtime::Runtime::new()?;
     let repo = wasmjobs_e2e::guests::repo_root();
+    // The HTTP server on its own runtime, whose threads are named so
+    // their CPU is told from the rest of this process's.
+    let http_rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(measure::HTTP_THREADS)
+        .enable_all()
+        .build()?;
+    let redis = TestRedis::start();
+    let redis_pid = rt.block_on(async { measure::redis_pid(&mut redis.conn().await).await });
     let mut bench = Bench {
         bin: args.wasmjobs.clone(),
+        native: args.native.clone(),
         data_dir: repo.join("target/wasmjobs-bench-data"),
-        redis: TestRedis::start(),
-        http: rt.block_on(HttpServer::start(Duration::from_millis(200))),
+        redis,
+        http: http_rt.block_on(HttpServer::start(Duration::from_millis(200))),
+        redis_pid,
         postgres: None,
     };
     let started = Instant::now();
     let mut rows = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         eprint!(
-            "[{:>2}/{}] {:<11} {:<8} C={:<6} N={:<9} ",
+            "[{:>2}/{}] {:<8} {:<11} {:<8} C={:<6} N={:<9} ",
             i + 1,
             cases.len(),
+            case.processor.name(),
             case.workload.name(),
             case.fetch.flag(),
             case.concurrency,
@@ -109,11 +133,12 @@ fn main() -> Result<()> {
             ..measure::empty_row(case)
         });
         eprintln!(
-            "{:>8.2} s {:>9.0} jobs/s  peak {:>7.1} MB  {:>6.2}% CPU  {}",
+            "{:>8.2} s {:>9.0} jobs/s  peak {:>7.1} MB  {:>6.2}% CPU {:>7.1} µs/job  {}",
             row.time_s,
             row.jobs_per_sec,
             row.peak_rss_kb as f64 / 1024.0,
             row.cpu_percent,
+            row.cpu_per_job.map_or(0.0, |cpu| cpu.runner),
             if row.problems.is_empty() {
                 "ok".to_owned()
             } else {
@@ -123,6 +148,7 @@ fn main() -> Result<()> {
         rows.push(row);
     }
     drop(bench);
+    drop(http_rt);
 
     let machine = machine(&args);
     let stem = format!(
@@ -131,8 +157,10 @@ fn main() -> Result<()> {
         machine.host,
         if args.quick { "-quick" } else { "" }
     );
+    let comparisons = compare::comparisons(&rows);
     let results = Results {
-        targets: output::targets(&rows, native),
+        targets: output::targets(&rows, &comparisons, native),
+        comparisons,
         machine,
         quick: args.quick,
         native,

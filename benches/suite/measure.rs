@@ -7,6 +7,13 @@
 //! count, failures, what is left in the queue, the retry and dead sets and
 //! the in-progress lists, plus the workload's own evidence (HTTP requests
 //! served, lines in the appended file).
+//!
+//! The native baseline (`wasmjobs-native`) is measured the same way: it
+//! logs " running" once connected, drains the same jobs and is checked the
+//! same way. Where the CPU goes is read for both from the nanosecond
+//! per-thread counters (`/proc/PID/task/*/schedstat`) of the worker, of
+//! `redis-server` and of the HTTP server's threads (its own runtime, in this
+//! process), over the same window, and reported per job.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -17,19 +24,38 @@ use redis::AsyncCommands;
 use serde::Serialize;
 use serde_json::{Value, json};
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{RunnerProcess, cpu_ns_since, cpu_ticks, peak_rss_kb, push_jobs, thread_cpu_ns};
+use wasmjobs_benches::{
+    RunnerProcess, cpu_ns_since, cpu_ticks, named_threads_cpu_ns, peak_rss_kb, push_jobs, thread_cpu_ns,
+};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
 
-use crate::plan::{Case, Fetch, Workload};
+use crate::plan::{Case, Fetch, Processor, Workload};
+
+/// The name prefix of the HTTP server's threads (its own runtime), so its
+/// CPU can be told from the rest of this process.
+pub const HTTP_THREADS: &str = "bench-http";
 
 /// No progress for this long ends a drain as stalled (and reports the loss).
 const STALL: Duration = Duration::from_secs(60);
 
+/// CPU per job, µs (user + system, from the threads' schedstat), by process.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CpuPerJob {
+    /// The worker: `wasmjobs run` or the native baseline.
+    pub runner: f64,
+    /// `redis-server` (`None` when its pid could not be read).
+    pub redis: Option<f64>,
+    /// The 200 ms HTTP server's threads.
+    pub http_server: f64,
+}
+
 /// What one case measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
+    /// wasmjobs or the native baseline.
+    pub processor: Processor,
     /// The workload.
     pub workload: Workload,
     /// `--fetch`.
@@ -54,6 +80,10 @@ pub struct Row {
     pub floor_s: Option<f64>,
     /// IO workloads: `floor_s / time_s`.
     pub efficiency: Option<f64>,
+    /// HTTP workloads: connections the HTTP server accepted during the case.
+    pub http_connections: Option<u64>,
+    /// CPU per job of the worker, Redis and the HTTP server over `time_s`.
+    pub cpu_per_job: Option<CpuPerJob>,
     /// Median job execution time, ms (instantiate + perform), from the runner.
     pub exec_p50_ms: Option<f64>,
     /// 99th percentile job execution time, ms.
@@ -72,12 +102,16 @@ pub struct Row {
 pub struct Bench {
     /// The `wasmjobs` binary under measurement.
     pub bin: PathBuf,
+    /// The native baseline, `wasmjobs-native`.
+    pub native: PathBuf,
     /// The runner's data dir (its compilation cache survives between cases).
     pub data_dir: PathBuf,
     /// The suite's own Redis.
     pub redis: TestRedis,
-    /// The 200 ms endpoint.
+    /// The 200 ms endpoint, served by threads named [`HTTP_THREADS`].
     pub http: HttpServer,
+    /// `redis-server`'s pid, for its CPU.
+    pub redis_pid: Option<u32>,
     /// Started on first use by a `pg-sleep` case.
     pub postgres: Option<TestPostgres>,
 }
@@ -119,19 +153,32 @@ impl Bench {
             db = format!("main={}?pool={}", postgres.url("postgres"), case.concurrency);
             extra.extend(["--db", &db]);
         }
-        let hits_before = self.http.hits();
-        let mut runner = self.start(&plugins, &extra)?;
+        let (hits_before, connections_before) = (self.http.hits(), self.http.connections());
+        let mut runner = match case.processor {
+            Processor::Wasmjobs => self.start(&plugins, &extra)?,
+            Processor::Native => self.start_native(case)?,
+        };
         runner.wait_for_log(" running")?;
         let pid = runner.pid();
         let (rss_start, cpu_start) = (rss_kb(pid), cpu_ticks(pid));
+        let threads = self.sample_cpu(pid);
         let (elapsed, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let cpu_per_job = self.cpu_per_job(pid, &threads, processed + failed);
         let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
         let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
         let mut problems = Vec::new();
-        if let Err(err) = runner.wait_exit(Duration::from_secs(60)) {
+        let exited = match case.processor {
+            Processor::Wasmjobs => runner.wait_exit(Duration::from_secs(60)),
+            // It holds on after the last ack (for the samples above) until told.
+            Processor::Native => runner.wait_for_log(" stopped").and_then(|()| runner.stop().map(drop)),
+        };
+        if let Err(err) = exited {
             problems.push(format!("the runner did not exit cleanly: {err:#}"));
         }
-        let (exec_p50_ms, exec_p99_ms) = execution_percentiles(summary.path());
+        let (exec_p50_ms, exec_p99_ms) = match case.processor {
+            Processor::Wasmjobs => execution_percentiles(summary.path()),
+            Processor::Native => (None, None),
+        };
 
         let lost = case.jobs.saturating_sub(processed + failed);
         problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
@@ -154,6 +201,7 @@ impl Bench {
             .io_wait()
             .map(|wait| case.jobs as f64 * wait.as_secs_f64() / f64::from(case.concurrency));
         Ok(Row {
+            processor: case.processor,
             workload: case.workload,
             fetch: case.fetch,
             concurrency: case.concurrency,
@@ -166,6 +214,9 @@ impl Bench {
             jobs_per_sec: processed as f64 / secs,
             floor_s,
             efficiency: floor_s.map(|floor| floor / secs),
+            http_connections: (case.workload == Workload::Http)
+                .then(|| (self.http.connections() - connections_before) as u64),
+            cpu_per_job,
             exec_p50_ms,
             exec_p99_ms,
             processed,
@@ -213,6 +264,40 @@ impl Bench {
         wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[])
     }
 
+    /// The native baseline for `case`.
+    fn start_native(&self, case: &Case) -> Result<RunnerProcess> {
+        RunnerProcess::spawn(
+            std::process::Command::new(&self.native)
+                .args(["--redis", &self.redis.url(), "--fetch", case.fetch.flag(), "--hold"])
+                .args(["--concurrency", &case.concurrency.to_string()]),
+        )
+    }
+
+    /// The per-thread CPU counters of the worker `pid`, Redis and the HTTP
+    /// server now.
+    fn sample_cpu(&self, pid: u32) -> ThreadCpu {
+        ThreadCpu {
+            runner: thread_cpu_ns(pid),
+            redis: self.redis_pid.map(thread_cpu_ns),
+            http_server: named_threads_cpu_ns(std::process::id(), HTTP_THREADS),
+        }
+    }
+
+    /// CPU per job since `before`, for `jobs` jobs.
+    fn cpu_per_job(&self, pid: u32, before: &ThreadCpu, jobs: u64) -> Option<CpuPerJob> {
+        let per_job = |ns: u64| ns as f64 / 1_000.0 / jobs as f64;
+        (jobs > 0).then(|| CpuPerJob {
+            runner: per_job(cpu_ns_since(pid, &before.runner)),
+            redis: self
+                .redis_pid
+                .zip(before.redis.as_ref())
+                .map(|(redis, before)| per_job(cpu_ns_since(redis, before))),
+            http_server: per_job(
+                named_threads_cpu_ns(std::process::id(), HTTP_THREADS).saturating_sub(before.http_server),
+            ),
+        })
+    }
+
     fn start(&self, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
         RunnerProcess::start_in(
             &self.bin,
@@ -225,9 +310,25 @@ impl Bench {
     }
 }
 
+/// Per-thread CPU counters (ns) at the start of a measured window.
+struct ThreadCpu {
+    runner: std::collections::HashMap<u32, u64>,
+    redis: Option<std::collections::HashMap<u32, u64>>,
+    http_server: u64,
+}
+
+/// `redis-server`'s pid, from `INFO server`.
+pub async fn redis_pid(conn: &mut redis::aio::MultiplexedConnection) -> Option<u32> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await.ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
 /// A row for `case` with nothing measured.
 pub fn empty_row(case: &Case) -> Row {
     Row {
+        processor: case.processor,
         workload: case.workload,
         fetch: case.fetch,
         concurrency: case.concurrency,
@@ -240,6 +341,8 @@ pub fn empty_row(case: &Case) -> Row {
         jobs_per_sec: 0.0,
         floor_s: None,
         efficiency: None,
+        http_connections: None,
+        cpu_per_job: None,
         exec_p50_ms: None,
         exec_p99_ms: None,
         processed: 0,

@@ -1,8 +1,9 @@
 //! The suite's report: per-workload tables in the seed report's shape
 //! (Job processor, Concurrency, Jobs, Time, Start RSS, Finish RSS, %CPU,
 //! then jobs/s, IO efficiency and execution p50 / p99), the targets of
-//! issue 7 with the measured figure beside each, the loss checks, and three
-//! SVG charts. Written as `<stem>.md`, `<stem>.json` and `<stem>-*.svg`.
+//! issues 7 and 15 with the measured figure beside each, the loss checks,
+//! wasmjobs ÷ the native baseline ([`crate::compare`]), and three SVG
+//! charts. Written as `<stem>.md`, `<stem>.json` and `<stem>-*.svg`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,8 +12,9 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::chart::{Chart, Series};
+use crate::compare::{self, Comparison};
 use crate::measure::Row;
-use crate::plan::{Fetch, Workload};
+use crate::plan::{Fetch, Processor, Workload};
 pub use wasmjobs::runner::summary::group;
 
 /// Sidekiq's best 50,000-job file-append time in the seed report, seconds.
@@ -72,6 +74,8 @@ pub struct Results {
     pub native: Option<Native>,
     /// Targets, evaluated.
     pub targets: Vec<Target>,
+    /// wasmjobs ÷ native, case by case.
+    pub comparisons: Vec<Comparison>,
     /// Every case.
     pub rows: Vec<Row>,
 }
@@ -112,7 +116,8 @@ impl Results {
             "Jobs are pushed into Redis first; the clock runs from `wasmjobs run --exit-when-empty` \
              reporting \"running\" to the last job processed. Redis, PostgreSQL and the 200 ms HTTP \
              server share the cores with the runner. %CPU is the runner's (100 = one core); RSS is \
-             the runner's; Exec p50/p99 is instantiate + perform per job.\n"
+             the runner's; Exec p50/p99 is instantiate + perform per job. Noop and HTTP cases run \
+             twice, through wasmjobs and through the native baseline (`wasmjobs-native`).\n"
         )?;
         writeln!(md, "## Targets\n")?;
         writeln!(md, "| workload | target | measured | |")?;
@@ -125,6 +130,7 @@ impl Results {
             };
             writeln!(md, "| {} | {} | {} | {verdict} |", t.what, t.target, t.measured)?;
         }
+        compare::markdown(&mut md, &self.comparisons)?;
         let lost: Vec<&Row> = self.problems().collect();
         writeln!(md, "\n## Every job accounted for?\n")?;
         if lost.is_empty() {
@@ -228,12 +234,16 @@ fn table(md: &mut String, workload: Workload, rows: &[&Row], native: Option<Nati
 }
 
 fn processor(row: &Row) -> String {
-    format!("wasmjobs {} ({})", env!("CARGO_PKG_VERSION"), row.fetch.flag())
+    match row.processor {
+        Processor::Wasmjobs => format!("wasmjobs {} ({})", env!("CARGO_PKG_VERSION"), row.fetch.flag()),
+        Processor::Native => format!("native baseline ({})", row.fetch.flag()),
+    }
 }
 
 fn case_name(row: &Row) -> String {
     format!(
-        "{} {} C={} N={}",
+        "{} {} {} C={} N={}",
+        row.processor.name(),
         row.workload.name(),
         row.fetch.flag(),
         row.concurrency,
@@ -256,7 +266,9 @@ fn ms(value: f64) -> String {
 
 /// The three charts, by file-name suffix.
 fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
-    let series = |name: String, pick: &dyn Fn(&Row) -> bool, y: &dyn Fn(&Row) -> f64| Series {
+    let wasmjobs: Vec<&Row> = rows.iter().filter(|r| r.processor == Processor::Wasmjobs).collect();
+    let native: Vec<&Row> = rows.iter().filter(|r| r.processor == Processor::Native).collect();
+    let series_of = |rows: &[&Row], name: String, pick: &dyn Fn(&Row) -> bool, y: &dyn Fn(&Row) -> f64| Series {
         name,
         points: rows
             .iter()
@@ -264,6 +276,8 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
             .map(|r| (f64::from(r.concurrency), y(r)))
             .collect(),
     };
+    let series =
+        |name: String, pick: &dyn Fn(&Row) -> bool, y: &dyn Fn(&Row) -> f64| series_of(&wasmjobs, name, pick, y);
     let mut throughput = Vec::new();
     for jobs in [100_000, 1_000_000] {
         for fetch in [Fetch::Reliable, Fetch::Basic] {
@@ -274,6 +288,12 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
             ));
         }
     }
+    throughput.push(series_of(
+        &native,
+        "noop 100k, reliable, native".into(),
+        &|r| r.workload == Workload::Noop && r.jobs == 100_000 && r.fetch == Fetch::Reliable,
+        &|r| r.jobs_per_sec,
+    ));
     throughput.push(series(
         "file append 50k".into(),
         &|r| r.workload == Workload::FileAppend,
@@ -292,6 +312,12 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
         series("http (200 ms)".into(), &|r| r.workload == Workload::Http, &|r| {
             r.efficiency.unwrap_or(0.0)
         }),
+        series_of(
+            &native,
+            "http, native".into(),
+            &|r| r.workload == Workload::Http,
+            &|r| r.efficiency.unwrap_or(0.0),
+        ),
         series("pg-sleep (100 ms)".into(), &|r| r.workload == Workload::PgSleep, &|r| {
             r.efficiency.unwrap_or(0.0)
         }),
@@ -342,8 +368,15 @@ fn short(jobs: u64) -> String {
     }
 }
 
-/// Issue 7's targets against this run's rows.
-pub fn targets(rows: &[Row], native: Option<Native>) -> Vec<Target> {
+/// Issue 7's and issue 15's targets against this run's rows (issue 15's
+/// as ratios to the native baseline of the same run).
+pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>) -> Vec<Target> {
+    let rows: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.processor == Processor::Wasmjobs)
+        .cloned()
+        .collect();
+    let rows = &rows[..];
     let find = |w: Workload, c: u32| rows.iter().find(|r| r.workload == w && r.concurrency == c);
     let best = |w: Workload, fetch: Fetch| {
         rows.iter()
@@ -384,7 +417,7 @@ pub fn targets(rows: &[Row], native: Option<Native>) -> Vec<Target> {
         .filter(|r| r.workload == Workload::Fib)
         .filter_map(|r| r.exec_p50_ms)
         .min_by(f64::total_cmp);
-    vec![
+    let mut targets = vec![
         target(
             "noop, reliable fetch",
             "≥ 50,000 jobs/s",
@@ -451,5 +484,52 @@ pub fn targets(rows: &[Row], native: Option<Native>) -> Vec<Target> {
             "≤ 0.1% CPU",
             idle_cpu.map(|cpu| (format!("{cpu:.2}%"), cpu <= 0.1)),
         ),
+    ];
+    targets.extend(native_targets(comparisons));
+    targets
+}
+
+/// Issue 15's targets, each a ratio to the native baseline.
+fn native_targets(comparisons: &[Comparison]) -> Vec<Target> {
+    let find = |w: Workload, fetch: Fetch, c: u32| {
+        comparisons
+            .iter()
+            .find(|x| x.workload == w && x.fetch == fetch && x.concurrency == c)
+    };
+    let ratio_target = |what: &str, at_least: f64, found: Option<&Comparison>, pick: fn(&Comparison) -> Option<f64>| {
+        let measured = found.and_then(|c| pick(c).map(|r| (c, r)));
+        Target {
+            what: what.into(),
+            target: format!("≥ {at_least:.2} × native"),
+            measured: measured.map_or("".into(), |(c, r)| {
+                format!("{r:.2} (C={}, N={})", c.concurrency, group(c.jobs))
+            }),
+            met: measured.map(|(_, r)| r >= at_least),
+        }
+    };
+    let http_1000 = find(Workload::Http, Fetch::Reliable, 1_000);
+    let runner_us = http_1000.and_then(|c| c.cpu_per_job);
+    vec![
+        ratio_target(
+            "noop C = 100, reliable: jobs/s",
+            0.7,
+            find(Workload::Noop, Fetch::Reliable, 100),
+            |c| c.throughput_ratio,
+        ),
+        ratio_target("http C = 1,000: efficiency", 0.95, http_1000, |c| c.efficiency_ratio),
+        ratio_target(
+            "http C = 10,000: efficiency",
+            0.8,
+            find(Workload::Http, Fetch::Reliable, 10_000),
+            |c| c.efficiency_ratio,
+        ),
+        Target {
+            what: "http C = 1,000: runner CPU per job".into(),
+            target: "≤ 60 µs".into(),
+            measured: runner_us.map_or("".into(), |cpu| {
+                format!("{:.0} µs (native {:.0} µs)", cpu.wasmjobs.runner, cpu.native.runner)
+            }),
+            met: runner_us.map(|cpu| cpu.wasmjobs.runner <= 60.0),
+        },
     ]
 }

@@ -1,6 +1,9 @@
 //! What the suite runs: the seed report's workloads
 //! (`../shared/reference/seeds/000_49d14a81a23d6fa0.txt`) as a list of
-//! [`Case`]s, in full or reduced (`--quick`).
+//! [`Case`]s, in full or reduced (`--quick`). Every noop and HTTP case
+//! runs twice, back to back: through wasmjobs, then through the native
+//! baseline (`wasmjobs-native`, see `benches/native/main.rs`), so each
+//! figure has its ratio to the design's physical limit from the same run.
 
 use std::time::Duration;
 
@@ -100,10 +103,33 @@ impl Fetch {
     }
 }
 
-/// One measured run: a workload, a fetch mode, a concurrency and a job
-/// count (or, for [`Workload::Idle`], a duration).
+/// What takes the jobs off the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Processor {
+    /// `wasmjobs run`: each job a fresh WebAssembly instance.
+    Wasmjobs,
+    /// `wasmjobs-native`: the same fetch protocol, the same work in plain
+    /// Rust, no Wasm.
+    Native,
+}
+
+impl Processor {
+    /// The name in progress lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Processor::Wasmjobs => "wasmjobs",
+            Processor::Native => "native",
+        }
+    }
+}
+
+/// One measured run: a processor, a workload, a fetch mode, a concurrency
+/// and a job count (or, for [`Workload::Idle`], a duration).
 #[derive(Debug, Clone, Copy)]
 pub struct Case {
+    /// wasmjobs or the native baseline.
+    pub processor: Processor,
     /// What the jobs do.
     pub workload: Workload,
     /// `--fetch`.
@@ -119,6 +145,7 @@ pub struct Case {
 impl Case {
     fn new(workload: Workload, fetch: Fetch, concurrency: u32, jobs: u64) -> Self {
         Self {
+            processor: Processor::Wasmjobs,
             workload,
             fetch,
             concurrency,
@@ -186,7 +213,22 @@ pub fn cases(quick: bool, only: &[Workload]) -> Vec<Case> {
             }
         }
     }
-    cases
+    with_native_twins(cases)
+}
+
+/// `cases` with a native twin right after each noop and HTTP case.
+fn with_native_twins(cases: Vec<Case>) -> Vec<Case> {
+    let mut all = Vec::with_capacity(cases.len() * 2);
+    for case in cases {
+        all.push(case);
+        if matches!(case.workload, Workload::Noop | Workload::Http) {
+            all.push(Case {
+                processor: Processor::Native,
+                ..case
+            });
+        }
+    }
+    all
 }
 
 /// Parses `--only noop,http`.
@@ -210,7 +252,12 @@ mod tests {
     #[test]
     fn the_full_set_matches_the_seed() {
         let cases = cases(false, &[]);
-        let count = |w: Workload| cases.iter().filter(|c| c.workload == w).count();
+        let count = |w: Workload| {
+            cases
+                .iter()
+                .filter(|c| c.workload == w && c.processor == Processor::Wasmjobs)
+                .count()
+        };
         assert_eq!(count(Workload::Noop), 20);
         assert_eq!(count(Workload::Http), 7);
         assert_eq!(count(Workload::PgSleep), 5);
@@ -222,6 +269,29 @@ mod tests {
                 .iter()
                 .any(|c| c.workload == Workload::Http && c.concurrency == 10_000 && c.jobs == 50_000)
         );
+    }
+
+    #[test]
+    fn noop_and_http_cases_have_a_native_twin_right_after() {
+        let cases = cases(true, &[]);
+        let natives: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.processor == Processor::Native)
+            .collect();
+        let twinned = cases
+            .iter()
+            .filter(|c| matches!(c.workload, Workload::Noop | Workload::Http) && c.processor == Processor::Wasmjobs)
+            .count();
+        assert_eq!(natives.len(), twinned);
+        for (i, native) in natives {
+            let wasm = &cases[i - 1];
+            assert_eq!(wasm.processor, Processor::Wasmjobs);
+            assert_eq!(
+                (wasm.workload, wasm.fetch, wasm.concurrency, wasm.jobs),
+                (native.workload, native.fetch, native.concurrency, native.jobs)
+            );
+        }
     }
 
     #[test]
