@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults: builds wasmjobs and the example plugins,
-# starts `wasmjobs run --plugins ./plugins` (which starts its own private
-# redis-server under ./.wasmjobs), enqueues a sample of jobs of every example
-# class, waits until they are done, stops the runner (it prints its summary)
-# and shows `wasmjobs stats`. Needs this repository, rustup and apt.
+# lists them with `wasmjobs plugins` (which compiles each component once into
+# the cache under ./.wasmjobs that every command shares), starts `wasmjobs run
+# --plugins ./plugins` (which starts its own private redis-server there),
+# waits until the runner is ready, enqueues a sample of jobs of every example
+# class, waits until they are done, stops the runner (it prints its summary:
+# start-up on a line of its own, then the jobs) and shows `wasmjobs stats`.
+# Needs this repository, rustup and apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +43,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Enqueue only once the runner is ready (registered in Redis, i.e. plugins
+# loaded): jobs pushed while it starts would wait out its start-up, and their
+# queue latency would measure that instead of the runner.
+echo "waiting for wasmjobs run to start..."
+deadline=$((SECONDS + 600))
+until "$wasmjobs" stats --json 2>/dev/null | python3 -c '
+import json, sys
+sys.exit(0 if any(p["pid"] == int(sys.argv[1]) for p in json.load(sys.stdin)["processes"]) else 1)
+' "$runner"; do
+  kill -0 "$runner" 2>/dev/null || { echo "wasmjobs run exited before it was ready" >&2; exit 1; }
+  [ $SECONDS -lt $deadline ] || { echo "wasmjobs run was not ready within 600 s" >&2; exit 1; }
+  sleep 0.05
+done
+
 before=$("$wasmjobs" stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["processed"])')
 "$wasmjobs" enqueue --count 10000 NoopJob
 "$wasmjobs" enqueue --count 10 FibJob '[25]'
@@ -51,10 +68,11 @@ before=$("$wasmjobs" stats --json | python3 -c 'import json,sys; print(json.load
 total=10133
 
 echo "waiting for $total jobs..."
-for _ in $(seq 600); do
+deadline=$((SECONDS + 60))
+while [ $SECONDS -lt $deadline ]; do
   done_now=$("$wasmjobs" stats --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["processed"])')
   [ $((done_now - before)) -ge $total ] && break
-  sleep 0.1
+  sleep 0.05
 done
 
 kill -TERM "$runner"

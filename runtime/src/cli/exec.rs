@@ -35,7 +35,7 @@ pub struct ExecArgs {
     /// Most bytes the plugin's read-write directories may hold (default and cap of `limits.disk`).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub disk: usize,
-    /// Meter fuel, so the plugin's `limits.fuel` applies.
+    /// Allow a plugin that sets `limits.fuel` (it alone is metered, 10–25% slower).
     #[arg(long)]
     pub fuel: bool,
     /// The job class.

@@ -28,9 +28,11 @@ pub struct PluginsArgs {
 
 /// Runs the command.
 pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
-    // Fuel on, so plugins that set limits.fuel are checked, not refused;
-    // caps as high as they go, since `run --memory/--job-timeout` decides
-    // them (a plugin over a runner's caps is refused by that runner).
+    // Fuel allowed, so plugins that set limits.fuel are checked, not
+    // refused (they alone compile for the metered engine; every other
+    // plugin gets the artifact `exec` and `run` load); caps as high as they
+    // go, since `run --memory/--job-timeout` decides them (a plugin over a
+    // runner's caps is refused by that runner).
     let config = EngineConfig {
         concurrency: 1,
         fuel: true,

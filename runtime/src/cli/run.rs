@@ -50,7 +50,7 @@ pub struct RunArgs {
     /// Most bytes a plugin's read-write directories may hold (default and cap of `limits.disk`).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub disk: usize,
-    /// Meter fuel, so plugins can set `limits.fuel` (slows every plugin by 10–25%).
+    /// Allow plugins that set `limits.fuel` (they alone are metered, 10–25% slower).
     #[arg(long)]
     pub fuel: bool,
     /// Average seconds between polls of the schedule and retry sets (per process).

@@ -3,12 +3,26 @@
 //! Compiling a component with Cranelift costs about a second per megabyte
 //! (an 18 MB Python guest takes ~11 s); loading a precompiled artifact takes
 //! well under a millisecond. The cache stores `Component::serialize` output
-//! under a key made of the component's content hash and the engine's
-//! compatibility hash (Wasmtime version, target, and every setting that
-//! affects code generation), so a changed component or engine configuration
-//! never picks up a stale artifact. Artifacts are mapped, not read: only
-//! the pages a plugin's jobs touch become resident, shared by every process
-//! on the machine.
+//! as `<component SHA-256>-<engine hash>.cwasm`, so a changed component or
+//! engine never picks up a stale artifact. Artifacts are mapped, not read:
+//! only the pages a plugin's jobs touch become resident, shared by every
+//! process on the machine.
+//!
+//! What is in the key, and what is not. The engine hash is Wasmtime's
+//! `precompile_compatibility_hash`: the Wasmtime version, the target and
+//! its CPU features, Cranelift's flags, the enabled wasm features and the
+//! code-generation tunables (fuel metering, epoch interruption, memory
+//! reservation and guards, copy-on-write images). It does not cover the
+//! instance pool's sizes, which follow `--concurrency`, nor the per-job
+//! limits (`--memory`, `--job-timeout`, `--disk`, a manifest's `limits`)
+//! or HTTP settings: those are enforced at run time by the pool, the store's
+//! limiter and the host, never compiled in. wasmjobs builds its engine the
+//! same way in every command (`sandbox::engine`): fuel metering, the one
+//! setting that would differ, is confined to a second engine used only for
+//! plugins that set `limits.fuel`. So `wasmjobs plugins`, `exec` and `run`
+//! (at any concurrency) share one artifact per component, and a plugin
+//! asking for fuel has its metered variant instead. A first run that lists
+//! the plugins compiles them once, and `run` then starts from the cache.
 //!
 //! Writes go to a temporary file renamed into place, so concurrent processes
 //! sharing a cache directory never see a half-written artifact. An artifact
@@ -277,4 +291,45 @@ fn engine_hash(engine: &Engine) -> u64 {
 /// SHA-256 of `bytes`, lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::engine::{self, EngineConfig, Limits};
+
+    #[test]
+    fn every_command_compiles_for_the_same_engine_hash_and_fuel_has_its_own() {
+        // `plugins` (concurrency 1, caps as high as they go), `exec` and
+        // `run` (any concurrency, limits, fuel allowed or not).
+        let listing = EngineConfig {
+            concurrency: 1,
+            fuel: true,
+            limits: Limits {
+                memory: engine::MAX_MEMORY,
+                timeout: Duration::MAX,
+            },
+            disk: u64::MAX,
+            ..EngineConfig::default()
+        };
+        let runner = EngineConfig {
+            concurrency: 1_000,
+            limits: Limits {
+                memory: 16 << 20,
+                timeout: Duration::from_secs(1),
+            },
+            ..EngineConfig::default()
+        };
+        let plain = engine_hash(&engine::build(&listing).expect("engine"));
+        assert_eq!(plain, engine_hash(&engine::build(&runner).expect("engine")));
+        assert_eq!(
+            plain,
+            engine_hash(&engine::build(&EngineConfig::default()).expect("engine"))
+        );
+        let metered = engine_hash(&engine::build_metered().expect("metered engine"));
+        assert_ne!(
+            plain, metered,
+            "fuel metering is compiled in, so it needs its own artifact"
+        );
+    }
 }

@@ -377,24 +377,23 @@ fn build_plugin(
     let manifest_path = manifest.path.clone();
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
     manifest.handles = files::check(&manifest, protected)?;
-    let (component, cache_use) = cache
-        .component(executor.engine(), &bytes, &content_hash)
-        .with_context(|| {
-            format!(
-                "{}: cannot compile {}",
-                manifest_path.display(),
-                manifest.component.display()
-            )
-        })?;
+    // Refused before compiling: no artifact for a plugin that cannot run.
+    let Some(engine) = executor.engine_for(manifest.limits.fuel.is_some()) else {
+        bail!(
+            "{}: limits.fuel needs fuel metering, which is off: start the runner with --fuel (only plugins that set limits.fuel are metered; it slows them by 10–25%)",
+            manifest_path.display()
+        );
+    };
+    let (component, cache_use) = cache.component(engine, &bytes, &content_hash).with_context(|| {
+        format!(
+            "{}: cannot compile {}",
+            manifest_path.display(),
+            manifest.component.display()
+        )
+    })?;
     let pre = executor
         .prepare(&component)
         .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;
-    if manifest.limits.fuel.is_some() && !executor.fuel() {
-        bail!(
-            "{}: limits.fuel needs fuel metering, which is off: start the runner with --fuel (it slows every plugin by 10–25%)",
-            manifest_path.display()
-        );
-    }
     let slots = manifest
         .limits
         .concurrency

@@ -7,8 +7,9 @@
 //!   beyond it wait without holding one of the runner's slots;
 //! - `disk` (e.g. `"100MiB"`): most bytes the plugin's read-write
 //!   directories may hold, all its jobs together (`crate::host::disk`);
-//! - `fuel`: an instruction budget per job (needs the runner's `--fuel`,
-//!   because metering slows every plugin by 10–25%);
+//! - `fuel`: an instruction budget per job (needs the runner's `--fuel`;
+//!   such a plugin runs on a metered engine of its own, 10–25% slower,
+//!   and the others are not metered);
 //! - `log` (e.g. `{ bytes = "1MiB", lines = 10000 }`): the most log lines
 //!   and bytes one job may write, the `log` import, stdout and stderr
 //!   counted together; lines past it are dropped and one line says how

@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
@@ -38,6 +38,7 @@ use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
 use super::source::{self, JobSource, Settings};
+use super::summary::Clock;
 use super::{RunOptions, RunSummary, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -47,7 +48,7 @@ use crate::sandbox::{EngineConfig, Executor};
 
 /// Runs until told to stop; returns what happened.
 pub async fn run(options: RunOptions) -> Result<RunSummary> {
-    let started = Instant::now();
+    let mut clock = Clock::start();
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
@@ -107,7 +108,6 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
         Err(err) => tracing::warn!("orphan recovery: {err:#}"),
     }
-    tracing::info!(identity = %identity.identity, "running");
 
     let tasks = TaskTracker::new();
     let poller = Arc::new(Poller::new(redis.clone(), options.poll_interval, options.dead));
@@ -138,6 +138,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         done.clone(),
     )
     .await?;
+    let startup = clock.fetching();
+    tracing::info!(identity = %identity.identity, startup_ms = startup.as_millis() as u64, "running");
     let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);
     let drained = options
         .exit_when_empty
@@ -178,9 +180,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         dead: counters.dead.load(Ordering::Relaxed),
         discarded: counters.discarded.load(Ordering::Relaxed),
         requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
-        wall: started.elapsed(),
         ..RunSummary::default()
     }
+    .with_clock(&clock)
     .with_metrics(&metrics);
     tracing::info!(processed = summary.processed, failed = summary.failed, "stopped");
     Ok(summary)

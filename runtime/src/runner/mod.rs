@@ -81,7 +81,7 @@ pub struct RunOptions {
     pub limits: Limits,
     /// Default and cap of a plugin's `limits.disk`, bytes.
     pub disk: u64,
-    /// Fuel metering, for plugins with `limits.fuel`.
+    /// Allow plugins with `limits.fuel` (only they are metered).
     pub fuel: bool,
     /// Average seconds between scheduled/retry polls (scaled by the number
     /// of processes, as Sidekiq does).

@@ -2,9 +2,16 @@
 //! in the style of the seed benchmark reports (jobs, wall time, jobs/s,
 //! start / peak / finish RSS, %CPU, and per class p50 / p99 queue latency
 //! and execution time), and written as JSON with `--summary-json FILE`.
+//!
+//! The clock ([`Clock`]) starts when the runner starts fetching, not when
+//! the process starts: connecting to Redis and loading the plugins (which
+//! compiles any not in the cache, seconds per Python or JS component) is
+//! start-up, reported on a line of its own (`startup_secs`). Time, jobs/s
+//! and %CPU cover only the fetching phase, so a first run that compiled
+//! its plugins does not report a fraction of the rate it ran at.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -26,10 +33,16 @@ pub struct RunSummary {
     pub discarded: u64,
     /// Jobs pushed back to their queue at shutdown.
     pub requeued: u64,
-    /// How long the process ran, seconds.
+    /// Start-up: from the process's start until it began fetching jobs
+    /// (connect, load and compile plugins, register), seconds.
+    #[serde(rename = "startup_secs", serialize_with = "secs")]
+    pub startup: Duration,
+    /// CPU time spent on start-up, seconds (not in `cpu_percent`).
+    pub startup_cpu_secs: f64,
+    /// From the start of fetching until the runner stopped, seconds.
     #[serde(rename = "wall_secs", serialize_with = "secs")]
     pub wall: Duration,
-    /// Jobs per second over the whole run.
+    /// Jobs per second while fetching (over `wall_secs`).
     pub jobs_per_sec: f64,
     /// RSS when the runner was ready, KiB.
     pub start_rss_kb: u64,
@@ -37,7 +50,7 @@ pub struct RunSummary {
     pub peak_rss_kb: u64,
     /// RSS at exit, KiB.
     pub finish_rss_kb: u64,
-    /// user + system CPU over wall time (100 = one core).
+    /// user + system CPU while fetching, over `wall_secs` (100 = one core).
     pub cpu_percent: f64,
     /// Per job class (every plugin version merged).
     pub classes: Vec<ClassReport>,
@@ -47,7 +60,48 @@ fn secs<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::O
     serializer.serialize_f64(duration.as_secs_f64())
 }
 
+/// The run's clock: when the process started and when it began fetching.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    process: Instant,
+    /// When fetching began, and the CPU seconds spent by then.
+    fetching: Option<(Instant, f64)>,
+}
+
+impl Clock {
+    /// Starts the clock at process start.
+    pub(crate) fn start() -> Self {
+        Self {
+            process: Instant::now(),
+            fetching: None,
+        }
+    }
+
+    /// Marks the end of start-up: the fetch loop starts now. Returns the
+    /// start-up time.
+    pub(crate) fn fetching(&mut self) -> Duration {
+        let cpu = crate::metrics::process::cpu_ticks() as f64 / 100.0;
+        let now = Instant::now();
+        self.fetching = Some((now, cpu));
+        now - self.process
+    }
+}
+
 impl RunSummary {
+    /// Splits the run's time at the start of fetching (everything is
+    /// start-up if fetching never began).
+    pub(crate) fn with_clock(mut self, clock: &Clock) -> Self {
+        match clock.fetching {
+            Some((since, cpu)) => {
+                self.startup = since - clock.process;
+                self.startup_cpu_secs = cpu;
+                self.wall = since.elapsed();
+            }
+            None => self.startup = clock.process.elapsed(),
+        }
+        self
+    }
+
     /// Fills the figures that come from the recorder (RSS, CPU, classes).
     pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
         metrics.process.sample_memory_and_cpu();
@@ -57,7 +111,7 @@ impl RunSummary {
         self.start_rss_kb = process.start_rss_kb;
         self.peak_rss_kb = process.peak_rss_kb;
         self.finish_rss_kb = process.rss_kb;
-        self.cpu_percent = process.cpu_seconds / wall * 100.0;
+        self.cpu_percent = (process.cpu_seconds - self.startup_cpu_secs).max(0.0) / wall * 100.0;
         self.classes = metrics
             .by_class()
             .iter()
@@ -84,6 +138,12 @@ impl RunSummary {
             format!("{} kb", group(self.peak_rss_kb)),
             format!("{} kb", group(self.finish_rss_kb)),
             self.cpu_percent
+        );
+        let _ = writeln!(
+            out,
+            "Start-up {:.2} sec (connect, load plugins; {:.2} sec CPU), not in Time, Jobs/s or %CPU",
+            self.startup.as_secs_f64(),
+            self.startup_cpu_secs
         );
         let _ = writeln!(
             out,
@@ -166,6 +226,7 @@ mod tests {
         });
         let summary = RunSummary {
             processed: 1_234_567,
+            startup: Duration::from_millis(2_500),
             wall: Duration::from_secs(10),
             ..RunSummary::default()
         }
@@ -176,9 +237,31 @@ mod tests {
         assert!(table.contains("123457"), "{table}");
         assert!(table.contains("NoopJob"), "{table}");
         assert!(table.contains("0.180 ms"), "{table}");
+        assert!(table.lines().any(|l| l.starts_with("Start-up 2.50 sec")), "{table}");
         let json = serde_json::to_value(&summary).expect("json");
         assert_eq!(json["processed"], 1_234_567);
         assert_eq!(json["wall_secs"], 10.0);
+        assert_eq!(json["startup_secs"], 2.5);
         assert_eq!(json["classes"][0]["class"], "NoopJob");
+    }
+
+    #[test]
+    fn the_clock_starts_when_fetching_starts() {
+        // A process that started two seconds ago (compiling, say).
+        let mut clock = Clock {
+            process: Instant::now() - Duration::from_secs(2),
+            fetching: None,
+        };
+        let startup = clock.fetching();
+        let summary = RunSummary {
+            processed: 10,
+            ..RunSummary::default()
+        }
+        .with_clock(&clock);
+        assert!(startup >= Duration::from_secs(2), "{startup:?}");
+        assert_eq!(summary.startup, startup);
+        assert!(summary.wall < Duration::from_secs(1), "{:?}", summary.wall);
+        let never = RunSummary::default().with_clock(&Clock::start());
+        assert_eq!(never.wall, Duration::ZERO);
     }
 }

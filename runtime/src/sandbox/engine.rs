@@ -12,7 +12,14 @@
 //! - **Epoch interruption**: a ticker bumps the epoch every [`TICK`]; a
 //!   running guest yields to the async runtime at each tick (so a CPU-bound
 //!   guest cannot starve IO-bound ones) and the job's timeout can fire.
-//!   Fuel would count instructions but costs 10–25% of guest speed.
+//! - **Fuel only where asked for**: fuel counts instructions but costs
+//!   10–25% of guest speed, and it is compiled into the code. So the
+//!   engine every plugin runs on ([`build`]) never meters fuel, whatever
+//!   the command or its flags; plugins that set `limits.fuel` (allowed by
+//!   `--fuel`) get a second, metered engine ([`build_metered`]) and a
+//!   compiled variant of their own. Every command (`plugins`, `exec`,
+//!   `run`) thus compiles a component to the same artifact, which the
+//!   compile cache shares between them (see `plugin::cache`).
 //! - No component-model-async / `concurrency_support`: wasmjobs uses WASI
 //!   p2, where host calls are async on the host side only, and the feature
 //!   costs ~40% of the instantiation rate.
@@ -52,7 +59,9 @@ pub struct EngineConfig {
     pub concurrency: u32,
     /// Default per-job limits (plugins may override them).
     pub limits: Limits,
-    /// Fuel metering, for plugins with `limits.fuel` (costs 10–25% speed).
+    /// Allow plugins with `limits.fuel`: they run on a metered engine of
+    /// their own ([`build_metered`]; 10–25% slower), the others are not
+    /// affected.
     pub fuel: bool,
     /// Bounds on the guests' outgoing HTTP.
     pub http: HttpLimits,
@@ -106,7 +115,10 @@ pub(crate) const MEMORIES_PER_SLOT: u32 = 2;
 /// this repository has 2.
 pub(crate) const TABLES_PER_SLOT: u32 = 4;
 
-/// Builds the process-wide engine.
+/// Builds the process-wide engine every plugin runs on, unless it asks for
+/// fuel. Nothing in `config` changes the compiled code: the pool sizes and
+/// per-job limits are enforced at run time, so a component compiled by
+/// `wasmjobs plugins` (concurrency 1) is the artifact `run -c 10000` loads.
 pub fn build(config: &EngineConfig) -> Result<Engine> {
     let slots = config.concurrency.max(1).saturating_add(16);
     let mut pool = PoolingAllocationConfig::new();
@@ -124,13 +136,29 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
         .table_keep_resident(KEEP_RESIDENT)
         .async_stack_keep_resident(KEEP_RESIDENT);
 
+    let mut wasm = common();
+    wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&wasm).map_err(anyhow::Error::from)
+}
+
+/// Builds the engine for plugins that set `limits.fuel`: the same settings
+/// plus fuel metering. It allocates instances on demand rather than from a
+/// pool of its own: a second pool would reserve as much address space
+/// again (tens of TiB at `-c 10000`) for the few plugins that meter fuel.
+pub fn build_metered() -> Result<Engine> {
+    let mut wasm = common();
+    wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand)
+        .consume_fuel(true);
+    Engine::new(&wasm).map_err(anyhow::Error::from)
+}
+
+/// The settings both engines share.
+fn common() -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
         .memory_init_cow(true)
-        .epoch_interruption(true)
-        .consume_fuel(config.fuel);
-    Engine::new(&wasm).map_err(anyhow::Error::from)
+        .epoch_interruption(true);
+    wasm
 }
 
 /// Parses a byte size such as `64MiB`, `512KiB`, `1GiB`, `100MB` or `65536`.

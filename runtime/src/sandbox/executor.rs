@@ -13,6 +13,11 @@
 //!   guest's stderr (where a Rust panic message lands);
 //! - growing memory past the limit traps with "memory limit … exceeded";
 //! - running past the timeout is a retryable "timed out" failure.
+//!
+//! Two engines at most: the one every plugin compiles for, and, with
+//! `--fuel`, a metered one for the plugins that set `limits.fuel`
+//! ([`engine`](super::engine) says why). A plugin's pre-linked component
+//! knows its engine, and each job's store is made on that one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -57,13 +62,28 @@ pub struct Execution {
     pub plugin_version: String,
 }
 
-/// Runs jobs. One per process, shared by every worker.
-pub struct Executor {
+/// An engine and the host capabilities linked for it.
+struct Variant {
     engine: Engine,
     linker: Linker<JobState>,
+}
+
+impl Variant {
+    fn new(engine: Engine) -> Result<Self> {
+        let linker = crate::host::link(&engine).context("cannot link host capabilities")?;
+        Ok(Self { engine, linker })
+    }
+}
+
+/// Runs jobs. One per process, shared by every worker.
+pub struct Executor {
+    /// What every plugin not metering fuel compiles for and runs on.
+    plain: Variant,
+    /// With fuel metering, for plugins that set `limits.fuel`; only when
+    /// the executor allows fuel.
+    metered: Option<Variant>,
     limits: Limits,
     disk: u64,
-    fuel: bool,
     http: Arc<HttpClient>,
     databases: Arc<Databases>,
     slots: Arc<Semaphore>,
@@ -76,15 +96,23 @@ pub struct Executor {
 impl Executor {
     /// An executor sized for `config.concurrency` jobs at once.
     pub fn new(config: &EngineConfig) -> Result<Self> {
-        let engine = engine::build(config).context("cannot configure the Wasmtime engine")?;
-        let linker = crate::host::link(&engine).context("cannot link host capabilities")?;
-        let ticker = EpochTicker::start(engine.clone())?;
+        let plain = Variant::new(engine::build(config).context("cannot configure the Wasmtime engine")?)?;
+        let metered = match config.fuel {
+            true => Some(Variant::new(
+                engine::build_metered().context("cannot configure the fuel-metering Wasmtime engine")?,
+            )?),
+            false => None,
+        };
+        let engines = std::iter::once(&plain)
+            .chain(&metered)
+            .map(|variant| variant.engine.clone())
+            .collect();
+        let ticker = EpochTicker::start(engines)?;
         Ok(Self {
-            engine,
-            linker,
+            plain,
+            metered,
             limits: config.limits,
             disk: config.disk,
-            fuel: config.fuel,
             http: Arc::new(HttpClient::new(HttpLimits {
                 // Every job in flight may hold a connection to the same host:
                 // keeping fewer idle would close (and later reopen) the rest
@@ -127,9 +155,25 @@ impl Executor {
         self.concurrency - self.slots.available_permits()
     }
 
-    /// The engine components must be compiled for.
+    /// The engine components are compiled for (unless they meter fuel).
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.plain.engine
+    }
+
+    /// The engine a plugin compiles for: the plain one, or the metered one
+    /// if it sets `limits.fuel` (`None` if this executor allows no fuel).
+    pub fn engine_for(&self, fuel: bool) -> Option<&Engine> {
+        match fuel {
+            false => Some(&self.plain.engine),
+            true => self.metered.as_ref().map(|variant| &variant.engine),
+        }
+    }
+
+    /// Whether `engine` is the fuel-metering one.
+    fn is_metered(&self, engine: &Engine) -> bool {
+        self.metered
+            .as_ref()
+            .is_some_and(|variant| Engine::same(&variant.engine, engine))
     }
 
     /// The default per-job limits.
@@ -142,15 +186,20 @@ impl Executor {
         self.disk
     }
 
-    /// Whether fuel metering is on (needed by plugins with `limits.fuel`).
+    /// Whether plugins with `limits.fuel` may load (`--fuel`).
     pub fn fuel(&self) -> bool {
-        self.fuel
+        self.metered.is_some()
     }
 
     /// Links `component` against the host's imports and checks that it
     /// exports the job world's `perform`: the "WIT world check".
+    /// `component` must have been compiled for one of [`Executor::engine_for`].
     pub(crate) fn prepare(&self, component: &Component) -> Result<PluginPre<JobState>> {
-        let pre = self
+        let variant = match &self.metered {
+            Some(metered) if Engine::same(&metered.engine, component.engine()) => metered,
+            _ => &self.plain,
+        };
+        let pre = variant
             .linker
             .instantiate_pre(component)
             .map_err(anyhow::Error::from)
@@ -205,11 +254,12 @@ impl Executor {
             Ok(state) => state.with_disk(plugin.disk.as_ref()),
             Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
         };
-        let mut store = Store::new(&self.engine, state);
+        let engine = plugin.pre.engine();
+        let mut store = Store::new(engine, state);
         store.limiter(|state| &mut state.limiter);
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
-        if self.fuel {
+        if self.is_metered(engine) {
             let fuel = plugin.manifest.limits.fuel.unwrap_or(u64::MAX);
             if let Err(err) = store.set_fuel(fuel) {
                 return done(Outcome::Retry(format!("cannot set the fuel budget: {err}")), None);
@@ -290,7 +340,7 @@ fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
     message
 }
 
-/// Advances the engine's epoch every [`TICK`] while any job runs, and sleeps
+/// Advances the engines' epoch every [`TICK`] while any job runs, and sleeps
 /// (parked, no wake-ups) while none does, so an idle process costs no CPU.
 struct EpochTicker {
     shared: Arc<TickerShared>,
@@ -306,7 +356,7 @@ struct TickerShared {
 struct Running<'a>(&'a TickerShared);
 
 impl EpochTicker {
-    fn start(engine: Engine) -> Result<Self> {
+    fn start(engines: Vec<Engine>) -> Result<Self> {
         let shared = Arc::new(TickerShared {
             running: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -321,7 +371,9 @@ impl EpochTicker {
                         continue;
                     }
                     std::thread::sleep(TICK);
-                    engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                 }
             })
             .context("cannot start the epoch ticker thread")?;

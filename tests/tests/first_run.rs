@@ -1,0 +1,196 @@
+//! The first run a newcomer sees (`scripts/demo.sh`): `wasmjobs plugins`,
+//! then `exec` and `run` on the same data directory. Every command must
+//! reuse the one compiled artifact per component that the first compiled,
+//! and the run summary must report start-up apart from the time spent
+//! fetching jobs. Real processes, a fresh data directory, real Redis.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wasmjobs::plugin::cache::sha256_hex;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{plugins, push, wasmjobs_bin};
+
+/// Runs `wasmjobs --data-dir DATA ARGS...` to completion (at most `timeout`).
+fn wasmjobs(data_dir: &Path, args: &[&str], timeout: Duration) -> Output {
+    let out = tempfile::tempdir().expect("tempdir");
+    let stdout = out.path().join("stdout");
+    let stderr = out.path().join("stderr");
+    let mut child = Command::new(wasmjobs_bin())
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("start wasmjobs");
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "wasmjobs {args:?} did not finish in {timeout:?}:\n{}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(&stdout).expect("read stdout"),
+        stderr: std::fs::read(&stderr).expect("read stderr"),
+    }
+}
+
+/// Asserts that `output` is a success, showing what it printed if not.
+fn succeeded(what: &str, output: &Output) {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The SHA-256 of every component under `plugins`.
+fn component_hashes(plugins: &Path) -> BTreeSet<String> {
+    let mut hashes = BTreeSet::new();
+    for plugin in std::fs::read_dir(plugins).expect("read plugins") {
+        for file in std::fs::read_dir(plugin.expect("entry").path()).expect("read plugin") {
+            let path = file.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "wasm") {
+                hashes.insert(sha256_hex(&std::fs::read(&path).expect("read component")));
+            }
+        }
+    }
+    hashes
+}
+
+/// The artifacts in the compile cache under `data_dir`.
+fn artifacts(data_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data_dir.join("cache"))
+        .expect("the cache directory exists")
+        .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".cwasm"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs `wasmjobs run` on the jobs already queued until the queues are
+/// empty; returns its summary JSON and its output.
+fn run_until_empty(data_dir: &Path, redis: &TestRedis, plugins: &Path) -> (Value, Output) {
+    let summary = data_dir.join("summary.json");
+    let run = wasmjobs(
+        data_dir,
+        &[
+            "run",
+            "--redis",
+            &redis.url(),
+            "--plugins",
+            plugins.to_str().expect("utf-8 path"),
+            "--exit-when-empty",
+            "--summary-json",
+            summary.to_str().expect("utf-8 path"),
+        ],
+        Duration::from_secs(120),
+    );
+    succeeded("wasmjobs run", &run);
+    let json = std::fs::read_to_string(&summary).expect("summary written");
+    (serde_json::from_str(&json).expect("summary JSON"), run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_compiled_artifact_per_component_across_plugins_exec_and_run() {
+    let dir = plugins(&["noop", "echo", "fib"], &[]);
+    let data = tempfile::tempdir().expect("tempdir");
+    let plugins_dir = dir.path().to_str().expect("utf-8 path");
+    let components = component_hashes(dir.path());
+    assert_eq!(components.len(), 3);
+
+    let listing = wasmjobs(
+        data.path(),
+        &["plugins", "--plugins", plugins_dir],
+        Duration::from_secs(120),
+    );
+    succeeded("wasmjobs plugins", &listing);
+    let exec = wasmjobs(
+        data.path(),
+        &["exec", "--plugins", plugins_dir, "FibJob", "[10]"],
+        Duration::from_secs(120),
+    );
+    succeeded("wasmjobs exec", &exec);
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    push(&mut conn, "NoopJob", "default", vec![json!([]); 20]).await;
+    push(&mut conn, "EchoJob", "default", vec![json!(["hi"]); 5]).await;
+    let (summary, _) = run_until_empty(data.path(), &redis, dir.path());
+    assert_eq!(summary["processed"], 25, "{summary:#}");
+
+    let cached = artifacts(data.path());
+    let cached_components: BTreeSet<String> = cached
+        .iter()
+        .map(|name| name.split('-').next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        cached.len(),
+        components.len(),
+        "one artifact per component after plugins, exec and run; the cache holds {cached:#?}"
+    );
+    assert_eq!(cached_components, components, "{cached:#?}");
+    // And the later commands loaded what `plugins` compiled.
+    let listing_again = wasmjobs(
+        data.path(),
+        &["plugins", "--plugins", plugins_dir],
+        Duration::from_secs(120),
+    );
+    succeeded("wasmjobs plugins (again)", &listing_again);
+    let listing = String::from_utf8_lossy(&listing_again.stdout);
+    assert_eq!(listing.matches("cached in").count(), 3, "{listing}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_reports_start_up_apart_from_the_time_spent_on_jobs() {
+    let dir = plugins(&["noop", "echo", "fib"], &[]);
+    // A fresh data directory: start-up includes compiling every component.
+    let data = tempfile::tempdir().expect("tempdir");
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    push(&mut conn, "NoopJob", "default", vec![json!([]); 200]).await;
+    let started = Instant::now();
+    let (summary, run) = run_until_empty(data.path(), &redis, dir.path());
+    let elapsed = started.elapsed().as_secs_f64();
+
+    assert_eq!(summary["processed"], 200, "{summary:#}");
+    let startup = summary["startup_secs"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no startup_secs: {summary:#}"));
+    let wall = summary["wall_secs"].as_f64().expect("wall_secs");
+    assert!(startup > 0.0 && wall > 0.0, "{summary:#}");
+    // The two are apart: together no longer than the process lived.
+    assert!(
+        startup + wall <= elapsed,
+        "start-up {startup} s + jobs {wall} s > {elapsed} s lived"
+    );
+    let rate = summary["jobs_per_sec"].as_f64().expect("jobs_per_sec");
+    assert!(
+        (rate - 200.0 / wall).abs() <= 0.01 * rate,
+        "jobs/s {rate} is not over the time spent fetching ({wall} s)"
+    );
+    let table = String::from_utf8_lossy(&run.stderr);
+    let line = table
+        .lines()
+        .find(|line| line.starts_with("Start-up"))
+        .unwrap_or_else(|| panic!("no start-up line in the summary:\n{table}"));
+    assert!(line.contains("sec"), "{line}");
+}
