@@ -265,3 +265,25 @@ async fn a_plugin_holding_its_connections_does_not_delay_another() {
         assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(&job));
     }
 }
+
+/// The connected-address check holds for HTTP/2 connections too: a name
+/// granted with `h2 = true` that resolves to loopback is refused before
+/// the HTTP/2 preface is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_rules_granting_names_still_refuse_loopback() {
+    let server = HttpServer::start_h2(Duration::from_millis(1), 100).await;
+    let port = server.addr.port();
+    let executor = executor(2);
+    assert_resolves_to_loopback("2130706433");
+    let dir = chaos_with_allow(r#"{ host = "2130706433:*", h2 = true }"#);
+    let chaos = catalog(dir.path(), &executor);
+    let url = format!("http://2130706433:{port}/ok");
+    let job = run(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#)).await;
+    let Outcome::Retry(message) = &job.outcome else {
+        panic!("GET {url} must be refused, got {:?} {:?}", job.outcome, messages(&job))
+    };
+    assert!(message.contains("destination IP address prohibited"), "{message}");
+    let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+    assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1);
+    assert_eq!(server.connections(), 0, "refused at resolution, before any connection");
+}
