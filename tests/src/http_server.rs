@@ -1,4 +1,6 @@
-//! A small HTTP/1.1 server on loopback for jobs to call.
+//! A small HTTP server on loopback for jobs to call: HTTP/1.1, or HTTP/2
+//! with prior knowledge ([`HttpServer::start_h2`], what a manifest rule
+//! with `h2 = true` speaks over plain `http://`).
 //!
 //! Routes: `/ok` answers 200 `hello`; `/status/NNN` answers that status;
 //! `/sleep` waits the configured delay, then answers 200 (the seed
@@ -18,10 +20,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpSocket;
 use tokio::sync::watch;
 
@@ -80,8 +82,19 @@ impl Drop for Open {
 }
 
 impl HttpServer {
-    /// Starts a server whose `/sleep` route waits `delay`.
+    /// Starts an HTTP/1.1 server whose `/sleep` route waits `delay`.
     pub async fn start(delay: Duration) -> Self {
+        Self::start_with(delay, None).await
+    }
+
+    /// Starts an HTTP/2-only server (prior knowledge, no upgrade) whose
+    /// `/sleep` route waits `delay` and which allows `max_streams`
+    /// concurrent requests per connection.
+    pub async fn start_h2(delay: Duration, max_streams: u32) -> Self {
+        Self::start_with(delay, Some(max_streams)).await
+    }
+
+    async fn start_with(delay: Duration, h2: Option<u32>) -> Self {
         // A deep accept backlog: a burst of 10,000 connects against tokio's
         // default of 1,024 overflows it, and each dropped SYN is retried
         // by the client's kernel only after a second, which would measure
@@ -127,9 +140,16 @@ impl HttpServer {
                             Ok::<_, Infallible>(respond(req.uri().path(), delay).await)
                         }
                     });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let io = TokioIo::new(stream);
+                    let _ = match h2 {
+                        Some(streams) => {
+                            http2::Builder::new(TokioExecutor::new())
+                                .max_concurrent_streams(streams)
+                                .serve_connection(io, service)
+                                .await
+                        }
+                        None => http1::Builder::new().serve_connection(io, service).await,
+                    };
                 });
             }
         });

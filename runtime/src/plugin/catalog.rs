@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 
 use crate::host::disk::{self, DiskBudget};
 use crate::host::files;
-use crate::host::http::{AllowList, HttpStats};
+use crate::host::http::{AllowList, HttpStats, PluginPools};
 use crate::sandbox::{Executor, JobState};
 
 /// A loaded plugin, ready to instantiate.
@@ -47,6 +47,9 @@ pub struct Plugin {
     pub http_allow: Arc<AllowList>,
     /// Outgoing HTTP counters of this plugin.
     pub http_stats: Arc<HttpStats>,
+    /// This version's own HTTP connections (never shared with another
+    /// plugin; a reloaded version starts afresh, as its grants may differ).
+    pub http_pools: Arc<PluginPools>,
     /// Slots of `limits.concurrency`, if the plugin sets it.
     pub slots: Option<Arc<Semaphore>>,
     /// The budget of its read-write directories (`limits.disk`), if it has any.
@@ -413,6 +416,7 @@ fn build_plugin(
         load_time: started.elapsed(),
         http_allow,
         http_stats: Arc::new(HttpStats::default()),
+        http_pools: Arc::new(PluginPools::default()),
         slots,
         disk,
         pre,

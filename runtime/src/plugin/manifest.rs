@@ -13,7 +13,8 @@
 //! sql = ["main", { name = "local", mode = "ro" }]   # databases of the runner (`--db NAME=URL`) it may use
 //!
 //! [http]
-//! allow = ["127.0.0.1:9292", "api.example.com", "*.example.org"]
+//! allow = ["127.0.0.1:9292", "api.example.com", "*.example.org",
+//!          { host = "api.internal:8080", h2 = true }]   # plain http:// over HTTP/2 (prior knowledge)
 //!
 //! [[files]]
 //! host = "data"      # relative to this file; must stay inside the plugin directory
@@ -153,7 +154,32 @@ fn read_write() -> Mode {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHttp {
-    allow: Spanned<Vec<String>>,
+    allow: Spanned<Vec<RawAllow>>,
+}
+
+/// One `http.allow` rule: `"host:port"` or `{ host = "host:port", h2 = true }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawAllow {
+    Pattern(String),
+    Table(RawAllowTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAllowTable {
+    host: String,
+    #[serde(default)]
+    h2: bool,
+}
+
+impl RawAllow {
+    fn rule(&self) -> (String, bool) {
+        match self {
+            Self::Pattern(pattern) => (pattern.clone(), false),
+            Self::Table(table) => (table.host.clone(), table.h2),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -243,7 +269,8 @@ impl Manifest {
 
         let http_allow = match &raw.http {
             Some(http) => {
-                AllowList::parse(http.allow.get_ref()).map_err(|e| anyhow!("{}: {e}", at(http.allow.span())))?
+                let rules: Vec<(String, bool)> = http.allow.get_ref().iter().map(RawAllow::rule).collect();
+                AllowList::parse_rules(&rules).map_err(|e| anyhow!("{}: {e}", at(http.allow.span())))?
             }
             None => AllowList::default(),
         };
@@ -427,6 +454,26 @@ mode = "rw"
                 .unwrap_err()
                 .to_string();
         assert!(err.contains(":5: files.guest"), "{err}");
+    }
+
+    #[test]
+    fn http_rules_may_ask_for_h2() {
+        let base = "component = \"x.wasm\"\nclasses = [\"A\"]\n";
+        let m = parse(&format!(
+            "{base}[http]\nallow = [\"a.test\", {{ host = \"b.test:8080\", h2 = true }}, {{ host = \"c.test\" }}]\n"
+        ))
+        .unwrap();
+        assert_eq!(m.http_allow.grant("http", "a.test", 80).map(|g| g.h2), Some(false));
+        assert_eq!(m.http_allow.grant("http", "b.test", 8080).map(|g| g.h2), Some(true));
+        assert_eq!(m.http_allow.grant("http", "c.test", 80).map(|g| g.h2), Some(false));
+        for bad in [
+            "{ host = \"b.test\", h2 = \"yes\" }",
+            "{ host = \"b.test\", http3 = true }",
+            "{ h2 = true }",
+            "{ host = \"*\", h2 = true }",
+        ] {
+            assert!(parse(&format!("{base}[http]\nallow = [{bad}]\n")).is_err(), "{bad}");
+        }
     }
 
     #[test]

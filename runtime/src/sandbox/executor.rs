@@ -246,6 +246,7 @@ impl Executor {
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
         let http = HttpPolicy::new(
             self.http.clone(),
+            plugin.http_pools.clone(),
             plugin.http_allow.clone(),
             plugin.http_stats.clone(),
             sink.clone(),

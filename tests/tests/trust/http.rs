@@ -11,25 +11,66 @@
 //! open by never reading them.
 
 use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmjobs::job::Outcome;
+use wasmjobs::plugin::Catalog;
+use wasmjobs::sandbox::{Execution, Executor};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::{catalog, copy_plugin, executor, messages, run, test_guests_dir};
 
 /// A private copy of the chaos guest whose `http.allow` is `allow`.
 fn chaos_allowing(allow: &[&str]) -> tempfile::TempDir {
+    let quoted: Vec<String> = allow.iter().map(|rule| format!("{rule:?}")).collect();
+    chaos_with_allow(&quoted.join(", "))
+}
+
+/// A private copy of the chaos guest whose `http.allow` list holds the
+/// TOML items `items` (strings or `{ host = .., h2 = .. }` tables).
+fn chaos_with_allow(items: &str) -> tempfile::TempDir {
+    chaos_with_allow_as(items, None)
+}
+
+/// Like [`chaos_with_allow`], with the job class renamed to `class` (so
+/// two copies can be loaded into one catalog as different plugins).
+fn chaos_with_allow_as(items: &str, class: Option<&str>) -> tempfile::TempDir {
     let temp = tempfile::tempdir().expect("tempdir");
     let dir = copy_plugin(&test_guests_dir().join("chaos"), temp.path());
     let manifest = dir.join("wasmjobs.toml");
     let text = std::fs::read_to_string(&manifest).expect("manifest");
-    let quoted: Vec<String> = allow.iter().map(|rule| format!("{rule:?}")).collect();
     let stock = r#"allow = ["127.0.0.1:*"]"#;
     assert!(text.contains(stock), "the chaos manifest's http.allow line changed");
-    let edited = text.replace(stock, &format!("allow = [{}]", quoted.join(", ")));
+    let mut edited = text.replace(stock, &format!("allow = [{items}]"));
+    if let Some(class) = class {
+        let classes = r#"classes = ["ChaosJob"]"#;
+        assert!(edited.contains(classes), "the chaos manifest's classes line changed");
+        edited = edited.replace(classes, &format!("classes = [{class:?}]"));
+    }
     std::fs::write(&manifest, edited).expect("write manifest");
     temp
+}
+
+/// Runs `n` jobs of `class` with `args` at once; their outcomes and logs.
+async fn run_many(
+    executor: &Arc<Executor>,
+    catalog: &Arc<Catalog>,
+    class: &str,
+    args: &str,
+    n: usize,
+) -> Vec<Execution> {
+    let mut jobs = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (executor, catalog) = (executor.clone(), catalog.clone());
+        let (class, args) = (class.to_owned(), args.to_owned());
+        jobs.spawn(async move { run(&executor, &catalog, &class, &args).await });
+    }
+    let mut done = Vec::with_capacity(n);
+    while let Some(job) = jobs.join_next().await {
+        done.push(job.expect("job task"));
+    }
+    done
 }
 
 /// Asserts that the system resolver maps `name` to 127.0.0.1, so that the
@@ -135,4 +176,114 @@ async fn responses_held_unread_count_against_the_job_limit() {
         "{:?}",
         messages(&again)
     );
+}
+
+/// Over HTTP/2 (prior knowledge, granted by `h2 = true`), 1,000 jobs in
+/// flight at once share a handful of connections; a rule without `h2`
+/// keeps speaking HTTP/1.1 to an HTTP/1.1-only server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_rules_multiplex_and_h1_rules_keep_working() {
+    let h2 = HttpServer::start_h2(Duration::from_millis(200), 1_000).await;
+    let h1 = HttpServer::start(Duration::from_millis(1)).await;
+    let executor = Arc::new(executor(1_000));
+    let dir = chaos_with_allow(&format!(
+        r#"{{ host = "127.0.0.1:{}", h2 = true }}, "127.0.0.1:{}""#,
+        h2.addr.port(),
+        h1.addr.port()
+    ));
+    let chaos = Arc::new(catalog(dir.path(), &executor));
+
+    let url = h2.url("/sleep");
+    let jobs = run_many(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#), 1_000).await;
+    for job in &jobs {
+        assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(job));
+    }
+    assert_eq!(h2.hits(), 1_000);
+    assert!(
+        h2.peak_open_requests() >= 100,
+        "the requests overlapped: peak {}",
+        h2.peak_open_requests()
+    );
+    assert!(
+        h2.connections() <= 10,
+        "1,000 concurrent requests over HTTP/2 took {} connections",
+        h2.connections()
+    );
+
+    let url = h1.url("/ok");
+    let jobs = run_many(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#), 50).await;
+    for job in &jobs {
+        assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(job));
+    }
+    assert_eq!(h1.hits(), 50, "the HTTP/1.1-only server answered every job");
+}
+
+/// Connection pools are per plugin: a plugin holding every stream the
+/// server allows on its connection does not make another plugin's
+/// requests to the same host wait (in a shared pool they would queue
+/// behind the first plugin's streams until those finish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_holding_its_connections_does_not_delay_another() {
+    let server = HttpServer::start_h2(Duration::from_millis(1), 10).await;
+    let rule = format!(r#"{{ host = "127.0.0.1:{}", h2 = true }}"#, server.addr.port());
+    let executor = Arc::new(executor(20));
+    let plugins = tempfile::tempdir().expect("tempdir");
+    for class in ["HoggerJob", "PoliteJob"] {
+        let one = chaos_with_allow_as(&rule, Some(class));
+        std::fs::rename(one.path().join("chaos"), plugins.path().join(class)).expect("move plugin copy");
+    }
+    let catalog = Arc::new(catalog(plugins.path(), &executor));
+
+    // The hogger takes every stream of its connection: 10 jobs on /gate.
+    let gate = server.url("/gate");
+    let hogging = {
+        let (executor, catalog) = (executor.clone(), catalog.clone());
+        let args = format!(r#"["http", "{gate}"]"#);
+        tokio::spawn(async move { run_many(&executor, &catalog, "HoggerJob", &args, 10).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.gate_hits() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the hogger's requests never arrived: {}",
+            server.gate_hits()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // The other plugin's request goes through while the gate is shut.
+    let ok = server.url("/ok");
+    let polite = tokio::time::timeout(
+        Duration::from_secs(10),
+        run(&executor, &catalog, "PoliteJob", &format!(r#"["http", "{ok}"]"#)),
+    )
+    .await;
+    server.open_gate();
+    let polite = polite.expect("the other plugin's request waited for the first plugin's connections");
+    assert_eq!(polite.outcome, Outcome::Success, "{:?}", messages(&polite));
+    for job in hogging.await.expect("hogger") {
+        assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(&job));
+    }
+}
+
+/// The connected-address check holds for HTTP/2 connections too: a name
+/// granted with `h2 = true` that resolves to loopback is refused before
+/// the HTTP/2 preface is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_rules_granting_names_still_refuse_loopback() {
+    let server = HttpServer::start_h2(Duration::from_millis(1), 100).await;
+    let port = server.addr.port();
+    let executor = executor(2);
+    assert_resolves_to_loopback("2130706433");
+    let dir = chaos_with_allow(r#"{ host = "2130706433:*", h2 = true }"#);
+    let chaos = catalog(dir.path(), &executor);
+    let url = format!("http://2130706433:{port}/ok");
+    let job = run(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#)).await;
+    let Outcome::Retry(message) = &job.outcome else {
+        panic!("GET {url} must be refused, got {:?} {:?}", job.outcome, messages(&job))
+    };
+    assert!(message.contains("destination IP address prohibited"), "{message}");
+    let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+    assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1);
+    assert_eq!(server.connections(), 0, "refused at resolution, before any connection");
 }

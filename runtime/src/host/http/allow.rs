@@ -14,6 +14,10 @@
 //! `[::1]:8080`) or as `localhost` may. A rule naming any other host, or a
 //! `*.domain` wildcard, reaches public addresses only, whatever its DNS
 //! says. Other spellings of an address (`127.1`, `2130706433`) are names.
+//!
+//! A rule may also say `h2`: a plain `http://` request it grants speaks
+//! HTTP/2 with prior knowledge (`https://` negotiates by ALPN whatever the
+//! rule says). The manifest writes it `{ host = "api.internal:8080", h2 = true }`.
 
 use std::fmt;
 
@@ -25,6 +29,7 @@ struct Rule {
     scheme: Option<String>,
     host: HostPattern,
     port: PortPattern,
+    h2: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +55,8 @@ pub struct Grant<'a> {
     /// other non-public addresses: only when the rule names the host
     /// exactly and it is an IP literal or `localhost`.
     pub private: bool,
+    /// Whether plain `http://` speaks HTTP/2 with prior knowledge.
+    pub h2: bool,
 }
 
 impl Rule {
@@ -73,10 +80,20 @@ pub struct AllowList {
 impl AllowList {
     /// Parses manifest patterns; the error names the offending pattern.
     pub fn parse(patterns: &[String]) -> Result<Self> {
-        let rules = patterns.iter().map(|p| parse_rule(p)).collect::<Result<Vec<_>>>()?;
+        let rules: Vec<(String, bool)> = patterns.iter().map(|p| (p.clone(), false)).collect();
+        Self::parse_rules(&rules)
+    }
+
+    /// Parses manifest rules: each a pattern and whether plain `http://`
+    /// requests it grants speak HTTP/2 with prior knowledge.
+    pub fn parse_rules(rules: &[(String, bool)]) -> Result<Self> {
+        let parsed = rules
+            .iter()
+            .map(|(pattern, h2)| parse_rule(pattern).map(|rule| Rule { h2: *h2, ..rule }))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
-            rules,
-            patterns: patterns.to_vec(),
+            rules: parsed,
+            patterns: rules.iter().map(|(pattern, _)| pattern.clone()).collect(),
         })
     }
 
@@ -114,6 +131,7 @@ impl AllowList {
         Some(Grant {
             rule: pattern.trim(),
             private: rule.names_local(),
+            h2: rule.h2,
         })
     }
 
@@ -128,7 +146,12 @@ impl fmt::Display for AllowList {
         if self.patterns.is_empty() {
             f.write_str("nothing")
         } else {
-            f.write_str(&self.patterns.join(", "))
+            for (i, (pattern, rule)) in self.patterns.iter().zip(&self.rules).enumerate() {
+                let sep = if i == 0 { "" } else { ", " };
+                let h2 = if rule.h2 { " (h2)" } else { "" };
+                write!(f, "{sep}{pattern}{h2}")?;
+            }
+            Ok(())
         }
     }
 }
@@ -156,7 +179,12 @@ fn parse_rule(pattern: &str) -> Result<Rule> {
         }
         HostPattern::Exact(host)
     };
-    Ok(Rule { scheme, host, port })
+    Ok(Rule {
+        scheme,
+        host,
+        port,
+        h2: false,
+    })
 }
 
 /// Splits `host[:port]` (IPv6 in brackets); `None` for an invalid port.
@@ -245,6 +273,19 @@ mod tests {
         );
         assert_eq!(private("localhost.example.org"), Some((false, "*.example.org:*")));
         assert_eq!(private("example.com"), None);
+    }
+
+    #[test]
+    fn h2_is_the_matching_rules_own() {
+        let allow = AllowList::parse_rules(&[
+            ("127.0.0.1:8080".to_owned(), true),
+            ("127.0.0.1:9090".to_owned(), false),
+        ])
+        .unwrap();
+        assert_eq!(allow.grant("http", "127.0.0.1", 8080).map(|g| g.h2), Some(true));
+        assert_eq!(allow.grant("http", "127.0.0.1", 9090).map(|g| g.h2), Some(false));
+        assert_eq!(allow.to_string(), "127.0.0.1:8080 (h2), 127.0.0.1:9090");
+        assert!(!list(&["x.test"]).grant("http", "x.test", 80).unwrap().h2);
     }
 
     #[test]

@@ -1,29 +1,45 @@
-//! The process-wide HTTP client every guest request goes through.
+//! The HTTP client every guest request goes through.
 //!
-//! One pooled hyper client (HTTP/1.1 keep-alive, TLS with the webpki roots)
-//! serves every job of every plugin, so jobs hitting the same host reuse
-//! connections instead of opening one per job (wasmtime-wasi-http's default
-//! sender connects afresh for every request). Each request is bounded: the
-//! time to the response head, the time between body chunks, and the body's
-//! size; a guest can ask for shorter timeouts but not for longer ones.
+//! [`HttpClient`] is process-wide: the limits, and the two connectors with
+//! the one TLS configuration (webpki roots; ALPN offering `h2` and
+//! `http/1.1`), built once. Connections are pooled per plugin
+//! ([`PluginPools`], created on a plugin's first request), so jobs of a
+//! plugin hitting the same host reuse connections instead of opening one
+//! per job (wasmtime-wasi-http's default sender connects afresh for every
+//! request), while no plugin can hold, starve or observe the connections of
+//! another: over HTTP/2 a plugin that fills the server's concurrent-stream
+//! limit would otherwise make every other plugin's requests to that host
+//! queue behind its own. Each request is bounded: the time to the response
+//! head, the time between body chunks, and the body's size; a guest can
+//! ask for shorter timeouts but not for longer ones.
 //!
-//! There are in fact two pools. Requests granted by a rule that names an IP
-//! literal or `localhost` go through the *open* one, which connects
-//! wherever the host resolves; every other request goes through the
-//! *checked* one, whose connector ([`super::connect`]) refuses non-public
-//! addresses. hyper keys pooled connections by scheme and authority only,
-//! so one shared pool would let a checked request reuse a connection opened
-//! unchecked for another plugin; with two, a checked request only ever
-//! reuses a connection that passed the check when it was opened.
+//! Protocols: `https://` negotiates HTTP/2 or HTTP/1.1 by ALPN; plain
+//! `http://` speaks HTTP/1.1 (keep-alive), or HTTP/2 with prior knowledge
+//! when the rule that granted the request says `h2 = true` (a server that
+//! only speaks HTTP/1.1 then fails the request with a protocol error).
+//! Over HTTP/2 all of a plugin's requests to a host share one connection
+//! (hyper opens another only when it breaks).
+//!
+//! A plugin's pools split further by reach. Requests granted by a rule that
+//! names an IP literal or `localhost` go through the *open* pools, which
+//! connect wherever the host resolves; every other request goes through the
+//! *checked* ones, whose connector ([`super::connect`]) refuses non-public
+//! addresses, judged on the TCP peer before TLS or any HTTP/2 preface.
+//! hyper keys pooled connections by scheme and authority only, so a shared
+//! pool would let a checked request reuse a connection opened unchecked;
+//! apart, a checked request only ever reuses a connection that passed the
+//! check when it was opened. HTTP/1.1 and prior-knowledge HTTP/2 are apart
+//! too, for the same reason (one pool speaks one protocol over `http://`).
 
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use hyper_rustls::HttpsConnector;
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -79,23 +95,58 @@ impl From<SendError> for Error {
     }
 }
 
-/// The shared client.
+/// The process-wide part: limits and connectors (with the TLS config).
 pub struct HttpClient {
     /// For requests granted by name: public addresses only.
-    checked: Client<HttpsConnector<CheckedConnector>, WasiBody>,
+    checked: HttpsConnector<CheckedConnector>,
     /// For requests granted by an IP literal or `localhost` rule.
-    open: Client<HttpsConnector<HttpConnector>, WasiBody>,
+    open: HttpsConnector<HttpConnector>,
     limits: HttpLimits,
+}
+
+/// How a request travels: which of a plugin's pools it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// May reach loopback, private, link-local and other non-public
+    /// addresses (the grant names an IP literal or `localhost`).
+    pub private: bool,
+    /// Plain `http://` speaks HTTP/2 with prior knowledge.
+    pub h2: bool,
+}
+
+/// One plugin's connection pools, built on its first request. Shared by
+/// every job of the plugin; never by two plugins.
+#[derive(Default)]
+pub struct PluginPools {
+    pools: OnceLock<Pools>,
+}
+
+impl std::fmt::Debug for PluginPools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginPools")
+            .field("started", &self.pools.get().is_some())
+            .finish()
+    }
+}
+
+struct Pools {
+    checked: Client<HttpsConnector<CheckedConnector>, WasiBody>,
+    open: Client<HttpsConnector<HttpConnector>, WasiBody>,
+    checked_h2: Client<HttpsConnector<CheckedConnector>, WasiBody>,
+    open_h2: Client<HttpsConnector<HttpConnector>, WasiBody>,
 }
 
 impl HttpClient {
     /// A client with `limits`. Cheap to share (`Arc`); one per process.
     pub fn new(limits: HttpLimits) -> Self {
+        let tls = rustls::ClientConfig::builder()
+            .with_webpki_roots()
+            .with_no_client_auth();
         let checked = CheckedConnector::new(http_connector(PublicResolver::new(), &limits));
         let open = http_connector(hyper_util::client::legacy::connect::dns::GaiResolver::new(), &limits);
         Self {
-            checked: pooled(checked, &limits),
-            open: pooled(open, &limits),
+            checked: https(checked, tls.clone()),
+            open: https(open, tls),
             limits,
         }
     }
@@ -105,24 +156,38 @@ impl HttpClient {
         self.limits
     }
 
-    /// Sends `request`, honouring the guest's `options` where they are
-    /// stricter than ours. Only with `private` may it reach loopback,
-    /// private, link-local and other non-public addresses.
+    /// A plugin's pools, built from the shared connectors on first use.
+    fn pools<'a>(&self, pools: &'a PluginPools) -> &'a Pools {
+        pools.pools.get_or_init(|| Pools {
+            checked: pooled(self.checked.clone(), &self.limits, false),
+            open: pooled(self.open.clone(), &self.limits, false),
+            checked_h2: pooled(self.checked.clone(), &self.limits, true),
+            open_h2: pooled(self.open.clone(), &self.limits, true),
+        })
+    }
+
+    /// Sends `request` through the plugin's `pools` along `route`,
+    /// honouring the guest's `options` where they are stricter than ours.
     pub(crate) async fn send(
         &self,
+        pools: &PluginPools,
         request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        private: bool,
+        route: Route,
     ) -> Result<http::Response<WasiBody>, SendError> {
         let options = options.unwrap_or_default();
         let shorter = |guest: Option<Duration>, ours: Duration| guest.map_or(ours, |g| g.min(ours));
         let head_timeout = shorter(options.first_byte_timeout, self.limits.timeout)
             .max(shorter(options.connect_timeout, self.limits.timeout));
         let between = shorter(options.between_bytes_timeout, self.limits.between_bytes);
-        let sending = if private {
-            self.open.request(request)
-        } else {
-            self.checked.request(request)
+        let pools = self.pools(pools);
+        // Prior knowledge only where there is no TLS to negotiate by ALPN.
+        let h2 = route.h2 && request.uri().scheme() == Some(&http::uri::Scheme::HTTP);
+        let sending = match (route.private, h2) {
+            (true, true) => pools.open_h2.request(request),
+            (true, false) => pools.open.request(request),
+            (false, true) => pools.checked_h2.request(request),
+            (false, false) => pools.checked.request(request),
         };
         let response = match tokio::time::timeout(head_timeout, sending).await {
             Err(_) => return Err(SendError::Wasi(Error::HttpResponseTimeout)),
@@ -149,19 +214,25 @@ fn http_connector<R>(resolver: R, limits: &HttpLimits) -> HttpConnector<R> {
     http
 }
 
-/// A pooled client over `connector`, with TLS.
-fn pooled<C>(connector: C, limits: &HttpLimits) -> Client<HttpsConnector<C>, WasiBody>
-where
-    HttpsConnector<C>: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
+/// `connector` with TLS for `https://` (ALPN: `h2`, then `http/1.1`).
+fn https<C>(connector: C, tls: rustls::ClientConfig) -> HttpsConnector<C> {
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
         .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
+        .enable_all_versions()
+        .wrap_connector(connector)
+}
+
+/// A pool over `connector`; with `h2_only`, plain `http://` speaks HTTP/2
+/// with prior knowledge.
+fn pooled<C>(connector: C, limits: &HttpLimits, h2_only: bool) -> Client<C, WasiBody>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(limits.idle_per_host)
+        .http2_only(h2_only)
         .build(connector)
 }
 

@@ -21,6 +21,9 @@
 //!   for a response, or with a response whose body is neither read to the
 //!   end nor dropped ([`slot`]). Beyond that the guest gets
 //!   `connection-limit-reached`, counted in [`HttpStats::limited`].
+//! - Connections are pooled per plugin ([`PluginPools`]); `https://`
+//!   negotiates HTTP/2 by ALPN, and plain `http://` speaks it with prior
+//!   knowledge when the granting rule says `h2 = true` ([`client`]).
 
 mod address;
 pub mod allow;
@@ -35,9 +38,9 @@ use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 pub use allow::{AllowList, Grant};
-pub use client::{HttpClient, HttpLimits};
+pub use client::{HttpClient, HttpLimits, PluginPools};
 
-use crate::host::http::client::SendError;
+use crate::host::http::client::{Route, SendError};
 use crate::host::http::slot::{HeldBody, Slot};
 use crate::host::log::LogSink;
 
@@ -57,6 +60,7 @@ pub struct HttpStats {
 /// The outgoing-request hook installed in every job's store.
 pub struct HttpPolicy {
     client: Arc<HttpClient>,
+    pools: Arc<PluginPools>,
     allow: Arc<AllowList>,
     stats: Arc<HttpStats>,
     log: LogSink,
@@ -66,10 +70,18 @@ pub struct HttpPolicy {
 }
 
 impl HttpPolicy {
-    /// The policy for one job of a plugin with grants `allow`.
-    pub fn new(client: Arc<HttpClient>, allow: Arc<AllowList>, stats: Arc<HttpStats>, log: LogSink) -> Self {
+    /// The policy for one job of a plugin with grants `allow` and
+    /// connection pools `pools`.
+    pub fn new(
+        client: Arc<HttpClient>,
+        pools: Arc<PluginPools>,
+        allow: Arc<AllowList>,
+        stats: Arc<HttpStats>,
+        log: LogSink,
+    ) -> Self {
         Self {
             client,
+            pools,
             allow,
             stats,
             log,
@@ -78,13 +90,17 @@ impl HttpPolicy {
     }
 
     /// The grant for `uri`, if any: whether it may go, and where.
-    fn permitted(&self, uri: &http::Uri) -> Option<(String, bool)> {
+    fn permitted(&self, uri: &http::Uri) -> Option<(String, Route)> {
         let scheme = uri.scheme_str().unwrap_or("https");
         let host = uri.host()?;
         let port = uri.port_u16().unwrap_or(if scheme == "https" { 443 } else { 80 });
-        self.allow
-            .grant(scheme, host, port)
-            .map(|grant| (grant.rule.to_owned(), grant.private))
+        self.allow.grant(scheme, host, port).map(|grant| {
+            let route = Route {
+                private: grant.private,
+                h2: grant.h2,
+            };
+            (grant.rule.to_owned(), route)
+        })
     }
 }
 
@@ -98,7 +114,7 @@ impl WasiHttpHooks for HttpPolicy {
         fut: Sent,
     ) -> Box<dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, Sent)>> + Send> {
         _ = fut;
-        let Some((rule, private)) = self.permitted(request.uri()) else {
+        let Some((rule, route)) = self.permitted(request.uri()) else {
             self.stats.denied.fetch_add(1, Ordering::Relaxed);
             let labels = self.log.labels();
             tracing::warn!(
@@ -118,11 +134,12 @@ impl WasiHttpHooks for HttpPolicy {
         };
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
         let client = self.client.clone();
+        let pools = self.pools.clone();
         let stats = self.stats.clone();
         let log = self.log.clone();
         Box::new(async move {
             // The slot goes with the response body; on an error it is dropped here.
-            let response = client.send(request, options, private).await;
+            let response = client.send(&pools, request, options, route).await;
             let response = response.map_err(|err| {
                 if let SendError::Prohibited(refused) = &err {
                     stats.prohibited.fetch_add(1, Ordering::Relaxed);
