@@ -15,6 +15,7 @@ use redis::Script;
 
 use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
+use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, record, scripts, take};
 use crate::redis::{Redis, keys, now_f64};
@@ -26,7 +27,7 @@ pub(crate) struct Basic {
     settings: Settings,
     names: Vec<String>,
     fetch: Script,
-    requeue: Script,
+    requeue: Requeue,
     dead: Arc<DeadSet>,
     waiting: Waiting,
 }
@@ -42,7 +43,7 @@ impl Basic {
         Self {
             names,
             fetch: Script::new(scripts::FETCH),
-            requeue: Script::new(scripts::REQUEUE),
+            requeue: Requeue::new(),
             redis,
             settings,
             dead,

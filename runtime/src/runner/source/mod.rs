@@ -28,6 +28,7 @@ pub(crate) mod liveness;
 pub(crate) mod memory;
 pub(crate) mod orphans;
 mod record;
+mod requeue;
 pub(crate) mod reliable;
 mod scripts;
 mod take;

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::dead::{DeadSet, Place};
 use super::liveness::Origin;
+use super::requeue::Requeue;
 use super::scripts;
 use crate::job::DEFAULT_QUEUE;
 use crate::redis::payload::{self, Payload};
@@ -64,7 +65,7 @@ pub(crate) struct Recovery {
     pub(super) own_list: String,
     pub(super) origin: Option<Origin>,
     pub(super) max_recoveries: u64,
-    pub(super) requeue: Script,
+    pub(super) requeue: Requeue,
     pub(super) forget: Script,
 }
 
@@ -76,7 +77,7 @@ impl Recovery {
             own_list: keys::inprogress(identity),
             origin,
             max_recoveries,
-            requeue: Script::new(scripts::REQUEUE),
+            requeue: Requeue::new(),
             forget: Script::new(scripts::FORGET),
         }
     }
@@ -177,15 +178,8 @@ impl Recovery {
                 let queue = job.queue().to_owned();
                 match after_recovery(job, self.max_recoveries, now) {
                     Verdict::Requeue(job) => {
-                        let _: i64 = self
-                            .requeue
-                            .key(&self.own_list)
-                            .key(keys::queue(&queue))
-                            .key(keys::QUEUES)
-                            .arg(raw)
-                            .arg(job.to_json())
-                            .arg(&queue)
-                            .invoke_async(&mut self.redis.conn())
+                        self.requeue
+                            .run(&self.redis, &self.own_list, raw, job.to_json().as_bytes(), &queue)
                             .await
                             .context("requeueing a recovered job")?;
                         return Ok(());

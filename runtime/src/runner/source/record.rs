@@ -6,9 +6,8 @@
 //! the `stat:*` counters with their daily keys. All land or none does, so a
 //! failed write can simply be retried.
 
-use redis::Script;
-
 use super::dead::DeadSet;
+use super::requeue::Requeue;
 use crate::redis::{keys, utc_date};
 use crate::runner::fetched::{Completion, Finish};
 use crate::runner::job_retry::Write;
@@ -20,7 +19,7 @@ pub(super) fn transaction(
     batch: &[Completion],
     held_in: Option<&str>,
     dead: &DeadSet,
-    requeue: &Script,
+    requeue: &Requeue,
     now: f64,
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
@@ -37,18 +36,12 @@ pub(super) fn transaction(
                 match held_in {
                     Some(list) => {
                         if !requeue_loaded {
-                            pipe.load_script(requeue).ignore();
+                            pipe.load_script(requeue.script()).ignore();
                             requeue_loaded = true;
                         }
-                        let mut invocation = requeue.prepare_invoke();
-                        invocation
-                            .key(list)
-                            .key(keys::queue(&job.queue))
-                            .key(keys::QUEUES)
-                            .arg(&job.raw)
-                            .arg(&job.raw)
-                            .arg(&job.queue);
-                        pipe.invoke_script(&invocation).ignore();
+                        let raw = job.raw.as_bytes();
+                        pipe.invoke_script(&requeue.invocation(list, raw, raw, &job.queue))
+                            .ignore();
                     }
                     None => {
                         pipe.cmd("RPUSH").arg(keys::queue(&job.queue)).arg(&job.raw).ignore();

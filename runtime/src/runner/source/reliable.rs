@@ -20,6 +20,7 @@ use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
 use super::liveness::Origin;
 use super::orphans::Recovery;
+use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, record, scripts, take};
 use crate::job::DEFAULT_QUEUE;
@@ -35,7 +36,7 @@ pub(crate) struct Reliable {
     list: String,
     origin: Option<String>,
     fetch: Script,
-    requeue: Script,
+    requeue: Requeue,
     dead: Arc<DeadSet>,
     doubt: Arc<Doubt>,
     waiting: Waiting,
@@ -73,7 +74,7 @@ impl Reliable {
             names,
             origin: origin.map(|o| o.encode()),
             fetch: Script::new(scripts::FETCH),
-            requeue: Script::new(scripts::REQUEUE),
+            requeue: Requeue::new(),
             redis,
             settings,
             list,
@@ -132,18 +133,7 @@ impl Reliable {
                 return Ok(false);
             }
         };
-        let moved: i64 = self
-            .requeue
-            .key(&self.list)
-            .key(keys::queue(&queue))
-            .key(keys::QUEUES)
-            .arg(raw)
-            .arg(raw)
-            .arg(&queue)
-            .invoke_async(&mut self.redis.conn())
-            .await
-            .context("requeueing a job")?;
-        Ok(moved == 1)
+        self.requeue.run(&self.redis, &self.list, raw, raw, &queue).await
     }
 
     async fn listed(&self) -> Result<Vec<Vec<u8>>> {
