@@ -9,7 +9,7 @@
 //!
 //! The same jobs, the same Redis, the same protocol:
 //!
-//! - **Fetch** ([`protocol::FETCH`], the runner's script verbatim): one Lua
+//! - **Fetch** ([`protocol::FETCH`], the runner's own script): one Lua
 //!   call moves up to *n* jobs from `queue:default` into this process's
 //!   in-progress list (reliable) or pops them (basic). As the runner's
 //!   fetch loop does, it holds slots first (a semaphore of C), waits up to

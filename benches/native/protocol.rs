@@ -1,6 +1,6 @@
-//! The work protocol's Redis side, as the runner speaks it: the fetch
-//! script (copied verbatim from `runtime/src/runner/source/scripts.rs`,
-//! which is crate-private) and the batched ack transaction of
+//! The work protocol's Redis side, as the runner speaks it: the runner's
+//! own fetch script (`wasmjobs::runner::FETCH_SCRIPT`) and the batched ack
+//! transaction of
 //! `runtime/src/runner/source/record.rs` for jobs that succeeded or failed
 //! without a retry.
 
@@ -19,28 +19,9 @@ const STAT_FAILED: &str = "stat:failed";
 /// Sidekiq's five-year expiry of the daily stat keys.
 const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 
-/// Moves up to ARGV[1] jobs from KEYS[2..] (in order) to KEYS[1] (reliable),
-/// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job, …].
-pub const FETCH: &str = r#"
-local max = tonumber(ARGV[1])
-local keep = ARGV[2] == "1"
-local out = {}
-local got = 0
-for i = 2, #KEYS do
-  local need = max - got
-  if need <= 0 then break end
-  local jobs = redis.call('RPOP', KEYS[i], need)
-  if jobs then
-    if keep then redis.call('LPUSH', KEYS[1], unpack(jobs)) end
-    for _, job in ipairs(jobs) do
-      out[#out + 1] = tostring(i - 2)
-      out[#out + 1] = job
-    end
-    got = got + #jobs
-  end
-end
-return out
-"#;
+/// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[2..]
+/// (in order) to KEYS[1] (reliable), or pops them (basic, ARGV[2] == "0").
+pub const FETCH: &str = wasmjobs::runner::FETCH_SCRIPT;
 
 /// A job that ended: its raw payload (as fetched) and whether it succeeded.
 pub struct Done {

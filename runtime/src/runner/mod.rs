@@ -50,7 +50,7 @@ use std::time::Duration;
 
 pub use launcher::run;
 pub use queues::Queues;
-pub use source::{DeadCaps, FetchMode};
+pub use source::{DeadCaps, FETCH_SCRIPT, FetchMode};
 pub use summary::RunSummary;
 
 use crate::redis::Target;

@@ -28,8 +28,8 @@ pub(crate) mod liveness;
 pub(crate) mod memory;
 pub(crate) mod orphans;
 mod record;
-mod requeue;
 pub(crate) mod reliable;
+mod requeue;
 mod scripts;
 mod take;
 mod waiters;
@@ -42,6 +42,9 @@ use anyhow::Result;
 use futures_util::future::BoxFuture;
 
 pub use dead::DeadCaps;
+/// The fetch script, for the benchmarks' native baseline (the same
+/// protocol text, not a copy).
+pub use scripts::FETCH as FETCH_SCRIPT;
 
 use super::fetched::{Completion, Fetched};
 use super::queues::Queues;

@@ -6,7 +6,7 @@
 
 /// Moves up to ARGV[1] jobs from KEYS[2..] (in order) to KEYS[1] (reliable),
 /// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job, …].
-pub(super) const FETCH: &str = r#"
+pub const FETCH: &str = r#"
 local max = tonumber(ARGV[1])
 local keep = ARGV[2] == "1"
 local out = {}
