@@ -98,3 +98,14 @@ pub fn copy_plugin(src: &Path, dest: &Path) -> PathBuf {
     }
     target
 }
+
+/// Asserts that a finished command succeeded, showing what it printed if not.
+pub fn assert_success(output: &std::process::Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -15,7 +15,7 @@ use std::ffi::CString;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -63,7 +63,7 @@ impl TestPostgres {
             .args(["-U", USER, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
             .output()
             .expect("run initdb");
-        assert_output(&initdb, "initdb");
+        crate::assert_success(&initdb, "initdb");
         server.spawn();
         server
     }
@@ -158,7 +158,7 @@ impl TestPostgres {
             .stdin(Stdio::null())
             .output()
             .expect("run psql");
-        assert_output(&output, &format!("psql {sql:?}"));
+        crate::assert_success(&output, &format!("psql {sql:?}"));
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
@@ -243,14 +243,4 @@ fn server_user() -> Option<(u32, u32)> {
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()
-}
-
-fn assert_output(output: &Output, what: &str) {
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmjobs::plugin::cache::sha256_hex;
+use wasmjobs_e2e::assert_success;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{plugins, push, wasmjobs_bin};
 
@@ -49,17 +50,6 @@ fn wasmjobs(data_dir: &Path, args: &[&str], timeout: Duration) -> Output {
         stdout: std::fs::read(&stdout).expect("read stdout"),
         stderr: std::fs::read(&stderr).expect("read stderr"),
     }
-}
-
-/// Asserts that `output` is a success, showing what it printed if not.
-fn succeeded(what: &str, output: &Output) {
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// The SHA-256 of every component under `plugins`.
@@ -105,7 +95,7 @@ fn run_until_empty(data_dir: &Path, redis: &TestRedis, plugins: &Path) -> (Value
         ],
         Duration::from_secs(120),
     );
-    succeeded("wasmjobs run", &run);
+    assert_success(&run, "wasmjobs run");
     let json = std::fs::read_to_string(&summary).expect("summary written");
     (serde_json::from_str(&json).expect("summary JSON"), run)
 }
@@ -123,13 +113,13 @@ async fn one_compiled_artifact_per_component_across_plugins_exec_and_run() {
         &["plugins", "--plugins", plugins_dir],
         Duration::from_secs(120),
     );
-    succeeded("wasmjobs plugins", &listing);
+    assert_success(&listing, "wasmjobs plugins");
     let exec = wasmjobs(
         data.path(),
         &["exec", "--plugins", plugins_dir, "FibJob", "[10]"],
         Duration::from_secs(120),
     );
-    succeeded("wasmjobs exec", &exec);
+    assert_success(&exec, "wasmjobs exec");
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
     push(&mut conn, "NoopJob", "default", vec![json!([]); 20]).await;
@@ -154,7 +144,7 @@ async fn one_compiled_artifact_per_component_across_plugins_exec_and_run() {
         &["plugins", "--plugins", plugins_dir],
         Duration::from_secs(120),
     );
-    succeeded("wasmjobs plugins (again)", &listing_again);
+    assert_success(&listing_again, "wasmjobs plugins (again)");
     let listing = String::from_utf8_lossy(&listing_again.stdout);
     assert_eq!(listing.matches("cached in").count(), 3, "{listing}");
 }
