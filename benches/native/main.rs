@@ -4,7 +4,7 @@
 //! design on this machine, measured in the same run as wasmjobs.
 //!
 //! ```text
-//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--hold]
+//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--hold]
 //! ```
 //!
 //! The same jobs, the same Redis, the same protocol:
@@ -20,8 +20,10 @@
 //!   `HttpGetJob` GETs its first argument with the client stack the runner's
 //!   host uses (hyper 1 through hyper-util's pooled legacy client and
 //!   hyper-rustls, HTTP/1.1 keep-alive, `TCP_NODELAY`, as many idle
-//!   connections per host as the concurrency) and reads the body to the
-//!   end; a non-2xx status fails the job. Any other class fails.
+//!   connections per host as the concurrency; with `--h2`, HTTP/2 with
+//!   prior knowledge, as for a manifest rule with `h2 = true`) and reads
+//!   the body to the end; a non-2xx status fails the job. Any other class
+//!   fails.
 //! - **Ack** ([`protocol::ack`]): one writer drains what has finished (up
 //!   to 1,000) into one `MULTI`: `LREM` per job from the in-progress list
 //!   (reliable), the `stat:processed` / `stat:failed` counters and their
@@ -52,7 +54,7 @@ use protocol::Done;
 #[global_allocator]
 static ALLOCATOR: wasmjobs::Allocator = wasmjobs::Allocator;
 
-const USAGE: &str = "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--hold]";
+const USAGE: &str = "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--hold]";
 
 /// How long the fetch loop waits for a batch's worth of free slots (the
 /// runner's `LINGER`).
@@ -62,6 +64,7 @@ struct Args {
     redis: String,
     concurrency: usize,
     reliable: bool,
+    h2: bool,
     hold: bool,
 }
 
@@ -70,6 +73,7 @@ fn parse_args() -> Result<Args> {
         redis: "redis://127.0.0.1:6379".into(),
         concurrency: 10,
         reliable: true,
+        h2: false,
         hold: false,
     };
     let mut argv = std::env::args().skip(1);
@@ -93,6 +97,7 @@ fn parse_args() -> Result<Args> {
                     other => bail!("--fetch {other:?}: expected reliable or basic"),
                 }
             }
+            "--h2" => args.h2 = true,
             "--hold" => args.hold = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -122,15 +127,16 @@ async fn run(args: Args) -> Result<()> {
     let list = args
         .reliable
         .then(|| format!("wasmjobs:inprogress:native-{}", std::process::id()));
-    let http = Arc::new(work::http_client(args.concurrency));
+    let http = Arc::new(work::http_client(args.concurrency, args.h2));
     let (tx, rx) = mpsc::channel::<Done>(args.concurrency.max(protocol::MAX_ACK_BATCH));
     let writer = tokio::spawn(protocol::write_acks(conn.clone(), list.clone(), rx));
     let slots = Arc::new(Semaphore::new(args.concurrency));
     let fetch = redis::Script::new(protocol::FETCH);
     eprintln!(
-        "wasmjobs-native running (concurrency {}, {} fetch)",
+        "wasmjobs-native running (concurrency {}, {} fetch, HTTP/{})",
         args.concurrency,
-        if args.reliable { "reliable" } else { "basic" }
+        if args.reliable { "reliable" } else { "basic" },
+        if args.h2 { "2" } else { "1.1" }
     );
     let started = Instant::now();
     let mut fetched = 0u64;

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use redis::AsyncCommands;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -108,8 +108,10 @@ pub struct Bench {
     pub data_dir: PathBuf,
     /// The suite's own Redis.
     pub redis: TestRedis,
-    /// The 200 ms endpoint, served by threads named [`HTTP_THREADS`].
+    /// The 200 ms endpoint over HTTP/1.1, served by threads named [`HTTP_THREADS`].
     pub http: HttpServer,
+    /// The same over HTTP/2 only (prior knowledge), on the same runtime.
+    pub http2: HttpServer,
     /// `redis-server`'s pid, for its CPU.
     pub redis_pid: Option<u32>,
     /// Started on first use by a `pg-sleep` case.
@@ -124,11 +126,13 @@ impl Bench {
         }
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-        let dir = self.plugin_dir(case.workload);
+        let dir = self.plugin_dir(case.workload)?;
         let plugins = dir.path().to_path_buf();
-        let url = self.http.url("/sleep");
+        // The server the jobs call (a field borrow: `self.postgres` may start below).
+        let server = if case.workload.h2() { &self.http2 } else { &self.http };
+        let url = server.url("/sleep");
         push_jobs(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
-            Workload::Http => json!([url]),
+            Workload::Http | Workload::Http2 => json!([url]),
             Workload::FileAppend => json!(["bench.txt", i]),
             Workload::Fib => json!([25]),
             _ => json!([]),
@@ -153,7 +157,7 @@ impl Bench {
             db = format!("main={}?pool={}", postgres.url("postgres"), case.concurrency);
             extra.extend(["--db", &db]);
         }
-        let (hits_before, connections_before) = (self.http.hits(), self.http.connections());
+        let (hits_before, connections_before) = (server.hits(), server.connections());
         let mut runner = match case.processor {
             Processor::Wasmjobs => self.start(&plugins, &extra)?,
             Processor::Native => self.start_native(case)?,
@@ -183,8 +187,8 @@ impl Bench {
         let lost = case.jobs.saturating_sub(processed + failed);
         problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
         match case.workload {
-            Workload::Http => {
-                let served = (self.http.hits() - hits_before) as u64;
+            Workload::Http | Workload::Http2 => {
+                let served = (server.hits() - hits_before) as u64;
                 if served != case.jobs {
                     problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));
                 }
@@ -214,8 +218,10 @@ impl Bench {
             jobs_per_sec: processed as f64 / secs,
             floor_s,
             efficiency: floor_s.map(|floor| floor / secs),
-            http_connections: (case.workload == Workload::Http)
-                .then(|| (self.http.connections() - connections_before) as u64),
+            http_connections: case
+                .workload
+                .http()
+                .then(|| (server.connections() - connections_before) as u64),
             cpu_per_job,
             exec_p50_ms,
             exec_p99_ms,
@@ -231,7 +237,7 @@ impl Bench {
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
         let concurrency = case.concurrency.to_string();
-        let dir = self.plugin_dir(case.workload);
+        let dir = self.plugin_dir(case.workload)?;
         let mut runner = self.start(dir.path(), &["--concurrency", &concurrency])?;
         runner.wait_for_log(" running")?;
         let pid = runner.pid();
@@ -259,9 +265,18 @@ impl Bench {
     /// A private plugins directory holding only `workload`'s plugin: the
     /// runner is measured with the job under test loaded, not every example
     /// (the Python and JS ones alone hold ~300 MB once loaded), and the file
-    /// workload gets a fresh `data/`.
-    fn plugin_dir(&self, workload: Workload) -> tempfile::TempDir {
-        wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[])
+    /// workload gets a fresh `data/`. For HTTP/2 workloads the copy's
+    /// manifest grants loopback with `h2 = true`, so the runner speaks
+    /// HTTP/2 with prior knowledge to the suite's HTTP/2-only server.
+    fn plugin_dir(&self, workload: Workload) -> Result<tempfile::TempDir> {
+        let dir = wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[]);
+        if workload.h2() {
+            let manifest = dir.path().join(workload.plugin()).join("wasmjobs.toml");
+            let text = std::fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+            std::fs::write(&manifest, with_h2_rule(&text)?)
+                .with_context(|| format!("writing {}", manifest.display()))?;
+        }
+        Ok(dir)
     }
 
     /// The native baseline for `case`.
@@ -269,7 +284,8 @@ impl Bench {
         RunnerProcess::spawn(
             std::process::Command::new(&self.native)
                 .args(["--redis", &self.redis.url(), "--fetch", case.fetch.flag(), "--hold"])
-                .args(["--concurrency", &case.concurrency.to_string()]),
+                .args(["--concurrency", &case.concurrency.to_string()])
+                .args(case.workload.h2().then_some("--h2")),
         )
     }
 
@@ -308,6 +324,32 @@ impl Bench {
             "warn,wasmjobs::runner::launcher=info",
         )
     }
+}
+
+/// `manifest` (the http-get plugin's) with its `[http]` rule replaced by
+/// one granting loopback over HTTP/2 with prior knowledge.
+fn with_h2_rule(manifest: &str) -> Result<String> {
+    const RULE: &str = r#"allow = [{ host = "127.0.0.1:*", h2 = true }]"#;
+    let mut in_http = false;
+    let mut replaced = false;
+    let mut out = String::with_capacity(manifest.len() + RULE.len());
+    for line in manifest.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            in_http = trimmed.starts_with("[http]");
+        }
+        if in_http && trimmed.starts_with("allow") && trimmed.contains('=') {
+            out.push_str(RULE);
+            replaced = true;
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if !replaced {
+        bail!("the manifest has no one-line `allow = [...]` under [http] to replace:\n{manifest}");
+    }
+    Ok(out)
 }
 
 /// Per-thread CPU counters (ns) at the start of a measured window.
@@ -445,4 +487,35 @@ fn execution_percentiles(summary: &Path) -> (Option<f64>, Option<f64>) {
         .cloned()
         .unwrap_or(Value::Null);
     (execution["p50"].as_f64(), execution["p99"].as_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmjobs::plugin::manifest::Manifest;
+
+    #[test]
+    fn the_h2_copy_of_the_http_get_manifest_grants_loopback_over_http2() {
+        let path = wasmjobs_e2e::guests::repo_root().join("plugins/http-get/wasmjobs.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let before = Manifest::parse(&path, &text).unwrap();
+        let grant = before.http_allow.grant("http", "127.0.0.1", 8080).unwrap();
+        assert!(grant.private && !grant.h2, "the example speaks HTTP/1.1");
+
+        let h2 = with_h2_rule(&text).unwrap();
+        let after = Manifest::parse(&path, &h2).unwrap();
+        let grant = after.http_allow.grant("http", "127.0.0.1", 8080).unwrap();
+        assert!(grant.private && grant.h2, "{h2}");
+        assert_eq!(after.classes, before.classes);
+    }
+
+    #[test]
+    fn a_manifest_without_an_allow_line_is_refused() {
+        let err = with_h2_rule("component = \"x.wasm\"\n[http]\n").unwrap_err();
+        assert!(err.to_string().contains("no one-line `allow"), "{err}");
+        assert!(
+            with_h2_rule("[files]\nallow = 1\n").is_err(),
+            "only [http]'s allow is replaced"
+        );
+    }
 }

@@ -167,7 +167,8 @@ impl Results {
 fn heading(workload: Workload) -> &'static str {
     match workload {
         Workload::Noop => "Noop (`NoopJob`)",
-        Workload::Http => "HTTP GET of a 200 ms endpoint (`HttpGetJob`)",
+        Workload::Http => "HTTP GET of a 200 ms endpoint (`HttpGetJob`), HTTP/1.1",
+        Workload::Http2 => "HTTP GET of a 200 ms endpoint (`HttpGetJob`), HTTP/2 with prior knowledge",
         Workload::PgSleep => "PostgreSQL `SELECT pg_sleep(0.1)` (`PgSleepJob`)",
         Workload::FileAppend => "File append (`FileAppendJob`)",
         Workload::Fib => "CPU: fib(25) (`FibJob`)",
@@ -197,15 +198,26 @@ fn table(md: &mut String, workload: Workload, rows: &[&Row], native: Option<Nati
         }
         return Ok(());
     }
+    // HTTP workloads add the connections the server accepted.
+    let (conns_head, conns_rule) = if workload.http() {
+        (" HTTP conns |", "--:|")
+    } else {
+        ("", "")
+    };
     writeln!(
         md,
-        "| Job processor | Concurrency | Jobs | Time | Start RSS | Finish RSS | Peak RSS | %CPU | Jobs/s | Efficiency | Exec p50 | Exec p99 | Check |"
+        "| Job processor | Concurrency | Jobs | Time | Start RSS | Finish RSS | Peak RSS | %CPU | Jobs/s | Efficiency | Exec p50 | Exec p99 |{conns_head} Check |"
     )?;
-    writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")?;
+    writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|{conns_rule}---|")?;
     for r in rows {
+        let conns = if workload.http() {
+            format!(" {} |", r.http_connections.map_or("".into(), group))
+        } else {
+            String::new()
+        };
         writeln!(
             md,
-            "| {} | {} | {} | {:.2} sec | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} sec | {} | {} | {} | {:.1} | {} | {} | {} | {} |{conns} {} |",
             processor(r),
             group(u64::from(r.concurrency)),
             group(r.jobs),
@@ -305,7 +317,13 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
         &|r| r.workload == Workload::Noop && r.jobs == 100_000 && r.fetch == Fetch::Reliable,
         &mb,
     )];
-    for workload in [Workload::Http, Workload::PgSleep, Workload::FileAppend, Workload::Idle] {
+    for workload in [
+        Workload::Http,
+        Workload::Http2,
+        Workload::PgSleep,
+        Workload::FileAppend,
+        Workload::Idle,
+    ] {
         rss.push(series(workload.name().into(), &|r| r.workload == workload, &mb));
     }
     let efficiency = vec![
@@ -316,6 +334,15 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
             &native,
             "http, native".into(),
             &|r| r.workload == Workload::Http,
+            &|r| r.efficiency.unwrap_or(0.0),
+        ),
+        series("http2 (200 ms)".into(), &|r| r.workload == Workload::Http2, &|r| {
+            r.efficiency.unwrap_or(0.0)
+        }),
+        series_of(
+            &native,
+            "http2, native".into(),
+            &|r| r.workload == Workload::Http2,
             &|r| r.efficiency.unwrap_or(0.0),
         ),
         series("pg-sleep (100 ms)".into(), &|r| r.workload == Workload::PgSleep, &|r| {
@@ -447,6 +474,14 @@ pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>)
             }),
         ),
         target(
+            "http2, C = 10,000",
+            "peak RSS ≤ 300 MB",
+            find(Workload::Http2, 10_000).map(|r| {
+                let mb = r.peak_rss_kb as f64 / 1024.0;
+                (format!("{mb:.0} MB"), mb <= 300.0)
+            }),
+        ),
+        target(
             "pg sleep, C = 100",
             "efficiency ≥ 0.9",
             find(Workload::PgSleep, 100).map(|r| efficiency(r, 0.9)),
@@ -521,6 +556,12 @@ fn native_targets(comparisons: &[Comparison]) -> Vec<Target> {
             "http C = 10,000: efficiency",
             0.8,
             find(Workload::Http, Fetch::Reliable, 10_000),
+            |c| c.efficiency_ratio,
+        ),
+        ratio_target(
+            "http2 C = 10,000: efficiency (over HTTP/2 both)",
+            0.8,
+            find(Workload::Http2, Fetch::Reliable, 10_000),
             |c| c.efficiency_ratio,
         ),
         Target {
