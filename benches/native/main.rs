@@ -4,7 +4,7 @@
 //! design on this machine, measured in the same run as wasmjobs.
 //!
 //! ```text
-//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--hold]
+//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--jobs N] [--hold]
 //! ```
 //!
 //! The same jobs, the same Redis, the same protocol:
@@ -32,8 +32,10 @@
 //! Left out, so the baseline is a floor: the heartbeat, the in-flight
 //! table, metrics, retries (a failure is only counted), the blocking wait
 //! of an empty queue (the worker stops at the first empty fetch, once its
-//! jobs are acked: it exists to drain a queue filled beforehand), and
-//! orphan recovery (it does not register its list).
+//! jobs are acked: it exists to drain a queue filled beforehand; with
+//! `--jobs N` it polls an empty queue every few milliseconds until it has
+//! taken N jobs, so the suite can read its memory before any job arrives),
+//! and orphan recovery (it does not register its list).
 //!
 //! Logs " running" on stderr when connected, and a " stopped" summary line
 //! once every job it took is acked. With `--hold` it then waits for
@@ -54,17 +56,22 @@ use protocol::Done;
 #[global_allocator]
 static ALLOCATOR: wasmjobs::Allocator = wasmjobs::Allocator;
 
-const USAGE: &str = "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--hold]";
+const USAGE: &str =
+    "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--jobs N] [--hold]";
 
 /// How long the fetch loop waits for a batch's worth of free slots (the
 /// runner's `LINGER`).
 const LINGER: Duration = Duration::from_millis(1);
+/// With `--jobs N`: how long to wait before fetching again from a queue
+/// that was empty while fewer than N jobs were taken.
+const EMPTY_POLL: Duration = Duration::from_millis(5);
 
 struct Args {
     redis: String,
     concurrency: usize,
     reliable: bool,
     h2: bool,
+    jobs: Option<u64>,
     hold: bool,
 }
 
@@ -74,6 +81,7 @@ fn parse_args() -> Result<Args> {
         concurrency: 10,
         reliable: true,
         h2: false,
+        jobs: None,
         hold: false,
     };
     let mut argv = std::env::args().skip(1);
@@ -98,6 +106,13 @@ fn parse_args() -> Result<Args> {
                 }
             }
             "--h2" => args.h2 = true,
+            "--jobs" => {
+                let n = value()?;
+                args.jobs = Some(
+                    n.parse()
+                        .with_context(|| format!("--jobs {n:?}: expected a number of jobs"))?,
+                );
+            }
             "--hold" => args.hold = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -144,7 +159,14 @@ async fn run(args: Args) -> Result<()> {
         let permits = free_slots(&slots, args.concurrency).await?;
         let jobs = protocol::fetch(&mut conn.clone(), &fetch, list.as_deref(), permits.len()).await?;
         if jobs.is_empty() {
-            break;
+            match args.jobs {
+                Some(want) if fetched < want => {
+                    drop(permits);
+                    tokio::time::sleep(EMPTY_POLL).await;
+                    continue;
+                }
+                _ => break,
+            }
         }
         fetched += jobs.len() as u64;
         for (raw, permit) in jobs.into_iter().zip(permits) {

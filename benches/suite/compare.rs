@@ -63,7 +63,8 @@ pub fn comparisons(rows: &[Row]) -> Vec<Comparison> {
     let same =
         |a: &Row, b: &Row| (a.workload, a.fetch, a.concurrency, a.jobs) == (b.workload, b.fetch, b.concurrency, b.jobs);
     rows.iter()
-        .filter(|r| r.processor == Processor::Wasmjobs)
+        // The memory cases have a section of their own.
+        .filter(|r| r.processor == Processor::Wasmjobs && !r.workload.held())
         .filter_map(|wasm| {
             let native = rows
                 .iter()

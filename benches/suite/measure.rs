@@ -14,6 +14,12 @@
 //! per-thread counters (`/proc/PID/task/*/schedstat`) of the worker, of
 //! `redis-server` and of the HTTP server's threads (its own runtime, in this
 //! process), over the same window, and reported per job.
+//!
+//! Memory cases (`http-held`, `http2-held`) run differently: the worker
+//! starts on an empty queue (idle memory), C jobs are pushed whose GET the
+//! server holds open, and once it holds all C the worker's RSS, PSS and
+//! mappings are read ([`crate::memory`]) before the server answers them
+//! and the jobs are checked as above.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -31,6 +37,7 @@ use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
 
+use crate::memory;
 use crate::plan::{Case, Fetch, Processor, Workload};
 
 /// The name prefix of the HTTP server's threads (its own runtime), so its
@@ -39,6 +46,10 @@ pub const HTTP_THREADS: &str = "bench-http";
 
 /// No progress for this long ends a drain as stalled (and reports the loss).
 const STALL: Duration = Duration::from_secs(60);
+/// Longest a memory case may take to get all its jobs in flight.
+const FILL_DEADLINE: Duration = Duration::from_secs(180);
+/// How many of the largest mappings a memory case reports.
+const LARGEST_MAPPINGS: usize = 5;
 
 /// CPU per job, µs (user + system, from the threads' schedstat), by process.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -96,6 +107,8 @@ pub struct Row {
     pub lost: u64,
     /// Everything the checks found wrong (empty when every job is accounted for).
     pub problems: Vec<String>,
+    /// Memory cases: the worker's memory idle and with every job in flight.
+    pub memory: Option<memory::Held>,
 }
 
 /// The servers and binaries every case uses.
@@ -123,6 +136,9 @@ impl Bench {
     pub async fn run(&mut self, case: &Case) -> Result<Row> {
         if case.workload == Workload::Idle {
             return self.idle(case).await;
+        }
+        if case.workload.held() {
+            return self.held(case).await;
         }
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
@@ -229,6 +245,87 @@ impl Bench {
             failed,
             lost,
             problems,
+            memory: None,
+        })
+    }
+
+    /// A memory case: the worker starts on an empty queue and its memory is
+    /// read (idle); then C jobs are pushed whose GET the server holds
+    /// (`/gate`), and once the server holds all C the memory is read again
+    /// with the mappings by kind; then the gate opens, the jobs finish and
+    /// are checked as in any case. wasmjobs runs without
+    /// `--exit-when-empty` (it would exit on the empty queue) and is
+    /// stopped once every job is processed; the native twin takes exactly
+    /// C jobs (`--jobs`).
+    async fn held(&mut self, case: &Case) -> Result<Row> {
+        let mut conn = self.redis.conn().await;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        let dir = self.plugin_dir(case.workload)?;
+        let server = self.server(case.workload);
+        let gate = Gate::close(server);
+        let (hits_before, connections_before) = (server.hits(), server.connections());
+        let open_before = server.open_requests();
+        let concurrency = case.concurrency.to_string();
+        let mut runner = match case.processor {
+            Processor::Wasmjobs => self.start(
+                dir.path(),
+                &["--concurrency", &concurrency, "--fetch", case.fetch.flag()],
+            )?,
+            Processor::Native => self.start_native(case)?,
+        };
+        runner.wait_for_log(" running")?;
+        let pid = runner.pid();
+        let idle = memory::read(pid)?;
+        let (threads, cpu_start) = (self.sample_cpu(pid), cpu_ticks(pid));
+        let started = Instant::now();
+        let url = server.url("/gate");
+        push_jobs(&mut conn, case.workload.class(), case.jobs, |_| json!([url])).await?;
+        let mut problems = Vec::new();
+        let want = open_before + case.concurrency as usize;
+        let held = wait_until_held(server, want, &mut runner).await.and_then(|()| {
+            Ok(memory::Held {
+                in_flight: case.jobs,
+                fill_s: started.elapsed().as_secs_f64(),
+                idle,
+                held: memory::read(pid)?,
+                breakdown: memory::read_breakdown(pid, LARGEST_MAPPINGS)?,
+            })
+        });
+        drop(gate);
+        let held = held.map_err(|err| problems.push(format!("{err:#}"))).ok();
+        let (_, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let elapsed = started.elapsed();
+        let cpu_per_job = self.cpu_per_job(pid, &threads, processed + failed);
+        let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
+        let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
+        let stopped = match case.processor {
+            Processor::Wasmjobs => runner.stop().map(drop),
+            Processor::Native => runner.wait_for_log(" stopped").and_then(|()| runner.stop().map(drop)),
+        };
+        if let Err(err) = stopped {
+            problems.push(format!("the runner did not stop cleanly: {err:#}"));
+        }
+        problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
+        let served = (server.hits() - hits_before) as u64;
+        if served != case.jobs {
+            problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));
+        }
+        let secs = elapsed.as_secs_f64();
+        Ok(Row {
+            time_s: secs,
+            start_rss_kb: idle.rss_kb,
+            finish_rss_kb: rss_end,
+            peak_rss_kb: peak,
+            cpu_percent: cpu,
+            jobs_per_sec: processed as f64 / secs,
+            http_connections: Some((server.connections() - connections_before) as u64),
+            cpu_per_job,
+            processed,
+            failed,
+            lost: case.jobs.saturating_sub(processed + failed),
+            problems,
+            memory: held,
+            ..empty_row(case)
         })
     }
 
@@ -279,13 +376,25 @@ impl Bench {
         Ok(dir)
     }
 
-    /// The native baseline for `case`.
+    /// The HTTP server `workload`'s jobs call.
+    fn server(&self, workload: Workload) -> &HttpServer {
+        if workload.h2() { &self.http2 } else { &self.http }
+    }
+
+    /// The native baseline for `case` (memory cases: it waits for exactly
+    /// N jobs, as they are pushed after it started).
     fn start_native(&self, case: &Case) -> Result<RunnerProcess> {
+        let jobs = case.jobs.to_string();
         RunnerProcess::spawn(
             std::process::Command::new(&self.native)
                 .args(["--redis", &self.redis.url(), "--fetch", case.fetch.flag(), "--hold"])
                 .args(["--concurrency", &case.concurrency.to_string()])
-                .args(case.workload.h2().then_some("--h2")),
+                .args(case.workload.h2().then_some("--h2"))
+                .args(if case.workload.held() {
+                    vec!["--jobs", &jobs]
+                } else {
+                    vec![]
+                }),
         )
     }
 
@@ -352,6 +461,23 @@ fn with_h2_rule(manifest: &str) -> Result<String> {
     Ok(out)
 }
 
+/// The server's `/gate`, shut for a memory case and opened again when
+/// dropped (however the case ends), so no request is left held.
+struct Gate<'a>(&'a HttpServer);
+
+impl<'a> Gate<'a> {
+    fn close(server: &'a HttpServer) -> Self {
+        server.close_gate();
+        Self(server)
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        self.0.open_gate();
+    }
+}
+
 /// Per-thread CPU counters (ns) at the start of a measured window.
 struct ThreadCpu {
     runner: std::collections::HashMap<u32, u64>,
@@ -391,6 +517,7 @@ pub fn empty_row(case: &Case) -> Row {
         failed: 0,
         lost: case.jobs,
         problems: Vec::new(),
+        memory: None,
     }
 }
 
@@ -420,6 +547,28 @@ async fn wait_until_done(
             last_move = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Polls the server every 10 ms until it holds `want` requests open;
+/// fails when the worker exits or after [`FILL_DEADLINE`].
+async fn wait_until_held(server: &HttpServer, want: usize, runner: &mut RunnerProcess) -> Result<()> {
+    let deadline = Instant::now() + FILL_DEADLINE;
+    loop {
+        let open = server.open_requests();
+        if open >= want {
+            return Ok(());
+        }
+        if runner.has_exited() {
+            bail!(
+                "the worker exited with {open} of {want} requests held: {}",
+                runner.log()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("only {open} of {want} requests were held at once after {FILL_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
