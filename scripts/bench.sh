@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The benchmark suite: every workload of the seed report (noop, HTTP, pg
-# sleep, file append, fib, idle) through Redis and `wasmjobs run
-# --exit-when-empty`, with its own redis-server, PostgreSQL and 200 ms HTTP
-# server on loopback. Writes benches/results/<date>-<host>[-quick].md, the
+# sleep, file append, fib, idle), plus HTTP over HTTP/2, through Redis and
+# `wasmjobs run --exit-when-empty`, with its own redis-server, PostgreSQL
+# and 200 ms HTTP servers (HTTP/1.1 and HTTP/2) on loopback. Writes benches/results/<date>-<host>[-quick].md, the
 # JSON beside it and three SVG charts.
 #
-# Usage: scripts/bench.sh [--quick] [--only noop,http,pg-sleep,file-append,fib,idle]
+# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,pg-sleep,file-append,fib,idle]
 #   --quick  a reduced set, under 5 minutes on a 2-core machine
 #   (default) the full set, about 25 minutes on a 2-core machine
 #

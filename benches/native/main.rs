@@ -4,7 +4,7 @@
 //! design on this machine, measured in the same run as wasmjobs.
 //!
 //! ```text
-//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--hold]
+//! wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--jobs N] [--hold]
 //! ```
 //!
 //! The same jobs, the same Redis, the same protocol:
@@ -20,8 +20,10 @@
 //!   `HttpGetJob` GETs its first argument with the client stack the runner's
 //!   host uses (hyper 1 through hyper-util's pooled legacy client and
 //!   hyper-rustls, HTTP/1.1 keep-alive, `TCP_NODELAY`, as many idle
-//!   connections per host as the concurrency) and reads the body to the
-//!   end; a non-2xx status fails the job. Any other class fails.
+//!   connections per host as the concurrency; with `--h2`, HTTP/2 with
+//!   prior knowledge, as for a manifest rule with `h2 = true`) and reads
+//!   the body to the end; a non-2xx status fails the job. Any other class
+//!   fails.
 //! - **Ack** ([`protocol::ack`]): one writer drains what has finished (up
 //!   to 1,000) into one `MULTI`: `LREM` per job from the in-progress list
 //!   (reliable), the `stat:processed` / `stat:failed` counters and their
@@ -30,8 +32,10 @@
 //! Left out, so the baseline is a floor: the heartbeat, the in-flight
 //! table, metrics, retries (a failure is only counted), the blocking wait
 //! of an empty queue (the worker stops at the first empty fetch, once its
-//! jobs are acked: it exists to drain a queue filled beforehand), and
-//! orphan recovery (it does not register its list).
+//! jobs are acked: it exists to drain a queue filled beforehand; with
+//! `--jobs N` it polls an empty queue every few milliseconds until it has
+//! taken N jobs, so the suite can read its memory before any job arrives),
+//! and orphan recovery (it does not register its list).
 //!
 //! Logs " running" on stderr when connected, and a " stopped" summary line
 //! once every job it took is acked. With `--hold` it then waits for
@@ -52,16 +56,22 @@ use protocol::Done;
 #[global_allocator]
 static ALLOCATOR: wasmjobs::Allocator = wasmjobs::Allocator;
 
-const USAGE: &str = "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--hold]";
+const USAGE: &str =
+    "usage: wasmjobs-native --redis URL [--concurrency C] [--fetch reliable|basic] [--h2] [--jobs N] [--hold]";
 
 /// How long the fetch loop waits for a batch's worth of free slots (the
 /// runner's `LINGER`).
 const LINGER: Duration = Duration::from_millis(1);
+/// With `--jobs N`: how long to wait before fetching again from a queue
+/// that was empty while fewer than N jobs were taken.
+const EMPTY_POLL: Duration = Duration::from_millis(5);
 
 struct Args {
     redis: String,
     concurrency: usize,
     reliable: bool,
+    h2: bool,
+    jobs: Option<u64>,
     hold: bool,
 }
 
@@ -70,6 +80,8 @@ fn parse_args() -> Result<Args> {
         redis: "redis://127.0.0.1:6379".into(),
         concurrency: 10,
         reliable: true,
+        h2: false,
+        jobs: None,
         hold: false,
     };
     let mut argv = std::env::args().skip(1);
@@ -92,6 +104,14 @@ fn parse_args() -> Result<Args> {
                     "basic" => false,
                     other => bail!("--fetch {other:?}: expected reliable or basic"),
                 }
+            }
+            "--h2" => args.h2 = true,
+            "--jobs" => {
+                let n = value()?;
+                args.jobs = Some(
+                    n.parse()
+                        .with_context(|| format!("--jobs {n:?}: expected a number of jobs"))?,
+                );
             }
             "--hold" => args.hold = true,
             "-h" | "--help" => {
@@ -122,15 +142,16 @@ async fn run(args: Args) -> Result<()> {
     let list = args
         .reliable
         .then(|| format!("wasmjobs:inprogress:native-{}", std::process::id()));
-    let http = Arc::new(work::http_client(args.concurrency));
+    let http = Arc::new(work::http_client(args.concurrency, args.h2));
     let (tx, rx) = mpsc::channel::<Done>(args.concurrency.max(protocol::MAX_ACK_BATCH));
     let writer = tokio::spawn(protocol::write_acks(conn.clone(), list.clone(), rx));
     let slots = Arc::new(Semaphore::new(args.concurrency));
     let fetch = redis::Script::new(protocol::FETCH);
     eprintln!(
-        "wasmjobs-native running (concurrency {}, {} fetch)",
+        "wasmjobs-native running (concurrency {}, {} fetch, HTTP/{})",
         args.concurrency,
-        if args.reliable { "reliable" } else { "basic" }
+        if args.reliable { "reliable" } else { "basic" },
+        if args.h2 { "2" } else { "1.1" }
     );
     let started = Instant::now();
     let mut fetched = 0u64;
@@ -138,7 +159,14 @@ async fn run(args: Args) -> Result<()> {
         let permits = free_slots(&slots, args.concurrency).await?;
         let jobs = protocol::fetch(&mut conn.clone(), &fetch, list.as_deref(), permits.len()).await?;
         if jobs.is_empty() {
-            break;
+            match args.jobs {
+                Some(want) if fetched < want => {
+                    drop(permits);
+                    tokio::time::sleep(EMPTY_POLL).await;
+                    continue;
+                }
+                _ => break,
+            }
         }
         fetched += jobs.len() as u64;
         for (raw, permit) in jobs.into_iter().zip(permits) {

@@ -1,5 +1,7 @@
 //! What a job does, natively: `NoopJob` nothing, `HttpGetJob` one GET with
-//! the client stack of the runner's host (`runtime/src/host/http/client.rs`).
+//! the client stack of the runner's host (`runtime/src/host/http/client.rs`),
+//! over HTTP/1.1 keep-alive or, with `--h2`, over HTTP/2 with prior
+//! knowledge (the runner's pool for an `h2 = true` rule).
 
 use std::time::Duration;
 
@@ -16,13 +18,15 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// The runner's default idle connections per host, raised to the concurrency.
 const IDLE_PER_HOST: usize = 1024;
 
-/// The pooled HTTP/1.1 client, built as the runner's host builds its
-/// *open* pool (the one a `127.0.0.1` rule uses).
+/// The pooled client, built as the runner's host builds its *open* pools
+/// (the ones a `127.0.0.1` rule uses).
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// A client keeping as many idle connections per host as `concurrency`
-/// (at least 1,024), as the runner's executor sets it.
-pub fn http_client(concurrency: usize) -> HttpClient {
+/// (at least 1,024), as the runner's executor sets it; with `h2`, plain
+/// `http://` speaks HTTP/2 with prior knowledge (`http2_only`), as the
+/// runner's pool for an `h2 = true` rule does.
+pub fn http_client(concurrency: usize, h2: bool) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -30,11 +34,12 @@ pub fn http_client(concurrency: usize) -> HttpClient {
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_webpki_roots()
         .https_or_http()
-        .enable_http1()
+        .enable_all_versions()
         .wrap_connector(http);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(IDLE_PER_HOST.max(concurrency))
+        .http2_only(h2)
         .build(connector)
 }
 

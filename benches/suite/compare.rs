@@ -63,7 +63,8 @@ pub fn comparisons(rows: &[Row]) -> Vec<Comparison> {
     let same =
         |a: &Row, b: &Row| (a.workload, a.fetch, a.concurrency, a.jobs) == (b.workload, b.fetch, b.concurrency, b.jobs);
     rows.iter()
-        .filter(|r| r.processor == Processor::Wasmjobs)
+        // The memory cases have a section of their own.
+        .filter(|r| r.processor == Processor::Wasmjobs && !r.workload.held())
         .filter_map(|wasm| {
             let native = rows
                 .iter()
@@ -149,8 +150,9 @@ pub fn markdown(md: &mut String, comparisons: &[Comparison]) -> std::fmt::Result
         md,
         "\nThe native baseline (`benches/native/`) takes the same jobs from the same Redis with the \
          same fetch script, slot batching and batched `MULTI` acks, and does the same work in plain \
-         Rust with the same HTTP client stack (hyper-util's pooled client, HTTP/1.1 keep-alive): no \
-         Wasm, no heartbeat, no metrics. ÷ is wasmjobs ÷ native (1.00 = the design's limit on this \
+         Rust with the same HTTP client stack (hyper-util's pooled client, HTTP/1.1 keep-alive; for \
+         http2, HTTP/2 with prior knowledge, as wasmjobs for an `h2 = true` rule): no Wasm, no \
+         heartbeat, no metrics. ÷ is wasmjobs ÷ native (1.00 = the design's limit on this \
          machine). CPU is user + system per job over the timed window (per-thread schedstat) of the \
          worker, `redis-server` and the HTTP server's threads, wasmjobs / native; HTTP connections \
          are those the server accepted during the case."
@@ -185,7 +187,7 @@ mod tests {
                 redis: Some(5.0),
                 http_server: 20.0,
             }),
-            http_connections: (case.workload == Workload::Http).then_some(100),
+            http_connections: case.workload.http().then_some(100),
             problems: Vec::new(),
             lost: 0,
             ..empty_row(case)

@@ -7,17 +7,18 @@
 //! wasmjobs-bench --wasmjobs target/release/wasmjobs [--native PATH] [--quick] [--only noop,http] [--out DIR]
 //! ```
 //!
-//! It starts its own `redis-server`, PostgreSQL (for `pg-sleep`) and a
-//! 200 ms HTTP server on loopback (on its own runtime, so its CPU can be
-//! counted); see [`plan`] for the cases, [`measure`] for how one is timed
-//! and checked, and [`output`] for the report. Noop and HTTP cases also run
-//! through the native baseline, `wasmjobs-native` (built beside this
-//! binary), and the report divides wasmjobs by it. Exits non-zero when any
-//! job was lost or failed.
+//! It starts its own `redis-server`, PostgreSQL (for `pg-sleep`) and two
+//! 200 ms HTTP servers on loopback, one HTTP/1.1 and one HTTP/2-only (both
+//! on their own runtime, so their CPU can be counted); see [`plan`] for the
+//! cases, [`measure`] for how one is timed and checked, and [`output`] for
+//! the report. Noop and HTTP cases also run through the native baseline,
+//! `wasmjobs-native` (built beside this binary), and the report divides
+//! wasmjobs by it. Exits non-zero when any job was lost or failed.
 
 mod chart;
 mod compare;
 mod measure;
+mod memory;
 mod output;
 mod plan;
 
@@ -34,7 +35,14 @@ use measure::{Bench, Row};
 use output::{Machine, Native, Results};
 use plan::Workload;
 
-const USAGE: &str = "usage: wasmjobs-bench --wasmjobs PATH [--native PATH] [--quick] [--only noop,http,pg-sleep,file-append,fib,idle] [--out DIR]";
+const USAGE: &str = "usage: wasmjobs-bench --wasmjobs PATH [--native PATH] [--quick] [--only noop,http,http2,http-held,http2-held,pg-sleep,file-append,fib,idle] [--out DIR]";
+
+/// Concurrent streams the HTTP/2 server allows per connection: more than
+/// the largest concurrency, so all of a case's requests may share one
+/// connection and the server's limit is never what is measured (hyper's
+/// default is 200, and the clients open no second connection when a
+/// connection's streams are used up).
+const H2_MAX_STREAMS: u32 = 100_000;
 
 struct Args {
     wasmjobs: PathBuf,
@@ -112,6 +120,7 @@ fn main() -> Result<()> {
         data_dir: repo.join("target/wasmjobs-bench-data"),
         redis,
         http: http_rt.block_on(HttpServer::start(Duration::from_millis(200))),
+        http2: http_rt.block_on(HttpServer::start_h2(Duration::from_millis(200), H2_MAX_STREAMS)),
         redis_pid,
         postgres: None,
     };

@@ -14,12 +14,18 @@
 //! per-thread counters (`/proc/PID/task/*/schedstat`) of the worker, of
 //! `redis-server` and of the HTTP server's threads (its own runtime, in this
 //! process), over the same window, and reported per job.
+//!
+//! Memory cases (`http-held`, `http2-held`) run differently: the worker
+//! starts on an empty queue (idle memory), C jobs are pushed whose GET the
+//! server holds open, and once it holds all C the worker's RSS, PSS and
+//! mappings are read ([`crate::memory`]) before the server answers them
+//! and the jobs are checked as above.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use redis::AsyncCommands;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -31,6 +37,7 @@ use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
 
+use crate::memory;
 use crate::plan::{Case, Fetch, Processor, Workload};
 
 /// The name prefix of the HTTP server's threads (its own runtime), so its
@@ -39,6 +46,10 @@ pub const HTTP_THREADS: &str = "bench-http";
 
 /// No progress for this long ends a drain as stalled (and reports the loss).
 const STALL: Duration = Duration::from_secs(60);
+/// Longest a memory case may take to get all its jobs in flight.
+const FILL_DEADLINE: Duration = Duration::from_secs(180);
+/// How many of the largest mappings a memory case reports.
+const LARGEST_MAPPINGS: usize = 5;
 
 /// CPU per job, µs (user + system, from the threads' schedstat), by process.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -96,6 +107,8 @@ pub struct Row {
     pub lost: u64,
     /// Everything the checks found wrong (empty when every job is accounted for).
     pub problems: Vec<String>,
+    /// Memory cases: the worker's memory idle and with every job in flight.
+    pub memory: Option<memory::Held>,
 }
 
 /// The servers and binaries every case uses.
@@ -108,8 +121,10 @@ pub struct Bench {
     pub data_dir: PathBuf,
     /// The suite's own Redis.
     pub redis: TestRedis,
-    /// The 200 ms endpoint, served by threads named [`HTTP_THREADS`].
+    /// The 200 ms endpoint over HTTP/1.1, served by threads named [`HTTP_THREADS`].
     pub http: HttpServer,
+    /// The same over HTTP/2 only (prior knowledge), on the same runtime.
+    pub http2: HttpServer,
     /// `redis-server`'s pid, for its CPU.
     pub redis_pid: Option<u32>,
     /// Started on first use by a `pg-sleep` case.
@@ -122,13 +137,18 @@ impl Bench {
         if case.workload == Workload::Idle {
             return self.idle(case).await;
         }
+        if case.workload.held() {
+            return self.held(case).await;
+        }
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
-        let dir = self.plugin_dir(case.workload);
+        let dir = self.plugin_dir(case.workload)?;
         let plugins = dir.path().to_path_buf();
-        let url = self.http.url("/sleep");
+        // The server the jobs call (a field borrow: `self.postgres` may start below).
+        let server = if case.workload.h2() { &self.http2 } else { &self.http };
+        let url = server.url("/sleep");
         push_jobs(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
-            Workload::Http => json!([url]),
+            Workload::Http | Workload::Http2 => json!([url]),
             Workload::FileAppend => json!(["bench.txt", i]),
             Workload::Fib => json!([25]),
             _ => json!([]),
@@ -153,7 +173,7 @@ impl Bench {
             db = format!("main={}?pool={}", postgres.url("postgres"), case.concurrency);
             extra.extend(["--db", &db]);
         }
-        let (hits_before, connections_before) = (self.http.hits(), self.http.connections());
+        let (hits_before, connections_before) = (server.hits(), server.connections());
         let mut runner = match case.processor {
             Processor::Wasmjobs => self.start(&plugins, &extra)?,
             Processor::Native => self.start_native(case)?,
@@ -183,8 +203,8 @@ impl Bench {
         let lost = case.jobs.saturating_sub(processed + failed);
         problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
         match case.workload {
-            Workload::Http => {
-                let served = (self.http.hits() - hits_before) as u64;
+            Workload::Http | Workload::Http2 => {
+                let served = (server.hits() - hits_before) as u64;
                 if served != case.jobs {
                     problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));
                 }
@@ -214,8 +234,10 @@ impl Bench {
             jobs_per_sec: processed as f64 / secs,
             floor_s,
             efficiency: floor_s.map(|floor| floor / secs),
-            http_connections: (case.workload == Workload::Http)
-                .then(|| (self.http.connections() - connections_before) as u64),
+            http_connections: case
+                .workload
+                .http()
+                .then(|| (server.connections() - connections_before) as u64),
             cpu_per_job,
             exec_p50_ms,
             exec_p99_ms,
@@ -223,6 +245,87 @@ impl Bench {
             failed,
             lost,
             problems,
+            memory: None,
+        })
+    }
+
+    /// A memory case: the worker starts on an empty queue and its memory is
+    /// read (idle); then C jobs are pushed whose GET the server holds
+    /// (`/gate`), and once the server holds all C the memory is read again
+    /// with the mappings by kind; then the gate opens, the jobs finish and
+    /// are checked as in any case. wasmjobs runs without
+    /// `--exit-when-empty` (it would exit on the empty queue) and is
+    /// stopped once every job is processed; the native twin takes exactly
+    /// C jobs (`--jobs`).
+    async fn held(&mut self, case: &Case) -> Result<Row> {
+        let mut conn = self.redis.conn().await;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        let dir = self.plugin_dir(case.workload)?;
+        let server = self.server(case.workload);
+        let gate = Gate::close(server);
+        let (hits_before, connections_before) = (server.hits(), server.connections());
+        let open_before = server.open_requests();
+        let concurrency = case.concurrency.to_string();
+        let mut runner = match case.processor {
+            Processor::Wasmjobs => self.start(
+                dir.path(),
+                &["--concurrency", &concurrency, "--fetch", case.fetch.flag()],
+            )?,
+            Processor::Native => self.start_native(case)?,
+        };
+        runner.wait_for_log(" running")?;
+        let pid = runner.pid();
+        let idle = memory::read(pid)?;
+        let (threads, cpu_start) = (self.sample_cpu(pid), cpu_ticks(pid));
+        let started = Instant::now();
+        let url = server.url("/gate");
+        push_jobs(&mut conn, case.workload.class(), case.jobs, |_| json!([url])).await?;
+        let mut problems = Vec::new();
+        let want = open_before + case.concurrency as usize;
+        let held = wait_until_held(server, want, &mut runner).await.and_then(|()| {
+            Ok(memory::Held {
+                in_flight: case.jobs,
+                fill_s: started.elapsed().as_secs_f64(),
+                idle,
+                held: memory::read(pid)?,
+                breakdown: memory::read_breakdown(pid, LARGEST_MAPPINGS)?,
+            })
+        });
+        drop(gate);
+        let held = held.map_err(|err| problems.push(format!("{err:#}"))).ok();
+        let (_, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let elapsed = started.elapsed();
+        let cpu_per_job = self.cpu_per_job(pid, &threads, processed + failed);
+        let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
+        let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
+        let stopped = match case.processor {
+            Processor::Wasmjobs => runner.stop().map(drop),
+            Processor::Native => runner.wait_for_log(" stopped").and_then(|()| runner.stop().map(drop)),
+        };
+        if let Err(err) = stopped {
+            problems.push(format!("the runner did not stop cleanly: {err:#}"));
+        }
+        problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
+        let served = (server.hits() - hits_before) as u64;
+        if served != case.jobs {
+            problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));
+        }
+        let secs = elapsed.as_secs_f64();
+        Ok(Row {
+            time_s: secs,
+            start_rss_kb: idle.rss_kb,
+            finish_rss_kb: rss_end,
+            peak_rss_kb: peak,
+            cpu_percent: cpu,
+            jobs_per_sec: processed as f64 / secs,
+            http_connections: Some((server.connections() - connections_before) as u64),
+            cpu_per_job,
+            processed,
+            failed,
+            lost: case.jobs.saturating_sub(processed + failed),
+            problems,
+            memory: held,
+            ..empty_row(case)
         })
     }
 
@@ -231,7 +334,7 @@ impl Bench {
         let mut conn = self.redis.conn().await;
         redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
         let concurrency = case.concurrency.to_string();
-        let dir = self.plugin_dir(case.workload);
+        let dir = self.plugin_dir(case.workload)?;
         let mut runner = self.start(dir.path(), &["--concurrency", &concurrency])?;
         runner.wait_for_log(" running")?;
         let pid = runner.pid();
@@ -259,17 +362,39 @@ impl Bench {
     /// A private plugins directory holding only `workload`'s plugin: the
     /// runner is measured with the job under test loaded, not every example
     /// (the Python and JS ones alone hold ~300 MB once loaded), and the file
-    /// workload gets a fresh `data/`.
-    fn plugin_dir(&self, workload: Workload) -> tempfile::TempDir {
-        wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[])
+    /// workload gets a fresh `data/`. For HTTP/2 workloads the copy's
+    /// manifest grants loopback with `h2 = true`, so the runner speaks
+    /// HTTP/2 with prior knowledge to the suite's HTTP/2-only server.
+    fn plugin_dir(&self, workload: Workload) -> Result<tempfile::TempDir> {
+        let dir = wasmjobs_e2e::runner::plugins(&[workload.plugin()], &[]);
+        if workload.h2() {
+            let manifest = dir.path().join(workload.plugin()).join("wasmjobs.toml");
+            let text = std::fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+            std::fs::write(&manifest, with_h2_rule(&text)?)
+                .with_context(|| format!("writing {}", manifest.display()))?;
+        }
+        Ok(dir)
     }
 
-    /// The native baseline for `case`.
+    /// The HTTP server `workload`'s jobs call.
+    fn server(&self, workload: Workload) -> &HttpServer {
+        if workload.h2() { &self.http2 } else { &self.http }
+    }
+
+    /// The native baseline for `case` (memory cases: it waits for exactly
+    /// N jobs, as they are pushed after it started).
     fn start_native(&self, case: &Case) -> Result<RunnerProcess> {
+        let jobs = case.jobs.to_string();
         RunnerProcess::spawn(
             std::process::Command::new(&self.native)
                 .args(["--redis", &self.redis.url(), "--fetch", case.fetch.flag(), "--hold"])
-                .args(["--concurrency", &case.concurrency.to_string()]),
+                .args(["--concurrency", &case.concurrency.to_string()])
+                .args(case.workload.h2().then_some("--h2"))
+                .args(if case.workload.held() {
+                    vec!["--jobs", &jobs]
+                } else {
+                    vec![]
+                }),
         )
     }
 
@@ -307,6 +432,49 @@ impl Bench {
             extra,
             "warn,wasmjobs::runner::launcher=info",
         )
+    }
+}
+
+/// `manifest` (the http-get plugin's) with its `[http]` rule replaced by
+/// one granting loopback over HTTP/2 with prior knowledge.
+fn with_h2_rule(manifest: &str) -> Result<String> {
+    const RULE: &str = r#"allow = [{ host = "127.0.0.1:*", h2 = true }]"#;
+    let mut in_http = false;
+    let mut replaced = false;
+    let mut out = String::with_capacity(manifest.len() + RULE.len());
+    for line in manifest.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            in_http = trimmed.starts_with("[http]");
+        }
+        if in_http && trimmed.starts_with("allow") && trimmed.contains('=') {
+            out.push_str(RULE);
+            replaced = true;
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if !replaced {
+        bail!("the manifest has no one-line `allow = [...]` under [http] to replace:\n{manifest}");
+    }
+    Ok(out)
+}
+
+/// The server's `/gate`, shut for a memory case and opened again when
+/// dropped (however the case ends), so no request is left held.
+struct Gate<'a>(&'a HttpServer);
+
+impl<'a> Gate<'a> {
+    fn close(server: &'a HttpServer) -> Self {
+        server.close_gate();
+        Self(server)
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        self.0.open_gate();
     }
 }
 
@@ -349,6 +517,7 @@ pub fn empty_row(case: &Case) -> Row {
         failed: 0,
         lost: case.jobs,
         problems: Vec::new(),
+        memory: None,
     }
 }
 
@@ -378,6 +547,28 @@ async fn wait_until_done(
             last_move = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Polls the server every 10 ms until it holds `want` requests open;
+/// fails when the worker exits or after [`FILL_DEADLINE`].
+async fn wait_until_held(server: &HttpServer, want: usize, runner: &mut RunnerProcess) -> Result<()> {
+    let deadline = Instant::now() + FILL_DEADLINE;
+    loop {
+        let open = server.open_requests();
+        if open >= want {
+            return Ok(());
+        }
+        if runner.has_exited() {
+            bail!(
+                "the worker exited with {open} of {want} requests held: {}",
+                runner.log()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("only {open} of {want} requests were held at once after {FILL_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -445,4 +636,35 @@ fn execution_percentiles(summary: &Path) -> (Option<f64>, Option<f64>) {
         .cloned()
         .unwrap_or(Value::Null);
     (execution["p50"].as_f64(), execution["p99"].as_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmjobs::plugin::manifest::Manifest;
+
+    #[test]
+    fn the_h2_copy_of_the_http_get_manifest_grants_loopback_over_http2() {
+        let path = wasmjobs_e2e::guests::repo_root().join("plugins/http-get/wasmjobs.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let before = Manifest::parse(&path, &text).unwrap();
+        let grant = before.http_allow.grant("http", "127.0.0.1", 8080).unwrap();
+        assert!(grant.private && !grant.h2, "the example speaks HTTP/1.1");
+
+        let h2 = with_h2_rule(&text).unwrap();
+        let after = Manifest::parse(&path, &h2).unwrap();
+        let grant = after.http_allow.grant("http", "127.0.0.1", 8080).unwrap();
+        assert!(grant.private && grant.h2, "{h2}");
+        assert_eq!(after.classes, before.classes);
+    }
+
+    #[test]
+    fn a_manifest_without_an_allow_line_is_refused() {
+        let err = with_h2_rule("component = \"x.wasm\"\n[http]\n").unwrap_err();
+        assert!(err.to_string().contains("no one-line `allow"), "{err}");
+        assert!(
+            with_h2_rule("[files]\nallow = 1\n").is_err(),
+            "only [http]'s allow is replaced"
+        );
+    }
 }

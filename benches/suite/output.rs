@@ -1,9 +1,11 @@
 //! The suite's report: per-workload tables in the seed report's shape
 //! (Job processor, Concurrency, Jobs, Time, Start RSS, Finish RSS, %CPU,
-//! then jobs/s, IO efficiency and execution p50 / p99), the targets of
-//! issues 7 and 15 with the measured figure beside each, the loss checks,
-//! wasmjobs ÷ the native baseline ([`crate::compare`]), and three SVG
-//! charts. Written as `<stem>.md`, `<stem>.json` and `<stem>-*.svg`.
+//! then jobs/s, IO efficiency and execution p50 / p99; HTTP adds the
+//! server's connection count), the targets of issues 7 and 15 with the
+//! measured figure beside each, the loss checks, wasmjobs ÷ the native
+//! baseline ([`crate::compare`]), the memory per in-flight job with its
+//! mappings by kind ([`crate::memory`]), and three SVG charts. Written as
+//! `<stem>.md`, `<stem>.json` and `<stem>-*.svg`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -152,7 +154,7 @@ impl Results {
         for (name, _) in charts(&self.rows) {
             writeln!(md, "![{name}]({stem}-{name}.svg)")?;
         }
-        for workload in Workload::ALL {
+        for workload in Workload::ALL.into_iter().filter(|w| !w.held()) {
             let rows: Vec<&Row> = self.rows.iter().filter(|r| r.workload == workload).collect();
             if rows.is_empty() {
                 continue;
@@ -160,6 +162,7 @@ impl Results {
             writeln!(md, "\n## {}\n", heading(workload))?;
             table(&mut md, workload, &rows, self.native)?;
         }
+        memory_section(&mut md, &self.rows)?;
         Ok(md)
     }
 }
@@ -167,7 +170,10 @@ impl Results {
 fn heading(workload: Workload) -> &'static str {
     match workload {
         Workload::Noop => "Noop (`NoopJob`)",
-        Workload::Http => "HTTP GET of a 200 ms endpoint (`HttpGetJob`)",
+        Workload::Http => "HTTP GET of a 200 ms endpoint (`HttpGetJob`), HTTP/1.1",
+        Workload::Http2 => "HTTP GET of a 200 ms endpoint (`HttpGetJob`), HTTP/2 with prior knowledge",
+        Workload::HttpHeld => "Memory per in-flight job: `HttpGetJob`s held open by the server, HTTP/1.1",
+        Workload::Http2Held => "Memory per in-flight job: `HttpGetJob`s held open by the server, HTTP/2",
         Workload::PgSleep => "PostgreSQL `SELECT pg_sleep(0.1)` (`PgSleepJob`)",
         Workload::FileAppend => "File append (`FileAppendJob`)",
         Workload::Fib => "CPU: fib(25) (`FibJob`)",
@@ -197,15 +203,26 @@ fn table(md: &mut String, workload: Workload, rows: &[&Row], native: Option<Nati
         }
         return Ok(());
     }
+    // HTTP workloads add the connections the server accepted.
+    let (conns_head, conns_rule) = if workload.http() {
+        (" HTTP conns |", "--:|")
+    } else {
+        ("", "")
+    };
     writeln!(
         md,
-        "| Job processor | Concurrency | Jobs | Time | Start RSS | Finish RSS | Peak RSS | %CPU | Jobs/s | Efficiency | Exec p50 | Exec p99 | Check |"
+        "| Job processor | Concurrency | Jobs | Time | Start RSS | Finish RSS | Peak RSS | %CPU | Jobs/s | Efficiency | Exec p50 | Exec p99 |{conns_head} Check |"
     )?;
-    writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")?;
+    writeln!(md, "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|{conns_rule}---|")?;
     for r in rows {
+        let conns = if workload.http() {
+            format!(" {} |", r.http_connections.map_or("".into(), group))
+        } else {
+            String::new()
+        };
         writeln!(
             md,
-            "| {} | {} | {} | {:.2} sec | {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} sec | {} | {} | {} | {:.1} | {} | {} | {} | {} |{conns} {} |",
             processor(r),
             group(u64::from(r.concurrency)),
             group(r.jobs),
@@ -231,6 +248,131 @@ fn table(md: &mut String, workload: Workload, rows: &[&Row], native: Option<Nati
         )?;
     }
     Ok(())
+}
+
+/// The memory cases: per in-flight job, then where the memory is.
+fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
+    let held: Vec<&Row> = rows.iter().filter(|r| r.workload.held()).collect();
+    let Some(first) = held.first() else {
+        return Ok(());
+    };
+    writeln!(
+        md,
+        "\n## Memory per in-flight `HttpGetJob` (C = {}, every request held open)\n",
+        group(u64::from(first.concurrency))
+    )?;
+    writeln!(
+        md,
+        "| worker | protocol | jobs held | fill-up | idle RSS | idle PSS | held RSS | held PSS | RSS / job | PSS / job | HTTP conns | Check |"
+    )?;
+    writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")?;
+    for r in &held {
+        let check = if r.problems.is_empty() { "ok" } else { "**LOSS**" };
+        let conns = r.http_connections.map_or("".into(), group);
+        match &r.memory {
+            Some(m) => {
+                let (rss, pss) = m.per_job_kb();
+                writeln!(
+                    md,
+                    "| {} | {} | {} | {:.2} s | {} | {} | {} | {} | {rss:.1} KB | {pss:.1} KB | {conns} | {check} |",
+                    r.processor.name(),
+                    protocol(r.workload),
+                    group(m.in_flight),
+                    m.fill_s,
+                    mib(m.idle.rss_kb),
+                    mib(m.idle.pss_kb),
+                    mib(m.held.rss_kb),
+                    mib(m.held.pss_kb),
+                )?;
+            }
+            None => writeln!(
+                md,
+                "| {} | {} | | | | | | | | | {conns} | {check} |",
+                r.processor.name(),
+                protocol(r.workload)
+            )?,
+        }
+    }
+    writeln!(
+        md,
+        "\nThe worker starts on an empty queue; idle is read right after it logs \"running\", before \
+         any job exists. Then C jobs are pushed whose GET the server holds open (`/gate`); once the \
+         server holds all C at once (fill-up: from the first push), RSS (`VmRSS`) and PSS \
+         (`smaps_rollup`) are read, with `/proc/PID/smaps` below; then the server answers them all \
+         and every job is checked as in the other cases. Per job = (held − idle) ÷ C. RSS counts a \
+         page once per mapping of it, so the compiled component's data image, mapped once per \
+         instance, counts C times in RSS but once in PSS."
+    )?;
+    for r in &held {
+        let Some(m) = &r.memory else {
+            continue;
+        };
+        let per_job = |kb: u64| kb as f64 / m.in_flight.max(1) as f64;
+        writeln!(
+            md,
+            "\n### {}, {}: mappings with {} jobs in flight\n",
+            r.processor.name(),
+            protocol(r.workload),
+            group(m.in_flight)
+        )?;
+        writeln!(md, "| kind | mappings | virtual | RSS | PSS | RSS ÷ C | PSS ÷ C |")?;
+        writeln!(md, "|---|--:|--:|--:|--:|--:|--:|")?;
+        for k in &m.breakdown.kinds {
+            writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {:.1} KB | {:.1} KB |",
+                k.kind.label(),
+                group(k.mappings),
+                size(k.size_kb),
+                mib(k.rss_kb),
+                mib(k.pss_kb),
+                per_job(k.rss_kb),
+                per_job(k.pss_kb)
+            )?;
+        }
+        let largest: Vec<String> = m
+            .breakdown
+            .largest
+            .iter()
+            .map(|l| {
+                let name = if l.name.is_empty() {
+                    "anon".to_owned()
+                } else {
+                    format!("`{}`", l.name)
+                };
+                format!(
+                    "{name} {} {} ({}): {} RSS, {} PSS",
+                    l.perms,
+                    size(l.size_kb),
+                    l.kind.short(),
+                    mib(l.rss_kb),
+                    mib(l.pss_kb)
+                )
+            })
+            .collect();
+        writeln!(md, "\nLargest mappings: {}.", largest.join("; "))?;
+    }
+    Ok(())
+}
+
+fn protocol(workload: Workload) -> &'static str {
+    if workload.h2() { "HTTP/2" } else { "HTTP/1.1" }
+}
+
+/// `12.3 MB` (MiB, as the rest of the report).
+fn mib(kb: u64) -> String {
+    format!("{:.1} MB", kb as f64 / 1024.0)
+}
+
+/// A virtual size: KB, MB, GB or TB.
+fn size(kb: u64) -> String {
+    let kb = kb as f64;
+    match kb {
+        kb if kb >= 1024.0 * 1024.0 * 1024.0 => format!("{:.1} TB", kb / 1024.0 / 1024.0 / 1024.0),
+        kb if kb >= 1024.0 * 1024.0 => format!("{:.1} GB", kb / 1024.0 / 1024.0),
+        kb if kb >= 1024.0 => format!("{:.1} MB", kb / 1024.0),
+        kb => format!("{kb:.0} KB"),
+    }
 }
 
 fn processor(row: &Row) -> String {
@@ -305,7 +447,13 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
         &|r| r.workload == Workload::Noop && r.jobs == 100_000 && r.fetch == Fetch::Reliable,
         &mb,
     )];
-    for workload in [Workload::Http, Workload::PgSleep, Workload::FileAppend, Workload::Idle] {
+    for workload in [
+        Workload::Http,
+        Workload::Http2,
+        Workload::PgSleep,
+        Workload::FileAppend,
+        Workload::Idle,
+    ] {
         rss.push(series(workload.name().into(), &|r| r.workload == workload, &mb));
     }
     let efficiency = vec![
@@ -316,6 +464,15 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
             &native,
             "http, native".into(),
             &|r| r.workload == Workload::Http,
+            &|r| r.efficiency.unwrap_or(0.0),
+        ),
+        series("http2 (200 ms)".into(), &|r| r.workload == Workload::Http2, &|r| {
+            r.efficiency.unwrap_or(0.0)
+        }),
+        series_of(
+            &native,
+            "http2, native".into(),
+            &|r| r.workload == Workload::Http2,
             &|r| r.efficiency.unwrap_or(0.0),
         ),
         series("pg-sleep (100 ms)".into(), &|r| r.workload == Workload::PgSleep, &|r| {
@@ -371,6 +528,7 @@ fn short(jobs: u64) -> String {
 /// Issue 7's and issue 15's targets against this run's rows (issue 15's
 /// as ratios to the native baseline of the same run).
 pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>) -> Vec<Target> {
+    let all_rows = rows;
     let rows: Vec<Row> = rows
         .iter()
         .filter(|r| r.processor == Processor::Wasmjobs)
@@ -447,6 +605,14 @@ pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>)
             }),
         ),
         target(
+            "http2, C = 10,000",
+            "peak RSS ≤ 300 MB",
+            find(Workload::Http2, 10_000).map(|r| {
+                let mb = r.peak_rss_kb as f64 / 1024.0;
+                (format!("{mb:.0} MB"), mb <= 300.0)
+            }),
+        ),
+        target(
             "pg sleep, C = 100",
             "efficiency ≥ 0.9",
             find(Workload::PgSleep, 100).map(|r| efficiency(r, 0.9)),
@@ -486,7 +652,57 @@ pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>)
         ),
     ];
     targets.extend(native_targets(comparisons));
+    targets.extend(memory_targets(all_rows, comparisons));
     targets
+}
+
+/// Issue 15's memory targets: per in-flight job from the memory cases,
+/// and the HTTP/1.1 drain's peak RSS at C=10,000 against native's.
+fn memory_targets(rows: &[Row], comparisons: &[Comparison]) -> Vec<Target> {
+    let per_job = |processor: Processor, workload: Workload| {
+        rows.iter()
+            .find(|r| r.processor == processor && r.workload == workload)
+            .and_then(|r| r.memory.as_ref())
+            .map(|m| m.per_job_kb())
+    };
+    let h2 = per_job(Processor::Wasmjobs, Workload::Http2Held);
+    let h1 = per_job(Processor::Wasmjobs, Workload::HttpHeld);
+    let h1_native = per_job(Processor::Native, Workload::HttpHeld);
+    let peak = comparisons
+        .iter()
+        .find(|c| c.workload == Workload::Http && c.concurrency == 10_000);
+    vec![
+        Target {
+            what: "http2, jobs held at C = 10,000: PSS per in-flight job".into(),
+            target: "≤ 30 KB".into(),
+            measured: h2.map_or("".into(), |(_, pss)| format!("{pss:.1} KB")),
+            met: h2.map(|(_, pss)| pss <= 30.0),
+        },
+        Target {
+            what: "http2, jobs held at C = 10,000: RSS per in-flight job".into(),
+            target: "≤ 40 KB".into(),
+            measured: h2.map_or("".into(), |(rss, _)| format!("{rss:.1} KB")),
+            met: h2.map(|(rss, _)| rss <= 40.0),
+        },
+        Target {
+            what: "http, jobs held at C = 10,000: RSS per in-flight job".into(),
+            target: "≤ native's (the connection's cost) + 15 KB".into(),
+            measured: h1.zip(h1_native).map_or("".into(), |((rss, pss), (native, _))| {
+                format!("{rss:.1} KB, PSS {pss:.1} KB (native {native:.1} KB)")
+            }),
+            met: h1.zip(h1_native).map(|((rss, _), (native, _))| rss <= native + 15.0),
+        },
+        Target {
+            what: "http, C = 10,000: peak RSS".into(),
+            target: "≤ native's + 15 KB per in-flight job".into(),
+            measured: peak.map_or("".into(), |c| {
+                format!("{} (native {})", mib(c.peak_rss_kb.wasmjobs), mib(c.peak_rss_kb.native))
+            }),
+            met: peak.map(|c| {
+                c.peak_rss_kb.wasmjobs as f64 <= c.peak_rss_kb.native as f64 + 15.0 * f64::from(c.concurrency)
+            }),
+        },
+    ]
 }
 
 /// Issue 15's targets, each a ratio to the native baseline.
@@ -523,6 +739,12 @@ fn native_targets(comparisons: &[Comparison]) -> Vec<Target> {
             find(Workload::Http, Fetch::Reliable, 10_000),
             |c| c.efficiency_ratio,
         ),
+        ratio_target(
+            "http2 C = 10,000: efficiency (over HTTP/2 both)",
+            0.8,
+            find(Workload::Http2, Fetch::Reliable, 10_000),
+            |c| c.efficiency_ratio,
+        ),
         Target {
             what: "http C = 1,000: runner CPU per job".into(),
             target: "≤ 60 µs".into(),
@@ -532,4 +754,94 @@ fn native_targets(comparisons: &[Comparison]) -> Vec<Target> {
             met: runner_us.map(|cpu| cpu.wasmjobs.runner <= 60.0),
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::empty_row;
+    use crate::memory::{Breakdown, Held, Kind, KindTotal, Memory};
+    use crate::plan::cases;
+
+    /// A memory case's row: `rss` and `pss` KiB per job over an idle 20 MB.
+    fn held_row(case: &crate::plan::Case, rss: u64, pss: u64) -> Row {
+        let idle = Memory {
+            rss_kb: 20_480,
+            pss_kb: 18_432,
+        };
+        Row {
+            processed: case.jobs,
+            lost: 0,
+            http_connections: Some(if case.workload.h2() { 1 } else { case.jobs }),
+            memory: Some(Held {
+                in_flight: case.jobs,
+                fill_s: 1.5,
+                idle,
+                held: Memory {
+                    rss_kb: idle.rss_kb + rss * case.jobs,
+                    pss_kb: idle.pss_kb + pss * case.jobs,
+                },
+                breakdown: Breakdown {
+                    kinds: vec![KindTotal {
+                        kind: Kind::Heap,
+                        mappings: 3,
+                        size_kb: 1 << 20,
+                        rss_kb: rss * case.jobs,
+                        pss_kb: pss * case.jobs,
+                    }],
+                    largest: Vec::new(),
+                },
+            }),
+            ..empty_row(case)
+        }
+    }
+
+    #[test]
+    fn memory_cases_report_per_job_figures_against_the_issue_15_targets() {
+        let plan = cases(true, &[Workload::HttpHeld, Workload::Http2Held]);
+        let rows: Vec<Row> = plan
+            .iter()
+            .map(|case| match (case.processor, case.workload.h2()) {
+                (Processor::Wasmjobs, false) => held_row(case, 40, 30),
+                (Processor::Native, false) => held_row(case, 26, 26),
+                (Processor::Wasmjobs, true) => held_row(case, 41, 29),
+                (Processor::Native, true) => held_row(case, 10, 10),
+            })
+            .collect();
+        let targets = memory_targets(&rows, &[]);
+        let met: Vec<(&str, Option<bool>)> = targets.iter().map(|t| (t.target.as_str(), t.met)).collect();
+        assert_eq!(
+            met,
+            [
+                ("≤ 30 KB", Some(true)),
+                ("≤ 40 KB", Some(false)),
+                ("≤ native's (the connection's cost) + 15 KB", Some(true)),
+                ("≤ native's + 15 KB per in-flight job", None),
+            ]
+        );
+        assert_eq!(targets[2].measured, "40.0 KB, PSS 30.0 KB (native 26.0 KB)");
+
+        let mut md = String::new();
+        memory_section(&mut md, &rows).unwrap();
+        assert!(
+            md.contains("| wasmjobs | HTTP/2 | 10_000 | 1.50 s | 20.0 MB | 18.0 MB | 420.4 MB | 301.2 MB | 41.0 KB | 29.0 KB | 1 | ok |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("### native, HTTP/1.1: mappings with 10_000 jobs in flight"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| anon heap (mimalloc/glibc arenas, [heap]) | 3 | 1.0 GB |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn virtual_sizes_read_in_the_largest_unit() {
+        assert_eq!(size(36), "36 KB");
+        assert_eq!(size(2048), "2.0 MB");
+        assert_eq!(size(6_412_420), "6.1 GB");
+        assert_eq!(size(84_676_346_304), "78.9 TB");
+    }
 }

@@ -1,9 +1,12 @@
 //! What the suite runs: the seed report's workloads
 //! (`../shared/reference/seeds/000_49d14a81a23d6fa0.txt`) as a list of
-//! [`Case`]s, in full or reduced (`--quick`). Every noop and HTTP case
-//! runs twice, back to back: through wasmjobs, then through the native
-//! baseline (`wasmjobs-native`, see `benches/native/main.rs`), so each
-//! figure has its ratio to the design's physical limit from the same run.
+//! [`Case`]s, in full or reduced (`--quick`), plus issue 15's HTTP/2
+//! cases and its memory-per-in-flight-job cases (`http-held`,
+//! `http2-held`: C jobs held open by the server while the worker's RSS and
+//! PSS are read). Every noop and HTTP case runs twice, back to back: through
+//! wasmjobs, then through the native baseline (`wasmjobs-native`, see
+//! `benches/native/main.rs`), so each figure has its ratio to the design's
+//! physical limit from the same run.
 
 use std::time::Duration;
 
@@ -15,8 +18,16 @@ use serde::Serialize;
 pub enum Workload {
     /// `NoopJob`: does nothing; measures the engine's own cost per job.
     Noop,
-    /// `HttpGetJob` against a local endpoint that sleeps 200 ms.
+    /// `HttpGetJob` against a local endpoint that sleeps 200 ms, over HTTP/1.1.
     Http,
+    /// The same against an HTTP/2-only server (prior knowledge): the
+    /// plugin's rule says `h2 = true`, the native twin speaks HTTP/2 too.
+    Http2,
+    /// Memory per in-flight job over HTTP/1.1: C `HttpGetJob`s on a route
+    /// the server holds open until the suite has read the worker's memory.
+    HttpHeld,
+    /// The same over HTTP/2.
+    Http2Held,
     /// `PgSleepJob`: `SELECT pg_sleep(0.1)` on a real PostgreSQL.
     PgSleep,
     /// `FileAppendJob`: appends its id to one file in its preopened dir.
@@ -29,9 +40,12 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in the order the suite runs them.
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 9] = [
         Workload::Noop,
         Workload::Http,
+        Workload::Http2,
+        Workload::HttpHeld,
+        Workload::Http2Held,
         Workload::PgSleep,
         Workload::FileAppend,
         Workload::Fib,
@@ -43,6 +57,9 @@ impl Workload {
         match self {
             Workload::Noop => "noop",
             Workload::Http => "http",
+            Workload::Http2 => "http2",
+            Workload::HttpHeld => "http-held",
+            Workload::Http2Held => "http2-held",
             Workload::PgSleep => "pg-sleep",
             Workload::FileAppend => "file-append",
             Workload::Fib => "fib",
@@ -54,7 +71,7 @@ impl Workload {
     pub fn plugin(self) -> &'static str {
         match self {
             Workload::Noop | Workload::Idle => "noop",
-            Workload::Http => "http-get",
+            Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held => "http-get",
             Workload::PgSleep => "pg-sleep",
             Workload::FileAppend => "file-append",
             Workload::Fib => "fib",
@@ -65,18 +82,37 @@ impl Workload {
     pub fn class(self) -> &'static str {
         match self {
             Workload::Noop | Workload::Idle => "NoopJob",
-            Workload::Http => "HttpGetJob",
+            Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held => "HttpGetJob",
             Workload::PgSleep => "PgSleepJob",
             Workload::FileAppend => "FileAppendJob",
             Workload::Fib => "FibJob",
         }
     }
 
+    /// Whether its jobs GET the suite's HTTP server.
+    pub fn http(self) -> bool {
+        matches!(
+            self,
+            Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held
+        )
+    }
+
+    /// Whether it speaks HTTP/2 (to the suite's HTTP/2-only server).
+    pub fn h2(self) -> bool {
+        matches!(self, Workload::Http2 | Workload::Http2Held)
+    }
+
+    /// Whether the server holds every request open until the suite has
+    /// read the worker's memory (then the jobs finish).
+    pub fn held(self) -> bool {
+        matches!(self, Workload::HttpHeld | Workload::Http2Held)
+    }
+
     /// How long one job waits on IO, for the efficiency floor
     /// (N × wait / C); `None` for workloads that are not IO-bound.
     pub fn io_wait(self) -> Option<Duration> {
         match self {
-            Workload::Http => Some(Duration::from_millis(200)),
+            Workload::Http | Workload::Http2 => Some(Duration::from_millis(200)),
             Workload::PgSleep => Some(Duration::from_millis(100)),
             _ => None,
         }
@@ -155,6 +191,9 @@ impl Case {
     }
 }
 
+/// Jobs in flight at once in the memory cases (the issue's C=10,000).
+pub const HELD_CONCURRENCY: u32 = 10_000;
+
 /// The cases to run: the seed's full set, or the `--quick` subset (under
 /// five minutes on a 2-core machine), restricted to `only` when given.
 pub fn cases(quick: bool, only: &[Workload]) -> Vec<Case> {
@@ -182,8 +221,24 @@ pub fn cases(quick: bool, only: &[Workload]) -> Vec<Case> {
                 }
                 cases.push(Case::new(workload, Fetch::Reliable, 1_000, 10_000));
                 if !quick {
-                    cases.push(Case::new(workload, Fetch::Reliable, 10_000, 50_000));
+                    cases.push(Case::new(workload, Fetch::Reliable, 10_000, 100_000));
                 }
+            }
+            Workload::Http2 => {
+                cases.push(Case::new(workload, Fetch::Reliable, 1_000, 10_000));
+                if !quick {
+                    cases.push(Case::new(workload, Fetch::Reliable, 10_000, 100_000));
+                }
+            }
+            Workload::HttpHeld | Workload::Http2Held => {
+                // N = C: every job in flight at once. Short even in the
+                // full set (the time is the fill-up), so the same in both.
+                cases.push(Case::new(
+                    workload,
+                    Fetch::Reliable,
+                    HELD_CONCURRENCY,
+                    u64::from(HELD_CONCURRENCY),
+                ));
             }
             Workload::PgSleep => {
                 for &c in io_concurrencies {
@@ -221,7 +276,7 @@ fn with_native_twins(cases: Vec<Case>) -> Vec<Case> {
     let mut all = Vec::with_capacity(cases.len() * 2);
     for case in cases {
         all.push(case);
-        if matches!(case.workload, Workload::Noop | Workload::Http) {
+        if case.workload == Workload::Noop || case.workload.http() {
             all.push(Case {
                 processor: Processor::Native,
                 ..case
@@ -260,6 +315,9 @@ mod tests {
         };
         assert_eq!(count(Workload::Noop), 20);
         assert_eq!(count(Workload::Http), 7);
+        assert_eq!(count(Workload::Http2), 2);
+        assert_eq!(count(Workload::HttpHeld), 1);
+        assert_eq!(count(Workload::Http2Held), 1);
         assert_eq!(count(Workload::PgSleep), 5);
         assert_eq!(count(Workload::FileAppend), 5);
         assert_eq!(count(Workload::Fib), 2);
@@ -267,7 +325,7 @@ mod tests {
         assert!(
             cases
                 .iter()
-                .any(|c| c.workload == Workload::Http && c.concurrency == 10_000 && c.jobs == 50_000)
+                .any(|c| c.workload == Workload::Http && c.concurrency == 10_000 && c.jobs == 100_000)
         );
     }
 
@@ -281,7 +339,7 @@ mod tests {
             .collect();
         let twinned = cases
             .iter()
-            .filter(|c| matches!(c.workload, Workload::Noop | Workload::Http) && c.processor == Processor::Wasmjobs)
+            .filter(|c| (c.workload == Workload::Noop || c.workload.http()) && c.processor == Processor::Wasmjobs)
             .count();
         assert_eq!(natives.len(), twinned);
         for (i, native) in natives {
@@ -292,6 +350,43 @@ mod tests {
                 (native.workload, native.fetch, native.concurrency, native.jobs)
             );
         }
+    }
+
+    #[test]
+    fn http2_runs_at_the_sizes_of_http_from_c_1000() {
+        for quick in [true, false] {
+            let sizes = |w: Workload| -> Vec<(u32, u64)> {
+                cases(quick, &[w])
+                    .iter()
+                    .filter(|c| c.processor == Processor::Wasmjobs && c.concurrency >= 1_000)
+                    .map(|c| (c.concurrency, c.jobs))
+                    .collect()
+            };
+            let expected = if quick {
+                vec![(1_000, 10_000)]
+            } else {
+                vec![(1_000, 10_000), (10_000, 100_000)]
+            };
+            assert_eq!(sizes(Workload::Http2), expected, "quick: {quick}");
+            assert_eq!(sizes(Workload::Http), expected, "quick: {quick}");
+        }
+        assert!(Workload::Http2.h2() && Workload::Http2.http() && !Workload::Http.h2());
+        assert_eq!(Workload::Http2.class(), Workload::Http.class());
+    }
+
+    #[test]
+    fn the_memory_cases_hold_every_job_at_once_in_both_sets() {
+        for quick in [true, false] {
+            let held: Vec<Case> = cases(quick, &[]).into_iter().filter(|c| c.workload.held()).collect();
+            // Two workloads (HTTP/1.1 and HTTP/2), each through wasmjobs and native.
+            assert_eq!(held.len(), 4, "quick: {quick}");
+            for case in held {
+                assert_eq!((case.concurrency, case.jobs), (10_000, 10_000));
+                assert!(case.workload.http() && case.workload.io_wait().is_none());
+            }
+        }
+        assert!(Workload::Http2Held.h2() && !Workload::HttpHeld.h2());
+        assert_eq!(parse_only("http-held,http2-held").unwrap().len(), 2);
     }
 
     #[test]

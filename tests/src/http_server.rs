@@ -7,9 +7,10 @@
 //! benchmark's 200 ms endpoint); `/big/N` answers N bytes; `/gate` waits
 //! until the test opens the gate ([`HttpServer::open_gate`]), then answers
 //! 200, so a job calling it stays in flight as long as the test needs and
-//! each call marks a start of the job ([`HttpServer::gate_hits`]). Every
-//! request and every connection is counted, and so is the most requests
-//! open at once.
+//! each call marks a start of the job ([`HttpServer::gate_hits`]); the
+//! gate can be shut again for the next round ([`HttpServer::close_gate`]).
+//! Both modes serve every route. Every request and every connection is
+//! counted, and so are the requests open now and the most open at once.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -173,6 +174,12 @@ impl HttpServer {
         self.gate.open.send_replace(true);
     }
 
+    /// Shuts `/gate` again: calls from now on wait for the next
+    /// [`HttpServer::open_gate`] (calls already let through are not held).
+    pub fn close_gate(&self) {
+        self.gate.open.send_replace(false);
+    }
+
     /// The URL of `path` on this server.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
@@ -186,6 +193,11 @@ impl HttpServer {
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Requests being answered now (on `/gate`: those the gate holds).
+    pub fn open_requests(&self) -> usize {
+        self.open.now.load(Ordering::Relaxed)
     }
 
     /// The most requests that were being answered at the same moment:
@@ -212,4 +224,72 @@ async fn respond(path: &str, delay: Duration) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+
+    use super::*;
+
+    /// Waits (up to 10 s) until `server` answers `want` requests at once.
+    async fn until_open(server: &HttpServer, want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.open_requests() != want {
+            assert!(
+                Instant::now() < deadline,
+                "{} requests open, expected {want}",
+                server.open_requests()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The gate holds calls in either mode, counts them as open, lets them
+    /// through when opened, and holds the next round once shut again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_gate_holds_opens_and_shuts_again_over_http1_and_http2() {
+        for h2 in [false, true] {
+            let server = if h2 {
+                HttpServer::start_h2(Duration::from_millis(1), 100).await
+            } else {
+                HttpServer::start(Duration::from_millis(1)).await
+            };
+            let client = Client::builder(TokioExecutor::new())
+                .http2_only(h2)
+                .build_http::<Empty<Bytes>>();
+            let get = |client: &Client<_, Empty<Bytes>>| {
+                let (client, uri) = (client.clone(), server.url("/gate").parse::<hyper::Uri>().expect("uri"));
+                tokio::spawn(async move {
+                    let response = client.get(uri).await.expect("GET /gate");
+                    assert_eq!(response.status(), StatusCode::OK);
+                    response.into_body().collect().await.expect("body").to_bytes()
+                })
+            };
+
+            server.close_gate();
+            let first: Vec<_> = (0..3).map(|_| get(&client)).collect();
+            until_open(&server, 3).await;
+            assert_eq!(server.gate_hits(), 3);
+            server.open_gate();
+            for call in first {
+                assert_eq!(call.await.expect("call"), "opened");
+            }
+            until_open(&server, 0).await;
+
+            server.close_gate();
+            let second = get(&client);
+            until_open(&server, 1).await;
+            assert!(!second.is_finished(), "a call passed the shut gate (h2: {h2})");
+            server.open_gate();
+            assert_eq!(second.await.expect("call"), "opened");
+            assert_eq!(server.hits(), 4);
+            if h2 {
+                assert_eq!(server.connections(), 1, "HTTP/2 calls share one connection");
+            }
+        }
+    }
 }
