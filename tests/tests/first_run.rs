@@ -177,10 +177,25 @@ async fn the_summary_reports_start_up_apart_from_the_time_spent_on_jobs() {
         (rate - 200.0 / wall).abs() <= 0.01 * rate,
         "jobs/s {rate} is not over the time spent fetching ({wall} s)"
     );
+    // The busy window (first job taken → last outcome written) lies
+    // within the time spent fetching, and its rate is over it.
+    let busy = summary["busy_secs"].as_f64().expect("busy_secs");
+    assert!(busy > 0.0 && busy <= wall, "busy {busy} s, fetching {wall} s");
+    let busy_rate = summary["busy_jobs_per_sec"].as_f64().expect("busy_jobs_per_sec");
+    assert!(
+        (busy_rate - 200.0 / busy).abs() <= 0.01 * busy_rate,
+        "busy jobs/s {busy_rate} is not over the busy window ({busy} s)"
+    );
     let table = String::from_utf8_lossy(&run.stderr);
     let line = table
         .lines()
         .find(|line| line.starts_with("Start-up"))
         .unwrap_or_else(|| panic!("no start-up line in the summary:\n{table}"));
     assert!(line.contains("sec"), "{line}");
+    assert!(
+        table
+            .lines()
+            .any(|line| line.starts_with("Busy ") && line.ends_with("jobs/s")),
+        "no busy line in the summary:\n{table}"
+    );
 }

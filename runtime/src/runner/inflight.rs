@@ -9,11 +9,15 @@
 //! nothing over, so a job is either recorded or requeued, never both.
 //!
 //! Readers: the heartbeat (Sidekiq's `:work` hash), `/metrics`, the
-//! `--exit-when-empty` check, and the fetch loop's reconcile after a lost
-//! reply (every payload held here is known, not an orphan).
+//! `--exit-when-empty` check, the fetch loop's reconcile after a lost
+//! reply (every payload held here is known, not an orphan), and the run
+//! summary, for which the table also keeps its busy window
+//! ([`InFlightTable::busy`]): from the first job added to the last one
+//! removed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::fetched::Fetched;
 
@@ -35,27 +39,52 @@ struct Entry {
 /// Jobs taken from Redis and not yet recorded back.
 #[derive(Default)]
 pub(crate) struct InFlightTable {
-    entries: Mutex<HashMap<u64, Entry>>,
+    inner: Mutex<Inner>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<u64, Entry>,
+    /// When the first job was added.
+    first_added: Option<Instant>,
+    /// When a job was last removed.
+    last_removed: Option<Instant>,
+}
+
 impl InFlightTable {
-    fn entries(&self) -> MutexGuard<'_, HashMap<u64, Entry>> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds a job that starts now; returns its id.
     pub(crate) fn add(&self, job: Fetched, run_at: f64) -> u64 {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let info = InFlight { job, run_at };
-        self.entries().insert(id, Entry { info, recording: false });
+        let mut inner = self.inner();
+        if inner.first_added.is_none() {
+            inner.first_added = Some(Instant::now());
+        }
+        inner.entries.insert(id, Entry { info, recording: false });
         id
+    }
+
+    /// The busy window: from the first job added to the last one removed
+    /// (recorded or handed back), `None` before a job has gone through.
+    /// Unlike the time since fetching began, it leaves out the waits for
+    /// work before the first job and after the last.
+    pub(crate) fn busy(&self) -> Option<Duration> {
+        let inner = self.inner();
+        match (inner.first_added, inner.last_removed) {
+            (Some(first), Some(last)) => Some(last.saturating_duration_since(first)),
+            _ => None,
+        }
     }
 
     /// Marks job `id` as handed to the writer. False if it was stopped
     /// (taken out for requeueing): its outcome must then not be written.
     pub(crate) fn recording(&self, id: u64) -> bool {
-        match self.entries().get_mut(&id) {
+        match self.inner().entries.get_mut(&id) {
             Some(entry) => {
                 entry.recording = true;
                 true
@@ -66,15 +95,20 @@ impl InFlightTable {
 
     /// Forgets jobs whose outcome is recorded (or that were handed back).
     pub(crate) fn remove(&self, ids: impl IntoIterator<Item = u64>) {
-        let mut entries = self.entries();
+        let mut inner = self.inner();
+        let mut removed = false;
         for id in ids {
-            entries.remove(&id);
+            removed |= inner.entries.remove(&id).is_some();
+        }
+        if removed {
+            inner.last_removed = Some(Instant::now());
         }
     }
 
     /// Takes out every job still running (not recording), for requeueing.
     pub(crate) fn stop_running(&self) -> Vec<Fetched> {
-        let mut entries = self.entries();
+        let mut inner = self.inner();
+        let entries = &mut inner.entries;
         let running: Vec<u64> = entries
             .iter()
             .filter(|(_, e)| !e.recording)
@@ -89,7 +123,7 @@ impl InFlightTable {
 
     /// How many jobs are not recorded yet.
     pub(crate) fn len(&self) -> usize {
-        self.entries().len()
+        self.inner().entries.len()
     }
 
     /// Whether every job is recorded.
@@ -99,12 +133,13 @@ impl InFlightTable {
 
     /// The payload texts of the jobs not recorded yet.
     pub(crate) fn raws(&self) -> HashSet<String> {
-        self.entries().values().map(|e| e.info.job.raw.clone()).collect()
+        self.inner().entries.values().map(|e| e.info.job.raw.clone()).collect()
     }
 
     /// What is in flight, keyed by a per-job id (Sidekiq's "tid").
     pub(crate) fn snapshot(&self) -> Vec<(String, InFlight)> {
-        self.entries()
+        self.inner()
+            .entries
             .iter()
             .map(|(id, e)| (format!("{id:x}"), e.info.clone()))
             .collect()
@@ -135,5 +170,29 @@ mod tests {
         assert_eq!(table.len(), 1, "a is still being recorded");
         table.remove([a]);
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn the_busy_window_runs_from_the_first_job_added_to_the_last_removed() {
+        let table = InFlightTable::default();
+        assert_eq!(table.busy(), None, "nothing went through yet");
+        let a = table.add(job("a"), 1.0);
+        let b = table.add(job("b"), 1.0);
+        table.remove([a]);
+        let after_a = table.busy().expect("a went through");
+        table.remove([b]);
+        let after_b = table.busy().expect("b went through");
+        assert!(after_b >= after_a, "{after_b:?} < {after_a:?}");
+        // Removing an id that is not there (already stopped) moves nothing.
+        table.remove([a]);
+        assert_eq!(table.busy(), Some(after_b));
+        // A later job extends the window to its own removal.
+        let c = table.add(job("c"), 1.0);
+        let before = Instant::now();
+        while before.elapsed() < Duration::from_millis(2) {
+            std::hint::spin_loop();
+        }
+        table.remove([c]);
+        assert!(table.busy().expect("c went through") >= after_b + Duration::from_millis(2));
     }
 }

@@ -183,6 +183,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         ..RunSummary::default()
     }
     .with_clock(&clock)
+    .with_busy(inflight.busy())
     .with_metrics(&metrics);
     tracing::info!(processed = summary.processed, failed = summary.failed, "stopped");
     Ok(summary)

@@ -8,7 +8,11 @@
 //! compiles any not in the cache, seconds per Python or JS component) is
 //! start-up, reported on a line of its own (`startup_secs`). Time, jobs/s
 //! and %CPU cover only the fetching phase, so a first run that compiled
-//! its plugins does not report a fraction of the rate it ran at.
+//! its plugins does not report a fraction of the rate it ran at. The busy
+//! window (`busy_secs`, `busy_jobs_per_sec`) is narrower still: from the
+//! first job taken to the last outcome written, leaving out the waits for
+//! work before and after, e.g. while the jobs of a run that starts on an
+//! empty queue are being pushed, or until someone stops it.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -44,6 +48,12 @@ pub struct RunSummary {
     pub wall: Duration,
     /// Jobs per second while fetching (over `wall_secs`).
     pub jobs_per_sec: f64,
+    /// From the first job taken to the last outcome written, seconds
+    /// (`null` if no job went through).
+    #[serde(rename = "busy_secs", serialize_with = "maybe_secs")]
+    pub busy: Option<Duration>,
+    /// Jobs per second over `busy_secs` (0 if no job went through).
+    pub busy_jobs_per_sec: f64,
     /// RSS when the runner was ready, KiB.
     pub start_rss_kb: u64,
     /// Highest RSS, KiB.
@@ -58,6 +68,13 @@ pub struct RunSummary {
 
 fn secs<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_f64(duration.as_secs_f64())
+}
+
+fn maybe_secs<S: serde::Serializer>(duration: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => serializer.serialize_some(&duration.as_secs_f64()),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// The run's clock: when the process started and when it began fetching.
@@ -99,6 +116,16 @@ impl RunSummary {
             }
             None => self.startup = clock.process.elapsed(),
         }
+        self
+    }
+
+    /// Sets the busy window (see [`super::inflight::InFlightTable::busy`]).
+    pub(crate) fn with_busy(mut self, busy: Option<Duration>) -> Self {
+        self.busy = busy;
+        self.busy_jobs_per_sec = match busy {
+            Some(busy) if !busy.is_zero() => self.processed as f64 / busy.as_secs_f64(),
+            _ => 0.0,
+        };
         self
     }
 
@@ -145,6 +172,14 @@ impl RunSummary {
             self.startup.as_secs_f64(),
             self.startup_cpu_secs
         );
+        if let Some(busy) = self.busy {
+            let _ = writeln!(
+                out,
+                "Busy {:.2} sec from the first job taken to the last outcome written: {:.0} jobs/s",
+                busy.as_secs_f64(),
+                self.busy_jobs_per_sec
+            );
+        }
         let _ = writeln!(
             out,
             "failed {} (retry {}, dead {}), discarded {}, requeued {}",
@@ -238,10 +273,23 @@ mod tests {
         assert!(table.contains("NoopJob"), "{table}");
         assert!(table.contains("0.180 ms"), "{table}");
         assert!(table.lines().any(|l| l.starts_with("Start-up 2.50 sec")), "{table}");
+        assert!(!table.contains("Busy"), "no busy window was set: {table}");
+        let busy = summary.clone().with_busy(Some(Duration::from_secs(5)));
+        assert!(
+            busy.table()
+                .lines()
+                .any(|l| l.starts_with("Busy 5.00 sec") && l.ends_with(": 246913 jobs/s")),
+            "{}",
+            busy.table()
+        );
+        let busy_json = serde_json::to_value(&busy).expect("json");
+        assert_eq!(busy_json["busy_secs"], 5.0);
+        assert_eq!(busy_json["busy_jobs_per_sec"], 1_234_567.0 / 5.0);
         let json = serde_json::to_value(&summary).expect("json");
         assert_eq!(json["processed"], 1_234_567);
         assert_eq!(json["wall_secs"], 10.0);
         assert_eq!(json["startup_secs"], 2.5);
+        assert!(json["busy_secs"].is_null(), "{json}");
         assert_eq!(json["classes"][0]["class"], "NoopJob");
     }
 
