@@ -218,6 +218,39 @@ async fn h2_rules_multiplex_and_h1_rules_keep_working() {
     assert_eq!(h1.hits(), 50, "the HTTP/1.1-only server answered every job");
 }
 
+/// A server allows only so many streams per HTTP/2 connection (100 here,
+/// as many servers do): past that, requests on one connection queue until
+/// a stream frees. 300 jobs in flight must spread over a few connections
+/// and all be open at the server at once, not wait in rounds of 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_opens_another_connection_when_the_streams_of_one_are_used_up() {
+    let server = HttpServer::start_h2(Duration::from_millis(200), 100).await;
+    let executor = Arc::new(executor(300));
+    let dir = chaos_with_allow(&format!(
+        r#"{{ host = "127.0.0.1:{}", h2 = true }}"#,
+        server.addr.port()
+    ));
+    let chaos = Arc::new(catalog(dir.path(), &executor));
+
+    let url = server.url("/sleep");
+    let jobs = run_many(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#), 300).await;
+    for job in &jobs {
+        assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(job));
+    }
+    assert_eq!(server.hits(), 300);
+    assert!(
+        server.peak_open_requests() > 100,
+        "300 requests in flight never had more than one connection's 100 streams open at once: peak {} over {} connections",
+        server.peak_open_requests(),
+        server.connections()
+    );
+    assert!(
+        server.connections() <= 10,
+        "300 concurrent requests over HTTP/2 took {} connections",
+        server.connections()
+    );
+}
+
 /// Connection pools are per plugin: a plugin holding every stream the
 /// server allows on its connection does not make another plugin's
 /// requests to the same host wait (in a shared pool they would queue
