@@ -17,8 +17,13 @@
 //! `http://` speaks HTTP/1.1 (keep-alive), or HTTP/2 with prior knowledge
 //! when the rule that granted the request says `h2 = true` (a server that
 //! only speaks HTTP/1.1 then fails the request with a protocol error).
-//! Over HTTP/2 all of a plugin's requests to a host share one connection
-//! (hyper opens another only when it breaks).
+//! Over HTTP/2 a plugin's requests to a host share a few connections
+//! ([`Lanes`]): hyper's pool keeps one HTTP/2 connection per host, on
+//! which requests past the server's concurrent-stream limit queue until a
+//! stream frees, so a pool is split into lanes, each with its own
+//! connection, and a request takes the first lane with fewer than
+//! [`STREAMS_PER_LANE`] requests open. 1,000 requests in flight to one
+//! host thus use 10 connections, not 1 with 900 waiting.
 //!
 //! A plugin's pools split further by reach. Requests granted by a rule that
 //! names an IP literal or `localhost` go through the *open* pools, which
@@ -32,7 +37,8 @@
 //! too, for the same reason (one pool speaks one protocol over `http://`).
 
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -130,10 +136,82 @@ impl std::fmt::Debug for PluginPools {
 }
 
 struct Pools {
-    checked: Client<HttpsConnector<CheckedConnector>, WasiBody>,
-    open: Client<HttpsConnector<HttpConnector>, WasiBody>,
-    checked_h2: Client<HttpsConnector<CheckedConnector>, WasiBody>,
-    open_h2: Client<HttpsConnector<HttpConnector>, WasiBody>,
+    checked: Lanes<HttpsConnector<CheckedConnector>>,
+    open: Lanes<HttpsConnector<HttpConnector>>,
+    checked_h2: Lanes<HttpsConnector<CheckedConnector>>,
+    open_h2: Lanes<HttpsConnector<HttpConnector>>,
+}
+
+/// Requests a lane is given before the next lane is used: the fewest
+/// concurrent streams an HTTP/2 server should allow (RFC 9113 §6.5.2
+/// recommends no fewer than 100; nginx allows 128, Go 250, hyper 200).
+pub(crate) const STREAMS_PER_LANE: usize = 100;
+/// Most lanes per pool: past `STREAMS_PER_LANE × MAX_LANES` requests in
+/// flight, requests go to the least busy lane.
+const MAX_LANES: usize = 64;
+
+/// A pool split into lanes, each a hyper client with its own connections
+/// (so over HTTP/2 each lane holds its own connection to a host), built on
+/// first use. Requests fill the first lane that has room.
+struct Lanes<C> {
+    connector: C,
+    limits: HttpLimits,
+    h2_only: bool,
+    lanes: Vec<Lane<C>>,
+}
+
+struct Lane<C> {
+    client: OnceLock<Client<C, WasiBody>>,
+    open: Arc<AtomicUsize>,
+}
+
+/// A request's place in its lane, given back when dropped (with the
+/// response body, or on an error).
+pub(crate) struct InLane(Arc<AtomicUsize>);
+
+impl Drop for InLane {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<C> Lanes<C>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    fn new(connector: C, limits: &HttpLimits, h2_only: bool) -> Self {
+        let lanes = (0..MAX_LANES)
+            .map(|_| Lane {
+                client: OnceLock::new(),
+                open: Arc::default(),
+            })
+            .collect();
+        Self {
+            connector,
+            limits: *limits,
+            h2_only,
+            lanes,
+        }
+    }
+
+    /// A client to send on, and the request's place in its lane. With
+    /// `spread` (HTTP/2, or `https://`, which may negotiate it), the
+    /// first lane with fewer than [`STREAMS_PER_LANE`] requests open, else
+    /// the least busy; without, always the first (HTTP/1.1 over plain
+    /// `http://` opens a connection per concurrent request anyway).
+    fn pick(&self, spread: bool) -> (&Client<C, WasiBody>, InLane) {
+        let lanes = if spread { &self.lanes[..] } else { &self.lanes[..1] };
+        let lane = lanes
+            .iter()
+            .find(|lane| lane.open.load(Ordering::Acquire) < STREAMS_PER_LANE)
+            .or_else(|| lanes.iter().min_by_key(|lane| lane.open.load(Ordering::Acquire)))
+            .unwrap_or(&self.lanes[0]);
+        lane.open.fetch_add(1, Ordering::AcqRel);
+        let client = lane
+            .client
+            .get_or_init(|| pooled(self.connector.clone(), &self.limits, self.h2_only));
+        (client, InLane(lane.open.clone()))
+    }
 }
 
 impl HttpClient {
@@ -159,10 +237,10 @@ impl HttpClient {
     /// A plugin's pools, built from the shared connectors on first use.
     fn pools<'a>(&self, pools: &'a PluginPools) -> &'a Pools {
         pools.pools.get_or_init(|| Pools {
-            checked: pooled(self.checked.clone(), &self.limits, false),
-            open: pooled(self.open.clone(), &self.limits, false),
-            checked_h2: pooled(self.checked.clone(), &self.limits, true),
-            open_h2: pooled(self.open.clone(), &self.limits, true),
+            checked: Lanes::new(self.checked.clone(), &self.limits, false),
+            open: Lanes::new(self.open.clone(), &self.limits, false),
+            checked_h2: Lanes::new(self.checked.clone(), &self.limits, true),
+            open_h2: Lanes::new(self.open.clone(), &self.limits, true),
         })
     }
 
@@ -183,11 +261,12 @@ impl HttpClient {
         let pools = self.pools(pools);
         // Prior knowledge only where there is no TLS to negotiate by ALPN.
         let h2 = route.h2 && request.uri().scheme() == Some(&http::uri::Scheme::HTTP);
-        let sending = match (route.private, h2) {
-            (true, true) => pools.open_h2.request(request),
-            (true, false) => pools.open.request(request),
-            (false, true) => pools.checked_h2.request(request),
-            (false, false) => pools.checked.request(request),
+        let spread = h2 || request.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
+        let (sending, in_lane) = match (route.private, h2) {
+            (true, true) => send_on(pools.open_h2.pick(spread), request),
+            (true, false) => send_on(pools.open.pick(spread), request),
+            (false, true) => send_on(pools.checked_h2.pick(spread), request),
+            (false, false) => send_on(pools.checked.pick(spread), request),
         };
         let response = match tokio::time::timeout(head_timeout, sending).await {
             Err(_) => return Err(SendError::Wasi(Error::HttpResponseTimeout)),
@@ -201,8 +280,19 @@ impl HttpClient {
             return Err(SendError::Wasi(Error::HttpResponseBodySize(Some(length))));
         }
         let max_body = self.limits.max_body;
-        Ok(response.map(|body| Guarded::new(body, max_body, between).boxed_unsync()))
+        Ok(response.map(|body| Guarded::new(body, max_body, between, in_lane).boxed_unsync()))
     }
+}
+
+/// Starts sending `request` on the picked lane's client.
+fn send_on<C>(
+    (client, in_lane): (&Client<C, WasiBody>, InLane),
+    request: http::Request<WasiBody>,
+) -> (hyper_util::client::legacy::ResponseFuture, InLane)
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    (client.request(request), in_lane)
 }
 
 /// An HTTP connector with our socket options over `resolver`.
@@ -271,23 +361,26 @@ fn classify_other(err: &hyper_util::client::legacy::Error) -> Error {
     }
 }
 
-/// A response body with a size cap and a between-chunks timeout.
+/// A response body with a size cap and a between-chunks timeout; it holds
+/// the request's place in its lane until dropped.
 struct Guarded {
     inner: hyper::body::Incoming,
     seen: u64,
     max: u64,
     between: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    _in_lane: InLane,
 }
 
 impl Guarded {
-    fn new(inner: hyper::body::Incoming, max: u64, between: Duration) -> Self {
+    fn new(inner: hyper::body::Incoming, max: u64, between: Duration, in_lane: InLane) -> Self {
         Self {
             inner,
             seen: 0,
             max,
             between,
             deadline: Box::pin(tokio::time::sleep(between)),
+            _in_lane: in_lane,
         }
     }
 }
