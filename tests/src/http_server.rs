@@ -8,7 +8,10 @@
 //! until the test opens the gate ([`HttpServer::open_gate`]), then answers
 //! 200, so a job calling it stays in flight as long as the test needs and
 //! each call marks a start of the job ([`HttpServer::gate_hits`]); the
-//! gate can be shut again for the next round ([`HttpServer::close_gate`]).
+//! gate can be shut again for the next round ([`HttpServer::close_gate`]);
+//! `/echo` answers 200 with what it received: the method, the `x-*` and
+//! `content-*` headers (one `name: value` line each, in order), a blank
+//! line and the body, and sets `x-echo: yes`.
 //! Both modes serve every route. Every request and every connection is
 //! counted, and so are the requests open now and the most open at once.
 
@@ -134,6 +137,9 @@ impl HttpServer {
                         async move {
                             counter.fetch_add(1, Ordering::Relaxed);
                             let _open = Open::new(&requests);
+                            if req.uri().path() == "/echo" {
+                                return Ok::<_, Infallible>(echo(req).await);
+                            }
                             if req.uri().path() == "/gate" {
                                 gate.pass().await;
                                 return Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"opened"))));
@@ -205,6 +211,26 @@ impl HttpServer {
     pub fn peak_open_requests(&self) -> usize {
         self.open.peak.load(Ordering::Relaxed)
     }
+}
+
+async fn echo(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    use http_body_util::BodyExt;
+    let (parts, body) = req.into_parts();
+    let mut text = format!("{}\n", parts.method);
+    for (name, value) in &parts.headers {
+        if name.as_str().starts_with("x-") || name.as_str().starts_with("content-") {
+            text.push_str(&format!("{name}: {}\n", String::from_utf8_lossy(value.as_bytes())));
+        }
+    }
+    text.push('\n');
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let mut echoed = text.into_bytes();
+    echoed.extend_from_slice(&body);
+    let mut response = Response::new(Full::new(Bytes::from(echoed)));
+    response
+        .headers_mut()
+        .insert("x-echo", hyper::header::HeaderValue::from_static("yes"));
+    response
 }
 
 async fn respond(path: &str, delay: Duration) -> Response<Full<Bytes>> {

@@ -320,3 +320,54 @@ async fn h2_rules_granting_names_still_refuse_loopback() {
     assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1);
     assert_eq!(server.connections(), 0, "refused at resolution, before any connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_request_names_the_rule_that_would_grant_it() {
+    let server = HttpServer::start(Duration::from_millis(1)).await;
+    let port = server.addr.port();
+    let executor = executor(2);
+    let dir = chaos_allowing(&["example.com"]);
+    let chaos = catalog(dir.path(), &executor);
+    let url = format!("http://127.0.0.1:{port}/ok");
+    let job = run(&executor, &chaos, "ChaosJob", &format!(r#"["http", "{url}"]"#)).await;
+    let Outcome::Retry(message) = &job.outcome else {
+        panic!("GET {url} must be denied, got {:?} {:?}", job.outcome, messages(&job))
+    };
+    let advice = format!(r#"add "127.0.0.1:{port}" to [http] allow"#);
+    assert!(message.contains(&advice), "{message}");
+    assert!(
+        message.starts_with(&format!("GET {url}")),
+        "names the request: {message}"
+    );
+    let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+    assert_eq!(stats.denied.load(Ordering::Relaxed), 1);
+    assert_eq!(server.hits(), 0, "a denied request never leaves the process");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdk_client_sends_method_headers_and_body_and_reads_the_whole_response() {
+    for h2 in [false, true] {
+        let server = if h2 {
+            HttpServer::start_h2(Duration::from_millis(1), 100).await
+        } else {
+            HttpServer::start(Duration::from_millis(1)).await
+        };
+        let executor = executor(2);
+        let dir = chaos_with_allow(&format!(r#"{{ host = "127.0.0.1:*", h2 = {h2} }}"#));
+        let chaos = catalog(dir.path(), &executor);
+        let url = server.url("/echo");
+        let job = run(&executor, &chaos, "ChaosJob", &format!(r#"["http-echo", "{url}"]"#)).await;
+        assert_eq!(job.outcome, Outcome::Success, "h2={h2}: {:?}", messages(&job));
+        let logged = messages(&job);
+        assert!(logged.contains(&"x-echo: yes".to_owned()), "h2={h2}: {logged:?}");
+        let echoed = logged
+            .iter()
+            .find_map(|line| line.strip_prefix("echoed: "))
+            .unwrap_or_else(|| panic!("h2={h2}: no echo in {logged:?}"));
+        assert_eq!(
+            echoed, r#"POST|x-test: chaos|content-type: application/json|content-length: 7||{"n":7}"#,
+            "h2={h2}"
+        );
+        assert_eq!(server.hits(), 1);
+    }
+}

@@ -24,6 +24,7 @@
 //! | `["fill", path, bytes]` | write `bytes` zero bytes to a new file in 64 KiB writes, log `filled N bytes`; I/O error → retry naming the bytes written |
 //! | `["log", level, msg]` | log `msg` at `level` (trace/debug/info/warn/error) |
 //! | `["http", url]` | GET, log `status: N`; non-2xx or transport error → retry |
+//! | `["http-echo", url]` | POST `{"n":7}` with `x-test: chaos` (the SDK client), log `x-echo: <the response header>` and `echoed: <the body, newlines as '|'>` |
 //! | `["env", name]` | log `env NAME=value` or `env NAME=<unset>` |
 //! | `["stdout", text]` | `println!("{text}")` |
 //! | `["big-log", bytes]` | log one message of `bytes` bytes |
@@ -177,6 +178,19 @@ impl Job for ChaosJob {
                 let response = http::get(args.str(1)?)?;
                 log::info!("status: {}", response.status());
                 response.error_for_status()?;
+                Ok(())
+            }
+            "http-echo" => {
+                // POSTs JSON with a header to the test server's `/echo` and
+                // logs what came back: the request as the server saw it.
+                let response = http::Request::post(args.str(1)?)
+                    .header("x-test", "chaos")
+                    .json(&wasmjobs_guest::serde_json::json!({ "n": 7 }))
+                    .timeout(Duration::from_secs(5))
+                    .send()?
+                    .error_for_status()?;
+                log::info!("x-echo: {}", response.header("X-Echo").unwrap_or("-"));
+                log::info!("echoed: {}", response.text().replace('\n', "|"));
                 Ok(())
             }
             "env" => {
