@@ -49,9 +49,10 @@
 //!   the jid and class). A panic writes one line (message and location) to
 //!   stderr, which the host logs and quotes in the failed job's error
 //!   message; the host counts the resulting trap as a retryable failure.
-//! * **HTTP**: [`http`] is a small blocking client over
-//!   `wasi:http/outgoing-handler`. Guest code is synchronous; while it waits
-//!   the host runs other jobs.
+//! * **HTTP**: [`http`] is a small blocking client over the host's
+//!   one-call `wasmjobs:job/http` import (`wasi:http/outgoing-handler` stays
+//!   in [`bindings`] for streaming). Guest code is synchronous; while it
+//!   waits the host runs other jobs.
 //! * **SQL**: [`sql`] runs statements, with bound parameters, on the
 //!   databases the runner configured and the manifest grants
 //!   (`sql::query("main", "SELECT ... WHERE id = $1", &params![id])?`).

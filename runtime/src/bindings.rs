@@ -4,15 +4,16 @@
 //! world imports is mapped onto wasmtime-wasi's and wasmtime-wasi-http's own
 //! bindings, so there is exactly one implementation of each WASI type in the
 //! process and the standard `add_to_linker` functions serve our world.
-//! Only the `wasmjobs:job` interfaces (`types`, `log`, `sql`) are generated
-//! here; `sql`'s host functions are async (they wait on a database).
+//! Only the `wasmjobs:job` interfaces (`types`, `log`, `http`, `sql`) are
+//! generated here; `http`'s and `sql`'s host functions are async (they wait
+//! on the network or a database).
 
 mod generated {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "wasmjobs:job/plugin",
         exports: { default: async },
-        imports: { "wasmjobs:job/sql": async },
+        imports: { "wasmjobs:job/sql": async, "wasmjobs:job/http": async },
         with: {
             "wasi:cli": wasmtime_wasi::p2::bindings::cli,
             "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
@@ -26,6 +27,9 @@ mod generated {
     });
 }
 
+/// The one-call `http` interface: request and response records, errors and
+/// the `Host` trait that [`crate::host::http::HttpPolicy`] implements.
+pub use generated::wasmjobs::job::http;
 /// The `log` interface a guest imports to write into the host's `tracing` output.
 pub use generated::wasmjobs::job::log;
 /// The `sql` interface: values, rows, errors and the `Host` trait that

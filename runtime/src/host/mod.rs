@@ -34,6 +34,7 @@ pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     disk::link(&mut linker)?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+    crate::bindings::http::add_to_linker::<JobState, HasSelf<http::HttpPolicy>>(&mut linker, JobState::http_policy)?;
     crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
     crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
     Ok(linker)

@@ -91,6 +91,11 @@ impl JobState {
         self.disk.as_ref().and_then(|disk| disk.note())
     }
 
+    /// The view the one-call `wasmjobs:job/http` import works on.
+    pub(crate) fn http_policy(&mut self) -> &mut HttpPolicy {
+        &mut self.http_policy
+    }
+
     /// The view the budgeted `wasi:filesystem/types` works on.
     pub(crate) fn budgeted_fs(&mut self) -> BudgetedFs<'_> {
         BudgetedFs {

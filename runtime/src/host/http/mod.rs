@@ -1,10 +1,11 @@
-//! `wasi:http/outgoing-handler`: the guest's outgoing requests.
+//! The guest's outgoing requests: `wasi:http/outgoing-handler`, and our
+//! one-call `wasmjobs:job/http` ([`call`]), which the SDKs use.
 //!
 //! wasmtime-wasi-http implements the WASI types and streams; every request
-//! then reaches [`WasiHttpHooks::send_request`], which is where the host's
-//! policy lives ([`HttpPolicy`]): the plugin's `http.allow` list
-//! ([`allow`]), counters, and the shared, pooled, bounded client
-//! ([`client`]).
+//! then reaches [`WasiHttpHooks::send_request`]. The one-call import builds
+//! the same hyper request itself. Both go through the host's policy
+//! ([`HttpPolicy`]): the plugin's `http.allow` list ([`allow`]), counters,
+//! the per-job slot, and the shared, pooled, bounded client ([`client`]).
 //!
 //! - A request to a host outside the list never leaves the process: the
 //!   guest gets `HTTP-request-denied`, the host logs it (with the job's
@@ -27,6 +28,7 @@
 
 mod address;
 pub mod allow;
+mod call;
 pub mod client;
 mod connect;
 mod slot;
@@ -106,6 +108,55 @@ impl HttpPolicy {
 
 type Sent = Box<dyn Future<Output = Result<(), Error>> + Send>;
 
+impl HttpPolicy {
+    /// Counts and logs a request refused by `http.allow`.
+    fn note_denied(&self, uri: &http::Uri) {
+        self.stats.denied.fetch_add(1, Ordering::Relaxed);
+        let labels = self.log.labels();
+        tracing::warn!(
+            jid = %labels.jid,
+            class = %labels.class,
+            plugin = %labels.plugin,
+            uri = %uri,
+            allowed = %self.allow,
+            "outgoing HTTP request denied: host not in the plugin's http.allow"
+        );
+    }
+
+    /// One of the job's request slots, or `None` (counted) when it has
+    /// [`HttpLimits::per_job`] open.
+    fn take_slot(&mut self) -> Option<Slot> {
+        let open = self.open.get_or_insert_with(Default::default);
+        let slot = Slot::take(open, self.client.limits().per_job);
+        match slot {
+            Some(_) => self.stats.sent.fetch_add(1, Ordering::Relaxed),
+            None => self.stats.limited.fetch_add(1, Ordering::Relaxed),
+        };
+        slot
+    }
+}
+
+/// Counts and logs a request the connector refused because the name
+/// granted by `rule` led to a non-public address.
+fn note_failure(stats: &HttpStats, log: &LogSink, err: &SendError, rule: &str) {
+    let SendError::Prohibited(refused) = err else {
+        return;
+    };
+    stats.prohibited.fetch_add(1, Ordering::Relaxed);
+    let labels = log.labels();
+    tracing::warn!(
+        jid = %labels.jid,
+        class = %labels.class,
+        plugin = %labels.plugin,
+        host = %refused.host,
+        address = %refused.addr,
+        range = refused.range,
+        rule = %rule,
+        "outgoing HTTP request refused: a name granted by http.allow leads to a non-public address \
+         (only rules naming an IP literal or localhost may reach those)"
+    );
+}
+
 impl WasiHttpHooks for HttpPolicy {
     fn send_request(
         &mut self,
@@ -115,24 +166,12 @@ impl WasiHttpHooks for HttpPolicy {
     ) -> Box<dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, Sent)>> + Send> {
         _ = fut;
         let Some((rule, route)) = self.permitted(request.uri()) else {
-            self.stats.denied.fetch_add(1, Ordering::Relaxed);
-            let labels = self.log.labels();
-            tracing::warn!(
-                jid = %labels.jid,
-                class = %labels.class,
-                plugin = %labels.plugin,
-                uri = %request.uri(),
-                allowed = %self.allow,
-                "outgoing HTTP request denied: host not in the plugin's http.allow"
-            );
+            self.note_denied(request.uri());
             return Box::new(async { Err(Error::HttpRequestDenied) });
         };
-        let open = self.open.get_or_insert_with(Default::default);
-        let Some(slot) = Slot::take(open, self.client.limits().per_job) else {
-            self.stats.limited.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = self.take_slot() else {
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
-        self.stats.sent.fetch_add(1, Ordering::Relaxed);
         let client = self.client.clone();
         let pools = self.pools.clone();
         let stats = self.stats.clone();
@@ -141,21 +180,7 @@ impl WasiHttpHooks for HttpPolicy {
             // The slot goes with the response body; on an error it is dropped here.
             let response = client.send(&pools, request, options, route).await;
             let response = response.map_err(|err| {
-                if let SendError::Prohibited(refused) = &err {
-                    stats.prohibited.fetch_add(1, Ordering::Relaxed);
-                    let labels = log.labels();
-                    tracing::warn!(
-                        jid = %labels.jid,
-                        class = %labels.class,
-                        plugin = %labels.plugin,
-                        host = %refused.host,
-                        address = %refused.addr,
-                        range = refused.range,
-                        rule = %rule,
-                        "outgoing HTTP request refused: a name granted by http.allow leads to a non-public address \
-                         (only rules naming an IP literal or localhost may reach those)"
-                    );
-                }
+                note_failure(&stats, &log, &err, &rule);
                 Error::from(err)
             })?;
             let response = response.map(|body| HeldBody::new(body, slot).boxed_unsync());
