@@ -28,6 +28,11 @@
 //! concurrency = 10   # most jobs of this plugin in flight in the process
 //! fuel = 1_000_000_000   # instructions-ish per job; needs `--fuel` on the runner
 //! log = { bytes = "1MiB", lines = 10000 }   # per job; lines past it are dropped
+//!
+//! [instances]        # see `instances`: fresh instance per job unless `reuse` > 1
+//! reuse = 1000       # jobs one instance serves, one after another
+//! idle_timeout = "10s"
+//! max_idle = 100
 //! ```
 //!
 //! Parsing checks each path lexically (no `..`, no absolute path without
@@ -49,6 +54,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::instances::{InstancePolicy, RawInstances};
 use super::limits::{PluginLimits, RawLimits};
 use crate::host::files::Handles;
 use crate::host::http::AllowList;
@@ -76,6 +82,8 @@ pub struct Manifest {
     pub env: Vec<String>,
     /// Limits that override the runner's defaults.
     pub limits: PluginLimits,
+    /// Whether instances serve one job or several (`[instances]`).
+    pub instances: InstancePolicy,
     /// Names of the runner's databases the guest may use (`sql = [...]`).
     /// A name the runner does not configure is not an error here: which
     /// databases exist is runner configuration, checked at query time.
@@ -127,6 +135,8 @@ struct RawManifest {
     env: Vec<Spanned<String>>,
     #[serde(default)]
     limits: Option<RawLimits>,
+    #[serde(default)]
+    instances: Option<RawInstances>,
     #[serde(default)]
     sql: Vec<Spanned<RawSqlGrant>>,
 }
@@ -319,6 +329,10 @@ impl Manifest {
             Some(limits) => limits.resolve(&at)?,
             None => PluginLimits::default(),
         };
+        let instances = match &raw.instances {
+            Some(instances) => instances.resolve(&at)?,
+            None => InstancePolicy::default(),
+        };
 
         Ok(Self {
             path: path.to_path_buf(),
@@ -329,6 +343,7 @@ impl Manifest {
             http_allow,
             env,
             limits,
+            instances,
             sql,
             sql_read_only,
             handles: Handles::default(),

@@ -10,10 +10,12 @@
 pub mod cache;
 mod caps;
 pub mod catalog;
+pub mod instances;
 pub mod limits;
 pub mod manifest;
 
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
+pub use instances::InstancePolicy;
 pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};
