@@ -153,6 +153,7 @@ async fn the_prometheus_endpoint_parses_with_the_expected_families() {
         "wasmjobs_concurrency",
         "wasmjobs_jobs_in_flight",
         "wasmjobs_instances_live",
+        "wasmjobs_instances_idle",
         "wasmjobs_redis_rtt_seconds",
     ] {
         let sample = samples(gauge).next().unwrap_or_else(|| panic!("{gauge}:\n{text}"));
@@ -161,6 +162,26 @@ async fn the_prometheus_endpoint_parses_with_the_expected_families() {
     let rss = samples("process_resident_memory_bytes").next().expect("rss");
     assert!(matches!(rss.value, prometheus_parse::Value::Gauge(b) if b > 1e6));
     assert!(samples("process_cpu_seconds_total").next().is_some());
+    assert!(samples("wasmjobs_instances_reused_total").next().is_some());
+    // The instance counters are copied by the process sampler: wait for a
+    // sample taken after the mix (an idle runner samples every 10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = http_get(&addr, "/metrics");
+        let created = text
+            .lines()
+            .find_map(|line| line.strip_prefix("wasmjobs_instances_created_total "))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no instances counter:\n{text}"));
+        if created >= 20.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every job of the mix got an instance: {created}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(samples("wasmjobs_plugin_reloads_total").count() == 4);
     assert!(runner.stop().success(), "{}", runner.log());
 }

@@ -140,6 +140,19 @@ impl LogSink {
         })))
     }
 
+    /// Starts the sink over for the next job on the same (warm) instance:
+    /// its labels, capture and budget; nothing of the previous job's lines,
+    /// stderr tail or tallies remains. The guest's stdout and stderr
+    /// streams hold this same sink, so they follow.
+    pub fn restart(&self, labels: JobLabels, capture: bool, budget: LogBudget) {
+        *self.lock() = SinkState {
+            labels,
+            capture: capture.then(Vec::new),
+            budget,
+            ..SinkState::default()
+        };
+    }
+
     /// The job's labels, for the host's own events about it.
     pub fn labels(&self) -> JobLabels {
         self.lock().labels.clone()

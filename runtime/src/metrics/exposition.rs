@@ -128,6 +128,32 @@ pub fn prometheus(metrics: &Metrics) -> String {
     );
     gauge(
         &mut out,
+        "wasmjobs_instances_idle",
+        "Warm instances kept idle for plugins with [instances] reuse.",
+        p.instances.idle as f64,
+    );
+    for (name, help, value) in [
+        (
+            "wasmjobs_instances_created_total",
+            "Wasm instances created.",
+            p.instances.created,
+        ),
+        (
+            "wasmjobs_instances_reused_total",
+            "Jobs served by a warm instance ([instances] reuse).",
+            p.instances.reused,
+        ),
+        (
+            "wasmjobs_instances_idle_expired_total",
+            "Idle warm instances dropped after their idle_timeout.",
+            p.instances.expired,
+        ),
+    ] {
+        family(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    gauge(
+        &mut out,
         "wasmjobs_redis_rtt_seconds",
         "Redis round trip measured by the last heartbeat.",
         p.redis_rtt_ms / 1000.0,

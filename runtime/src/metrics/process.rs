@@ -39,6 +39,14 @@ pub struct ProcessGauges {
     pub concurrency: AtomicU64,
     /// Wasm instances alive now.
     pub live_instances: AtomicU64,
+    /// Warm instances idle now (plugins with `[instances] reuse`).
+    pub idle_instances: AtomicU64,
+    /// Instances created so far.
+    pub instances_created: AtomicU64,
+    /// Jobs served by a warm instance so far.
+    pub instances_reused: AtomicU64,
+    /// Idle warm instances dropped after their idle timeout so far.
+    pub instances_expired: AtomicU64,
     /// Last Redis round trip measured by the heartbeat, microseconds.
     pub redis_rtt_us: AtomicU64,
     /// Plugins added by hot reload.
@@ -78,6 +86,8 @@ pub struct ProcessSnapshot {
     pub concurrency: u64,
     /// Wasm instances alive.
     pub live_instances: u64,
+    /// Warm instances idle now, and instance counters.
+    pub instances: InstanceCounts,
     /// Last Redis round trip, milliseconds.
     pub redis_rtt_ms: f64,
     /// Hot reloads by outcome.
@@ -88,6 +98,19 @@ pub struct ProcessSnapshot {
     pub outcome_write_failures: u64,
     /// Job outcomes not written to Redis yet.
     pub outcomes_pending: u64,
+}
+
+/// Warm instances idle now, and instance counters since start.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct InstanceCounts {
+    /// Warm instances idle now.
+    pub idle: u64,
+    /// Instances created.
+    pub created: u64,
+    /// Jobs served by a warm instance.
+    pub reused: u64,
+    /// Idle warm instances dropped after their idle timeout.
+    pub expired: u64,
 }
 
 /// Hot reload counts by outcome.
@@ -116,6 +139,12 @@ impl ProcessGauges {
             in_flight: get(&self.in_flight),
             concurrency: get(&self.concurrency),
             live_instances: get(&self.live_instances),
+            instances: InstanceCounts {
+                idle: get(&self.idle_instances),
+                created: get(&self.instances_created),
+                reused: get(&self.instances_reused),
+                expired: get(&self.instances_expired),
+            },
             redis_rtt_ms: get(&self.redis_rtt_us) as f64 / 1000.0,
             reloads: Reloads {
                 added: get(&self.reloads_added),

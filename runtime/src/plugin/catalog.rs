@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use crate::host::disk::{self, DiskBudget};
 use crate::host::files;
 use crate::host::http::{AllowList, HttpStats, PluginPools};
+use crate::sandbox::warm::WarmPool;
 use crate::sandbox::{Executor, JobState};
 
 /// A loaded plugin, ready to instantiate.
@@ -55,6 +56,9 @@ pub struct Plugin {
     /// The budget of its read-write directories (`limits.disk`), if it has any.
     pub disk: Option<Arc<DiskBudget>>,
     pub(crate) pre: PluginPre<JobState>,
+    /// This version's idle warm instances (`[instances] reuse`); a
+    /// reloaded version starts with none.
+    pub warm: Arc<WarmPool>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -420,6 +424,7 @@ fn build_plugin(
         slots,
         disk,
         pre,
+        warm: Arc::default(),
     })
 }
 

@@ -47,6 +47,14 @@ pub(crate) async fn start(
             gauges
                 .live_instances
                 .store(executor.live_instances() as u64, Ordering::Relaxed);
+            let instances = executor.instances();
+            let copy = |to: &std::sync::atomic::AtomicU64, from: &std::sync::atomic::AtomicU64| {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            };
+            gauges.idle_instances.store(instances.idle() as u64, Ordering::Relaxed);
+            copy(&gauges.instances_created, &instances.created);
+            copy(&gauges.instances_reused, &instances.reused);
+            copy(&gauges.instances_expired, &instances.expired);
         };
         ProcessSampler::run(&metrics.process, refresh, stop).await;
     });

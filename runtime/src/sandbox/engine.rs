@@ -120,7 +120,13 @@ pub(crate) const TABLES_PER_SLOT: u32 = 4;
 /// per-job limits are enforced at run time, so a component compiled by
 /// `wasmjobs plugins` (concurrency 1) is the artifact `run -c 10000` loads.
 pub fn build(config: &EngineConfig) -> Result<Engine> {
-    let slots = config.concurrency.max(1).saturating_add(16);
+    // Running jobs, plus the idle warm instances of plugins that reuse
+    // theirs (each holds its slots while idle), plus a margin.
+    let slots = config
+        .concurrency
+        .max(1)
+        .saturating_add(warm_budget(config.concurrency))
+        .saturating_add(16);
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(slots)
         .total_core_instances(slots.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
@@ -139,6 +145,13 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
     let mut wasm = common();
     wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&wasm).map_err(anyhow::Error::from)
+}
+
+/// Most idle warm instances (`[instances] reuse`) one process keeps, over
+/// every plugin: as many as it runs jobs at once, at most 1,024 (the pool
+/// reserves address space for each, ~8 GiB of it per slot).
+pub(crate) fn warm_budget(concurrency: u32) -> u32 {
+    concurrency.clamp(1, 1024)
 }
 
 /// Builds the engine for plugins that set `limits.fuel`: the same settings

@@ -2,7 +2,10 @@
 //!
 //! For each job: take a slot, build the store state, instantiate the
 //! plugin's pre-linked component, call `perform` asynchronously, map what
-//! came back to an [`Outcome`], drop the store. Guest code waiting on a host
+//! came back to an [`Outcome`], drop the store. A plugin with
+//! `[instances] reuse = N` instead takes a warm instance when one is idle,
+//! readies its per-job state, and puts it back after a clean return
+//! ([`super::warm`] has the rules). Guest code waiting on a host
 //! call (HTTP, a clock sleep) is a suspended fiber, not a blocked thread, so
 //! thousands of jobs wait concurrently on a couple of threads.
 //!
@@ -32,6 +35,7 @@ use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 
 use super::engine::{self, EngineConfig, Limits, TICK};
 use super::state::{JobState, mib};
+use super::warm::{Instances, Warm};
 use crate::bindings::{PluginPre, WORLD};
 use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
@@ -89,6 +93,8 @@ pub struct Executor {
     slots: Arc<Semaphore>,
     concurrency: usize,
     ticker: EpochTicker,
+    /// Instance counters and the process's budget of idle warm instances.
+    instances: Arc<Instances>,
     /// Values no plugin's `env` grant may pass on (see `plugin::caps`).
     protected_env: Vec<String>,
 }
@@ -124,6 +130,7 @@ impl Executor {
             slots: Arc::new(Semaphore::new(config.concurrency.max(1) as usize)),
             concurrency: config.concurrency.max(1) as usize,
             ticker,
+            instances: Arc::new(Instances::new(engine::warm_budget(config.concurrency) as usize)),
             protected_env: Vec::new(),
         })
     }
@@ -153,6 +160,12 @@ impl Executor {
     /// dropping their store).
     pub fn live_instances(&self) -> usize {
         self.concurrency - self.slots.available_permits()
+    }
+
+    /// Instances created, jobs served by warm instances, idle warm
+    /// instances now and those dropped for idleness.
+    pub fn instances(&self) -> &Instances {
+        &self.instances
     }
 
     /// The engine components are compiled for (unless they meter fuel).
@@ -229,7 +242,19 @@ impl Executor {
             version: plugin.version.clone(),
         };
         let budget = plugin.manifest.limits.log.unwrap_or_default();
-        let sink = LogSink::new(labels, options.capture_logs, budget);
+        let policy = plugin.manifest.instances;
+        let warm = match policy.reuses() {
+            true => plugin.warm.take(&policy, &self.instances),
+            false => None,
+        };
+        let sink = match &warm {
+            Some(warm) => {
+                let sink = warm.store.data().log.clone();
+                sink.restart(labels, options.capture_logs, budget);
+                sink
+            }
+            None => LogSink::new(labels, options.capture_logs, budget),
+        };
         let done = |outcome: Outcome, backtrace: Option<String>| {
             // The job's output ends here: report lines past its log budget.
             sink.finish();
@@ -251,16 +276,26 @@ impl Executor {
             plugin.http_stats.clone(),
             sink.clone(),
         );
-        let state = match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
-            Ok(state) => state.with_disk(plugin.disk.as_ref()),
-            Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
+        let (mut store, exports, served) = match warm {
+            Some(mut warm) => {
+                let disk = plugin.disk.as_ref();
+                warm.store
+                    .data_mut()
+                    .next_job(&plugin.manifest, http, &self.databases, disk);
+                (warm.store, Some(warm.exports), warm.served)
+            }
+            None => match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
+                Ok(state) => {
+                    let mut store = Store::new(plugin.pre.engine(), state.with_disk(plugin.disk.as_ref()));
+                    store.limiter(|state| &mut state.limiter);
+                    store.epoch_deadline_async_yield_and_update(1);
+                    (store, None, 0)
+                }
+                Err(err) => return done(Outcome::Retry(format!("cannot prepare the sandbox: {err:#}")), None),
+            },
         };
-        let engine = plugin.pre.engine();
-        let mut store = Store::new(engine, state);
-        store.limiter(|state| &mut state.limiter);
         store.set_epoch_deadline(1);
-        store.epoch_deadline_async_yield_and_update(1);
-        if self.is_metered(engine) {
+        if self.is_metered(plugin.pre.engine()) {
             let fuel = plugin.manifest.limits.fuel.unwrap_or(u64::MAX);
             if let Err(err) = store.set_fuel(fuel) {
                 return done(Outcome::Retry(format!("cannot set the fuel budget: {err}")), None);
@@ -269,19 +304,41 @@ impl Executor {
 
         let wit_job = job.to_wit();
         let run = async {
-            let instance = plugin.pre.instantiate_async(&mut store).await?;
-            instance.call_perform(&mut store, &wit_job).await
+            let exports = match exports {
+                Some(exports) => exports,
+                None => {
+                    self.instances.created.fetch_add(1, Ordering::Relaxed);
+                    plugin.pre.instantiate_async(&mut store).await?
+                }
+            };
+            let returned = exports.call_perform(&mut store, &wit_job).await?;
+            Ok::<_, wasmtime::Error>((exports, returned))
         };
         let result = tokio::time::timeout(timeout, run).await;
-        let execution = match result {
-            Err(_) => done(Outcome::Retry(format!("timed out after {timeout:?}")), None),
-            Ok(Ok(Ok(()))) => done(Outcome::Success, None),
-            Ok(Ok(Err(job_error))) => done(with_disk_note(job_error.into(), store.data()), None),
+        // Only an instance whose `perform` returned may serve another job.
+        let (execution, clean) = match result {
+            Err(_) => (done(Outcome::Retry(format!("timed out after {timeout:?}")), None), None),
+            Ok(Ok((exports, Ok(())))) => (done(Outcome::Success, None), Some(exports)),
+            Ok(Ok((exports, Err(job_error)))) => (
+                done(with_disk_note(job_error.into(), store.data()), None),
+                Some(exports),
+            ),
             Ok(Err(err)) => {
                 let backtrace = err.downcast_ref::<WasmBacktrace>().map(|bt| bt.to_string());
-                done(Outcome::Retry(describe_trap(&err, store.data())), backtrace)
+                (done(Outcome::Retry(describe_trap(&err, store.data())), backtrace), None)
             }
         };
+        if let Some(exports) = clean
+            && served + 1 < policy.reuse
+            && store.data().limiter.refused.is_none()
+        {
+            let warm = Warm {
+                store,
+                exports,
+                served: served + 1,
+            };
+            plugin.warm.put(warm, &policy, &self.instances);
+        }
         match &execution.outcome {
             Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
             failed => tracing::warn!(

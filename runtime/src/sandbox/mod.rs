@@ -5,11 +5,15 @@
 //! ([`Executor`]): instantiate, call `perform`, map the result to an
 //! [`Outcome`](crate::job::Outcome), drop the store. Nothing survives from one
 //! job to the next, so a job cannot see or corrupt another's memory, and a
-//! trap, a runaway loop or a memory bomb ends that job only.
+//! trap, a runaway loop or a memory bomb ends that job only. A plugin may
+//! opt into warm instances that serve several jobs one after another
+//! ([`warm`]): then its own jobs share its module state, still never
+//! another plugin's, and a trap or timeout still ends that instance.
 
 pub mod engine;
 pub mod executor;
 pub mod state;
+pub mod warm;
 
 pub use engine::{EngineConfig, Limits};
 pub use executor::{ExecOptions, Execution, Executor};

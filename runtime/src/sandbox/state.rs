@@ -91,6 +91,24 @@ impl JobState {
         self.disk.as_ref().and_then(|disk| disk.note())
     }
 
+    /// Readies the state of a warm instance for its next job: that job's
+    /// HTTP policy (fresh counters and request slots), SQL view and disk
+    /// share, and a clear memory-limit verdict. The log sink is restarted
+    /// by the caller (the guest's stdio streams share it); the WASI context
+    /// (env, preopens, stdio) and the resource table are the instance's.
+    pub(crate) fn next_job(
+        &mut self,
+        manifest: &Manifest,
+        http_policy: HttpPolicy,
+        databases: &Arc<Databases>,
+        budget: Option<&Arc<DiskBudget>>,
+    ) {
+        self.http_policy = http_policy;
+        self.sql = SqlView::new(databases.clone(), manifest);
+        self.disk = budget.map(|budget| Arc::new(JobDisk::new(budget.clone())));
+        self.limiter.refused = None;
+    }
+
     /// The view the one-call `wasmjobs:job/http` import works on.
     pub(crate) fn http_policy(&mut self) -> &mut HttpPolicy {
         &mut self.http_policy

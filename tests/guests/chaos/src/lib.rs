@@ -8,6 +8,7 @@
 //! | args | behaviour |
 //! | --- | --- |
 //! | `["ok"]` | succeed |
+//! | `["count"]` | add one to a module global and log `count: N` (1 on a fresh instance, N on the instance's Nth such job) |
 //! | `["retry" \| "discard" \| "dead", msg]` | fail with that job-error and `msg` |
 //! | `["panic", msg]` | `panic!("{msg}")` (a trap, after logging the panic) |
 //! | `["trap"]` | execute `unreachable` |
@@ -56,6 +57,9 @@ use wasmjobs_guest::{Job, JobError, JobInfo, export_job, http, log, sql};
 /// second version of the component by replacing these bytes in the binary
 /// (`v1` → `v2`), then check which version ran each job.
 #[unsafe(no_mangle)]
+/// Jobs this instance has run `count` for (`["count"]`).
+static JOBS_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub static MARKER: [u8; 18] = *b"wasmjobs-marker-v1";
 
 /// See the crate docs for the modes.
@@ -69,6 +73,12 @@ impl Job for ChaosJob {
         let mode = args.str(0)?;
         match mode {
             "ok" => Ok(()),
+            "count" => {
+                // A module global: 1 on a fresh instance, more on a warm one.
+                let n = JOBS_SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                log::info!("count: {n}");
+                Ok(())
+            }
             "retry" => Err(JobError::retry(args.str(1)?)),
             "discard" => Err(JobError::discard(args.str(1)?)),
             "dead" => Err(JobError::dead(args.str(1)?)),
