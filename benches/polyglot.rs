@@ -3,7 +3,8 @@
 //!
 //! - start-up: `wasmjobs run` from an empty compilation cache (the plugin is
 //!   compiled) and again with the cache warm, to "running";
-//! - noop: jobs/s and the runner's CPU per job;
+//! - noop: jobs/s and the runner's CPU per job, with a fresh instance per
+//!   job and with warm instances (`[instances] reuse = 1000`);
 //! - http (a 200 ms endpoint) at C = 1,000: efficiency (N × 0.2 s / C ÷ wall)
 //!   and RSS per in-flight instance ((peak − start) / C, all 1,000 jobs are
 //!   waiting on the server at once).
@@ -32,6 +33,8 @@ struct Language {
     http: (&'static str, &'static str),
     /// Noop jobs to drain (fewer for the interpreters: ~5 ms each).
     noop_jobs: u64,
+    /// Noop jobs to drain with warm instances.
+    warm_jobs: u64,
 }
 
 const LANGUAGES: [Language; 3] = [
@@ -40,18 +43,21 @@ const LANGUAGES: [Language; 3] = [
         noop: ("noop", "NoopJob"),
         http: ("http-get", "HttpGetJob"),
         noop_jobs: 100_000,
+        warm_jobs: 100_000,
     },
     Language {
         name: "Python",
         noop: ("py-noop", "PyNoopJob"),
         http: ("py-http-get", "PyHttpGetJob"),
         noop_jobs: 2_000,
+        warm_jobs: 20_000,
     },
     Language {
         name: "JavaScript",
         noop: ("js-noop", "JsNoopJob"),
         http: ("js-http-get", "JsHttpGetJob"),
         noop_jobs: 2_000,
+        warm_jobs: 20_000,
     },
 ];
 
@@ -69,6 +75,7 @@ fn main() -> Result<()> {
         noop: (noop_dir, noop),
         http: (http_dir, http),
         noop_jobs,
+        warm_jobs,
     } in LANGUAGES
     {
         let plugins = tempfile::tempdir()?;
@@ -110,6 +117,33 @@ fn main() -> Result<()> {
             format!(
                 "{:.3}",
                 run.cpu / 100.0 * run.wall.as_secs_f64() / noop_jobs as f64 * 1e3
+            ),
+            "",
+        );
+
+        let manifest = plugins.path().join(noop_dir).join("wasmjobs.toml");
+        let text = std::fs::read_to_string(&manifest)?;
+        std::fs::write(&manifest, format!("{text}\n[instances]\nreuse = 1000\n"))?;
+        let warm = rt.block_on(drain(
+            BIN.as_ref(),
+            &redis,
+            plugins.path(),
+            noop,
+            warm_jobs,
+            |_| json!([]),
+            &["--concurrency", "100"],
+        ))?;
+        let warm_rate = warm_jobs as f64 / warm.wall.as_secs_f64();
+        report.row(
+            &format!("{language}: noop C=100, reuse = 1000 (jobs/s)"),
+            format!("{warm_rate:.0} ({:.1}× fresh)", warm_rate / rate),
+            "",
+        );
+        report.row(
+            &format!("{language}: noop CPU per job, reuse = 1000 (ms)"),
+            format!(
+                "{:.3}",
+                warm.cpu / 100.0 * warm.wall.as_secs_f64() / warm_jobs as f64 * 1e3
             ),
             "",
         );

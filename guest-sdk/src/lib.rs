@@ -120,7 +120,12 @@ use bindings::wasmjobs::job::types as wit;
 /// export it with [`export_job!`]. The host picks the plugin by class (from
 /// the plugin's `wasmjobs.toml`), creates a fresh instance for every job and
 /// calls [`perform`](Job::perform) once, so there is no state to carry from
-/// one job to the next and nothing to clean up.
+/// one job to the next and nothing to clean up. A manifest may set
+/// `[instances] reuse = N`: then one instance serves up to N jobs in turn
+/// (after clean returns only), and what the plugin keeps in statics (a
+/// `OnceLock` cache, a counter) persists between them, as in a long-lived
+/// worker process. The host's side is per job either way: logs, limits,
+/// HTTP counters.
 pub trait Job {
     /// The job's arguments, decoded from the JSON array the job was enqueued
     /// with.
