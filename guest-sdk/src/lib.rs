@@ -351,9 +351,34 @@ pub fn decode_args<T: DeserializeOwned>(class: &str, args: &str) -> Result<T, Jo
         JobError::dead(format!(
             "invalid args for {class} {}: expected {}: {error}",
             truncate(args, ARGS_IN_MESSAGE),
-            type_name::<T>(),
+            short_type_name(type_name::<T>()),
         ))
     })
+}
+
+/// A type's name as its user wrote it: every path cut to its last segment
+/// (`(alloc::string::String, std::collections::HashMap<K, V>)` reads
+/// `(String, HashMap<K, V>)`).
+fn short_type_name(name: &str) -> String {
+    let mut short = String::with_capacity(name.len());
+    let mut segment_start = 0;
+    let bytes = name.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i..].starts_with(b"::") {
+            // Drop the path written so far in this identifier run.
+            short.truncate(segment_start);
+            i += 2;
+            continue;
+        }
+        let c = bytes[i];
+        if !(c.is_ascii_alphanumeric() || c == b'_') {
+            segment_start = short.len() + 1;
+        }
+        short.push(c as char);
+        i += 1;
+    }
+    short
 }
 
 /// `text` cut to at most `max` bytes (on a char boundary), with `…` appended
@@ -421,6 +446,22 @@ mod proptests;
 mod tests {
     use super::*;
     use serde::Deserialize;
+
+    #[test]
+    fn type_names_read_as_written() {
+        assert_eq!(short_type_name(type_name::<(String,)>()), "(String,)");
+        assert_eq!(
+            short_type_name(type_name::<(u64, std::collections::HashMap<String, Vec<String>>)>()),
+            "(u64, HashMap<String, Vec<String>>)"
+        );
+        assert_eq!(short_type_name(type_name::<Option<&str>>()), "Option<&str>");
+        let error = decode_args::<(String,)>("Greet", "[1]").unwrap_err();
+        assert!(
+            error.message.contains("expected (String,): invalid type"),
+            "{}",
+            error.message
+        );
+    }
 
     #[test]
     fn decodes_tuple_args() {
