@@ -11,7 +11,11 @@
 //
 // - Arguments: the job's JSON args array is decoded and spread into the
 //   function after `info` (jid, className, queue, args, retryCount,
-//   enqueuedAtMs). Args that are not a JSON array fail the job as dead.
+//   enqueuedAtMs). Args that are not a JSON array fail the job as dead;
+//   so do args that do not fit the types declared with
+//   `job(fn, { args: ['string', 'integer?'] })` (string, number, integer,
+//   boolean, array, object, null, any; `?` allows null or a missing arg),
+//   where an undeclared arg would let the job fail later, as a retry.
 // - Outcome: returning (or resolving) succeeds; throwing Retry, Discard or
 //   Dead says what the host should do; any other error is a retry whose
 //   message is `Name: message` (its stack is logged at error level).
@@ -36,11 +40,57 @@ const levels = ['trace', 'debug', 'info', 'warn', 'error'];
 /** Log lines in the host's tracing output, tagged with the job's jid and class. */
 export const log = Object.fromEntries(levels.map((level) => [level, (message) => hostLog(level, String(message))]));
 
+const ARG_TYPES = {
+  string: (v) => typeof v === 'string',
+  number: (v) => typeof v === 'number',
+  integer: (v) => Number.isInteger(v),
+  boolean: (v) => typeof v === 'boolean',
+  array: (v) => Array.isArray(v),
+  object: (v) => v !== null && typeof v === 'object' && !Array.isArray(v),
+  null: (v) => v === null,
+  any: () => true,
+};
+
+function jsonType(value) {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  if (Number.isInteger(value)) return 'an integer';
+  return { string: 'a string', number: 'a number', boolean: 'a boolean', object: 'an object' }[typeof value] ?? typeof value;
+}
+
+/** Checks the declared arg types up front (a typo in one is an error when the plugin is built). */
+function argsChecker(declared) {
+  if (declared === undefined) return () => null;
+  if (!Array.isArray(declared)) throw new TypeError('job(fn, { args }): args must be an array of type names');
+  const params = declared.map((spec) => {
+    const optional = spec.endsWith('?');
+    const name = optional ? spec.slice(0, -1) : spec;
+    if (!(name in ARG_TYPES)) throw new TypeError(`job(fn, { args }): unknown type ${JSON.stringify(spec)} (${Object.keys(ARG_TYPES).join(', ')})`);
+    return { spec, optional, fits: ARG_TYPES[name] };
+  });
+  const required = params.filter((p) => !p.optional).length;
+  return (args) => {
+    if (args.length > params.length || args.length < required) {
+      const wanted = required === params.length ? `${required}` : `${required} to ${params.length}`;
+      return `takes ${wanted} args (${declared.join(', ')}), got ${args.length}`;
+    }
+    for (const [i, value] of args.entries()) {
+      const { spec, optional, fits } = params[i];
+      if (!(fits(value) || (optional && value === null))) {
+        return `arg ${i + 1} must be ${spec}, got ${jsonType(value)} ${JSON.stringify(value).slice(0, 40)}`;
+      }
+    }
+    return null;
+  };
+}
+
 /**
  * Wraps `fn(info, ...args)` as the component's `perform` export:
- * `export const perform = job(async (info, ...args) => { ... })`.
+ * `export const perform = job(async (info, ...args) => { ... })`, or
+ * `job(fn, { args: ['string'] })` to send args of other types to the dead set.
  */
-export function job(fn) {
+export function job(fn, { args: declared } = {}) {
+  const mismatch = argsChecker(declared);
   return async function perform(wit) {
     const info = {
       jid: wit.jid,
@@ -60,6 +110,8 @@ export function job(fn) {
       if (!Array.isArray(args)) {
         throw new Dead(`invalid args for ${info.className} ${info.args.slice(0, ARGS_IN_MESSAGE)}: expected a JSON array`);
       }
+      const wrong = mismatch(args);
+      if (wrong !== null) throw new Dead(`invalid args for ${info.className} ${info.args.slice(0, ARGS_IN_MESSAGE)}: ${wrong}`);
       await fn(info, ...args);
     } catch (error) {
       if (error instanceof Retry) throw { tag: 'retry', val: error.message };

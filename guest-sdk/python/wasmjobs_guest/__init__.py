@@ -13,6 +13,10 @@
 * **Arguments**: the job's JSON args array is decoded and spread into the
   function after ``info`` (a :class:`JobInfo`). Args that do not fit the
   signature fail the job as *dead*: retrying the same args cannot help.
+  Annotated parameters are checked too (``int``, ``float``, ``str``,
+  ``bool``, ``list[...]``, ``dict[str, ...]``, ``X | None``, ``Any``):
+  ``def perform(info, name: str)`` sends ``[42]`` to the dead set, where
+  an unannotated ``name`` would let the job fail later, as a retry.
 * **Outcome**: returning succeeds; raising :class:`Retry`, :class:`Discard`
   or :class:`Dead` says what the host should do; any other exception is a
   *retry* whose message is ``ExceptionType: message`` (the traceback is
@@ -29,6 +33,8 @@ capability at import time: the host is not there yet.
 import inspect
 import json
 import traceback
+import types
+import typing
 from dataclasses import dataclass
 
 import wit_world
@@ -72,15 +78,76 @@ class Dead(JobFailure):
 
 
 _perform = None
+# The job's parameters after ``info`` with their annotations, read once
+# when the job is registered (at build time, in the snapshot).
+_params = []
 
 
 def job(function):
     """Registers ``function(info, *args)`` as the plugin's job (one per plugin)."""
-    global _perform
+    global _perform, _params
     if _perform is not None:
         raise RuntimeError(f"a job is already registered ({_perform.__name__}); a plugin has one")
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 - unresolvable annotations are not checked
+        hints = {}
+    _params = [(p.name, p.kind, hints.get(p.name)) for p in list(inspect.signature(function).parameters.values())[1:]]
     _perform = function
     return function
+
+
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}
+
+
+def _json_type(value):
+    if value is None:
+        return "null"
+    for kind in (bool, int, float, str, list, dict):
+        if isinstance(value, kind):
+            return _JSON_NAMES[kind]
+    return type(value).__name__
+
+
+def _fits(value, expected):
+    """Whether a decoded JSON value fits an annotation (unknown ones fit)."""
+    if expected is typing.Any or expected is object:
+        return True
+    if expected is None or expected is type(None):
+        return value is None
+    origin = typing.get_origin(expected)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, member) for member in typing.get_args(expected))
+    members = typing.get_args(expected)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(item, members[0]) for item in value) if members else isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict) and (not members or all(_fits(item, members[1]) for item in value.values()))
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected in (str, list, dict):
+        return isinstance(value, expected)
+    return True
+
+
+def _describe(expected):
+    return getattr(expected, "__name__", None) if typing.get_origin(expected) is None else str(expected).replace("typing.", "")
+
+
+def _check_types(bound):
+    for name, kind, expected in _params:
+        if expected is None or name not in bound.arguments:
+            continue
+        values = bound.arguments[name]
+        values = values if kind is inspect.Parameter.VAR_POSITIONAL else (values,)
+        for value in values:
+            if not _fits(value, expected):
+                return f"{name} must be {_describe(expected) or expected}, got {_json_type(value)} {json.dumps(value)[:40]}"
+    return None
 
 
 def _run(wit_job):
@@ -102,9 +169,12 @@ def _run(wit_job):
     if not isinstance(args, list):
         raise Dead(f"invalid args for {info.class_name} {quoted}: expected a JSON array")
     try:
-        inspect.signature(_perform).bind(info, *args)
+        bound = inspect.signature(_perform).bind(info, *args)
     except TypeError as error:
         raise Dead(f"invalid args for {info.class_name} {quoted}: {error}") from None
+    mismatch = _check_types(bound)
+    if mismatch is not None:
+        raise Dead(f"invalid args for {info.class_name} {quoted}: {mismatch}")
     _perform(info, *args)
 
 
