@@ -4,6 +4,11 @@
 //! `Sidekiq::Client.push` would write, so wasmjobs or Sidekiq workers can
 //! take them. `--count` pushes many copies (distinct jids) in bulk, fast
 //! enough to fill a queue with a million jobs in a few seconds.
+//!
+//! A job pushed where nothing fetches its queue looks lost, so after the
+//! push the command reads the live processes and says so on stderr when no
+//! process that is not quiet listens on the queue (typically: the embedded
+//! Redis of a data directory no `wasmjobs run` uses).
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -14,8 +19,9 @@ use serde_json::Value;
 
 use super::{Cli, RedisArgs};
 use crate::job::validate_args;
+use crate::redis::api::{self, ProcessInfo};
 use crate::redis::payload::Payload;
-use crate::redis::{client, now_f64};
+use crate::redis::{Target, client, now_f64};
 
 /// Payloads built and pushed per batch, so `--count` needs little memory.
 const BATCH: u64 = 10 * client::CHUNK as u64;
@@ -88,6 +94,14 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             last_jid = payload.jid().to_owned();
         }
     }
+    // Best effort: the jobs are pushed whatever this finds.
+    let listening = match api::stats(&mut conn).await {
+        Ok(stats) => stats.processes.iter().any(|p| fetches(p, &args.queue)),
+        Err(err) => {
+            tracing::debug!("cannot read the live processes: {err:#}");
+            true
+        }
+    };
     redis.close().await?;
 
     let jobs = if args.count == 1 {
@@ -109,7 +123,34 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
         line.push_str(&format!(" (jid {last_jid})"));
     }
     println!("{line}");
+    if !listening {
+        eprintln!("{}", nobody_fetches(&args.redis.target(&cli.data_dir), &args.queue));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether live process `p` takes jobs from `queue` (not quiet, and
+/// `queue` among its queues, weighted `name:N` or not).
+fn fetches(p: &ProcessInfo, queue: &str) -> bool {
+    !p.quiet
+        && p.queues.iter().any(|q| {
+            q == queue
+                || q.rsplit_once(':')
+                    .is_some_and(|(name, weight)| name == queue && weight.parse::<u32>().is_ok())
+        })
+}
+
+/// The warning for jobs pushed where no process fetches them.
+fn nobody_fetches(target: &Target, queue: &str) -> String {
+    match target {
+        Target::Embedded(data_dir) => format!(
+            "warning: no `wasmjobs run` is using the Redis of {} yet: the job waits in queue \"{queue}\" until one starts there (`wasmjobs run --plugins DIR` with the same --data-dir)",
+            data_dir.display()
+        ),
+        Target::Url(_) => format!(
+            "warning: no live process fetches queue \"{queue}\" on this Redis: the job waits until one does (`wasmjobs stats` lists the processes and their queues)"
+        ),
+    }
 }
 
 /// `at` (epoch seconds, checked to be in range) as RFC 3339.
@@ -172,6 +213,28 @@ mod tests {
         assert!(parse_time("tomorrow").is_err());
         assert!(parse_delay("-1").is_err());
         assert_eq!(parse_delay("1.5").expect("delay"), 1.5);
+    }
+
+    #[test]
+    fn a_queue_is_fetched_only_by_a_live_process_listening_on_it() {
+        let process = |queues: &[&str], quiet: bool| ProcessInfo {
+            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+            quiet,
+            ..ProcessInfo::default()
+        };
+        assert!(fetches(&process(&["default"], false), "default"));
+        assert!(fetches(&process(&["critical:3", "default:1"], false), "default"));
+        assert!(
+            !fetches(&process(&["default"], true), "default"),
+            "a quiet process fetches nothing"
+        );
+        assert!(!fetches(&process(&["mail"], false), "default"));
+        assert!(!fetches(&process(&["default:x"], false), "default"));
+        let warning = nobody_fetches(&Target::Embedded("/srv/.wasmjobs".into()), "default");
+        assert!(
+            warning.contains("no `wasmjobs run` is using the Redis of /srv/.wasmjobs"),
+            "{warning}"
+        );
     }
 
     #[test]

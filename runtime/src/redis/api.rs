@@ -50,7 +50,7 @@ pub struct QueueStats {
 }
 
 /// One live worker process, from its heartbeat hash.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ProcessInfo {
     /// `hostname:pid:nonce`, the key of the heartbeat hash.
     pub identity: String,
