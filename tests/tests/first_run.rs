@@ -6,50 +6,25 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use wasmjobs::plugin::cache::sha256_hex;
 use wasmjobs_e2e::assert_success;
+use wasmjobs_e2e::cli::wasmjobs_in;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{plugins, push, wasmjobs_bin};
+use wasmjobs_e2e::runner::{plugins, push};
 
 /// Runs `wasmjobs --data-dir DATA ARGS...` to completion (at most `timeout`).
 fn wasmjobs(data_dir: &Path, args: &[&str], timeout: Duration) -> Output {
-    let out = tempfile::tempdir().expect("tempdir");
-    let stdout = out.path().join("stdout");
-    let stderr = out.path().join("stderr");
-    let mut child = Command::new(wasmjobs_bin())
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout).expect("stdout file"))
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .expect("start wasmjobs");
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "wasmjobs {args:?} did not finish in {timeout:?}:\n{}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: std::fs::read(&stdout).expect("read stdout"),
-        stderr: std::fs::read(&stderr).expect("read stderr"),
-    }
+    let data_dir = data_dir.to_str().expect("utf-8 path");
+    let args: Vec<&str> = ["--data-dir", data_dir]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let cwd = std::env::current_dir().expect("current directory");
+    wasmjobs_in(&cwd, &args, &[("RUST_LOG", "info")], timeout)
 }
 
 /// The SHA-256 of every component under `plugins`.

@@ -7,14 +7,20 @@
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
 //!   and why any plugin was refused ([`plugins`]).
+//! - `wasmjobs new rust|python|js DIR` / `wasmjobs build DIR`: a first
+//!   plugin from a template, built with the pinned toolchain, from
+//!   anywhere ([`new`], [`build`]).
 //!
 //! Exit status: 0 on success, 1 when a job failed or a plugin is broken,
 //! 2 on a usage or setup error.
 
+pub mod build;
 pub mod enqueue;
 pub mod exec;
+pub mod new;
 pub mod plugins;
 pub mod run;
+mod sdk;
 pub mod stats;
 
 use std::path::PathBuf;
@@ -59,6 +65,10 @@ pub enum Command {
     Enqueue(enqueue::EnqueueArgs),
     /// Show queues, counters and live processes (of wasmjobs or Sidekiq).
     Stats(stats::StatsArgs),
+    /// Create a plugin directory ready to build: rust, python or js.
+    New(new::NewArgs),
+    /// Build a plugin directory's component (installing its toolchain on first use).
+    Build(build::BuildArgs),
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -139,9 +149,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_filter = match cli.command {
         // `exec` prints the job's log lines and outcome itself.
-        Command::Exec(_) => "warn,wasmjobs::guest=off,wasmjobs::sandbox=error",
+        Command::Exec(_) => "warn,wasmjobs::compile=info,wasmjobs::guest=off,wasmjobs::sandbox=error",
         Command::Run(_) => "info",
-        Command::Plugins(_) | Command::Enqueue(_) | Command::Stats(_) => "warn",
+        Command::Plugins(_) | Command::Build(_) => "warn,wasmjobs::compile=info",
+        Command::Enqueue(_) | Command::Stats(_) | Command::New(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -150,6 +161,8 @@ pub fn main() -> ExitCode {
         Command::Plugins(args) => plugins::run(&cli, args),
         Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
         Command::Stats(args) => runtime().and_then(|rt| rt.block_on(stats::run(&cli, args))),
+        Command::New(args) => new::run(args),
+        Command::Build(args) => build::run(&cli, args),
     };
     match result {
         Ok(code) => code,

@@ -105,8 +105,16 @@ impl CompileCache {
     }
 
     /// Compiles `bytes` (a component binary) for `engine`, or loads the cached
-    /// artifact. `content_hash` is the SHA-256 of `bytes` in hex.
-    pub fn component(&self, engine: &Engine, bytes: &[u8], content_hash: &str) -> Result<(Component, CacheUse)> {
+    /// artifact. `content_hash` is the SHA-256 of `bytes` in hex; `label`
+    /// names the component in the "compiling, first run only" line that a
+    /// cache miss logs (target `wasmjobs::compile`, shown by every command).
+    pub fn component(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        content_hash: &str,
+        label: &str,
+    ) -> Result<(Component, CacheUse)> {
         let Some(dir) = &self.dir else {
             return Ok((
                 Component::new(engine, bytes).map_err(anyhow::Error::from)?,
@@ -134,7 +142,15 @@ impl CompileCache {
             Ok(false) => {}
             Err(err) => tracing::warn!(path = %path.display(), "replacing an untrusted compiled artifact: {err:#}"),
         }
+        tracing::info!(target: "wasmjobs::compile", "{}", compiling_notice(label, bytes.len()));
+        let started = std::time::Instant::now();
         let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
+        tracing::info!(
+            target: "wasmjobs::compile",
+            "compiled {label} in {:.1} s; cached in {}",
+            started.elapsed().as_secs_f64(),
+            dir.display()
+        );
         if let Err(err) = store(dir, &path, &component) {
             tracing::warn!(dir = %dir.display(), "cannot write the compilation cache: {err:#}");
             return Ok((component, CacheUse::Compiled));
@@ -150,6 +166,19 @@ impl CompileCache {
                 Ok((component, CacheUse::Compiled))
             }
         }
+    }
+}
+
+/// What a cache miss says before compiling `len` bytes: that this happens
+/// once, and roughly how long it takes when that is long enough to wonder
+/// (Cranelift compiles ~3 MB of component a second on a 2-core machine).
+fn compiling_notice(label: &str, len: usize) -> String {
+    let mb = len as f64 / 1e6;
+    let seconds = (mb / 3.0).round();
+    if seconds >= 2.0 {
+        format!("compiling {label} ({mb:.0} MB) for this machine, first run only, ~{seconds} s")
+    } else {
+        format!("compiling {label} for this machine, first run only")
     }
 }
 

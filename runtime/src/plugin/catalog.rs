@@ -365,6 +365,18 @@ fn read_plugin(manifest_path: &Path) -> Result<Source> {
     })
 }
 
+/// Checks that `bytes` is a component of the job world that this host can
+/// link (compiling it through `cache`, so a runner using the same cache
+/// then loads it at once): what `wasmjobs build` asks of its result.
+pub fn check_component(executor: &Executor, cache: &CompileCache, bytes: &[u8], label: &str) -> Result<CacheUse> {
+    if !is_component(bytes) {
+        bail!("not a WebAssembly component");
+    }
+    let (component, cache_use) = cache.component(executor.engine(), bytes, &sha256_hex(bytes), label)?;
+    executor.prepare(&component)?;
+    Ok(cache_use)
+}
+
 /// Compiles (or takes from the cache), checks and pre-links one plugin.
 /// The granted directories are checked and opened first: a plugin whose
 /// grants are refused is not compiled.
@@ -391,13 +403,21 @@ fn build_plugin(
             manifest_path.display()
         );
     };
-    let (component, cache_use) = cache.component(engine, &bytes, &content_hash).with_context(|| {
-        format!(
-            "{}: cannot compile {}",
-            manifest_path.display(),
-            manifest.component.display()
-        )
-    })?;
+    let label = manifest
+        .component
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let (component, cache_use) = cache
+        .component(engine, &bytes, &content_hash, &label)
+        .with_context(|| {
+            format!(
+                "{}: cannot compile {}",
+                manifest_path.display(),
+                manifest.component.display()
+            )
+        })?;
     let pre = executor
         .prepare(&component)
         .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;

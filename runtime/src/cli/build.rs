@@ -1,0 +1,277 @@
+//! `wasmjobs build DIR`: builds a plugin directory's component, from
+//! anywhere.
+//!
+//! The language is read off the directory (`Cargo.toml`: Rust, `app.py`:
+//! Python, `job.js`: JavaScript), the pinned toolchain is installed on first
+//! use ([`super::sdk`]), the result is checked to be a component of the
+//! job world (compiled through the same cache `run` uses, so the runner
+//! then loads it at once), and it is put where the manifest's `component`
+//! says by write-then-rename, so a runner watching the directory reloads a
+//! whole file, never half of one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use super::Cli;
+use super::new::Language;
+use super::sdk::{self, Sdk};
+use crate::plugin::{MANIFEST_FILE, Manifest};
+use crate::sandbox::{EngineConfig, Executor};
+
+/// Arguments of `wasmjobs build`.
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The plugin directory (holding wasmjobs.toml).
+    pub dir: PathBuf,
+    /// The guest SDK (the repository's `guest-sdk` directory; default: the
+    /// one this wasmjobs was built from).
+    #[arg(long, env = "WASMJOBS_SDK")]
+    pub sdk: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("{}: no such plugin directory", args.dir.display()))?;
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&manifest_path)
+        .with_context(|| format!("{}: cannot read (is this a plugin directory?)", manifest_path.display()))?;
+    let manifest = Manifest::parse(&manifest_path, &text)?;
+    let language = detect(&dir)?;
+    let sdk = Sdk::locate(args.sdk.as_deref())?;
+    let name = manifest
+        .component
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let built = build(language, &dir, &sdk, &temporary).and_then(|()| check(cli, &temporary, &name));
+    let size = match built {
+        Ok(size) => size,
+        Err(err) => {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(err);
+        }
+    };
+    std::fs::rename(&temporary, &manifest.component)
+        .with_context(|| format!("cannot move the component to {}", manifest.component.display()))?;
+
+    println!("built {} ({size} bytes)", manifest.component.display());
+    let parent = dir.parent().unwrap_or(&dir);
+    for class in &manifest.classes {
+        println!(
+            "try it: wasmjobs exec --plugins {} {class} '[\"world\"]'   (the args are the job's JSON array)",
+            parent.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plugin's language, from the files it has.
+fn detect(dir: &Path) -> Result<Language> {
+    let found: Vec<Language> = [
+        ("Cargo.toml", Language::Rust),
+        ("app.py", Language::Python),
+        ("job.js", Language::Js),
+    ]
+    .into_iter()
+    .filter(|(file, _)| dir.join(file).is_file())
+    .map(|(_, language)| language)
+    .collect();
+    match found.as_slice() {
+        [language] => Ok(*language),
+        [] => bail!(
+            "{}: no Cargo.toml (Rust), app.py (Python) or job.js (JavaScript) to build; `wasmjobs new` makes one",
+            dir.display()
+        ),
+        _ => bail!(
+            "{}: more than one of Cargo.toml, app.py and job.js; which language is it?",
+            dir.display()
+        ),
+    }
+}
+
+/// Builds `dir` into the component file `out`.
+fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
+    match language {
+        Language::Rust => build_rust(dir, out),
+        Language::Python => {
+            let tool = sdk::componentize_py()?;
+            eprintln!("componentize-py: building {} (~10 s)", dir.display());
+            // componentize-py imports the app to snapshot it, and writes
+            // `__pycache__/` beside the sources whatever
+            // PYTHONDONTWRITEBYTECODE says: build from a copy, so nothing
+            // lands in the plugin directory.
+            let stage = tempfile::tempdir().context("cannot create a staging directory")?;
+            stage_sources(dir, stage.path())?;
+            sdk::run_quietly(
+                Command::new(tool)
+                    .env("PYTHONDONTWRITEBYTECODE", "1")
+                    .arg("-d")
+                    .arg(sdk.wit())
+                    .args(["-w", "plugin", "componentize", "-p"])
+                    .arg(stage.path())
+                    .arg("-p")
+                    .arg(sdk.python())
+                    .arg("app")
+                    .arg("-o")
+                    .arg(out),
+                "componentize-py",
+            )
+        }
+        Language::Js => {
+            sdk::componentize_js(sdk)?;
+            eprintln!("componentize-js: building {} (~10 s)", dir.display());
+            sdk::run_quietly(
+                Command::new("node")
+                    .arg(sdk.js().join("build.mjs"))
+                    .arg(dir)
+                    .arg(out)
+                    .arg(sdk.wit()),
+                "componentize-js",
+            )
+        }
+    }
+}
+
+/// Copies `dir`'s files to `stage`, leaving out build output and caches
+/// (`__pycache__`, `target`, `node_modules`, `.git`, `*.wasm`).
+fn stage_sources(dir: &Path, stage: &Path) -> Result<()> {
+    let skipped = |entry: &walkdir::DirEntry| {
+        let name = entry.file_name().to_string_lossy();
+        matches!(name.as_ref(), "__pycache__" | "target" | "node_modules" | ".git") || name.ends_with(".wasm")
+    };
+    for entry in walkdir::WalkDir::new(dir)
+        .min_depth(1)
+        .into_iter()
+        .filter_entry(|e| !skipped(e))
+    {
+        let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
+        let relative = entry.path().strip_prefix(dir).context("a path outside the plugin")?;
+        let target = stage.join(relative);
+        if entry.file_type().is_dir() {
+            std::fs::create_dir_all(&target).with_context(|| format!("cannot create {}", target.display()))?;
+        } else if entry.file_type().is_file() {
+            std::fs::copy(entry.path(), &target).with_context(|| format!("cannot copy {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+const RUST_TARGET: &str = "wasm32-wasip2";
+
+/// `cargo build --release --target wasm32-wasip2`, adding the target with
+/// rustup if it is missing, and copies the library's `.wasm` to `out`.
+fn build_rust(dir: &Path, out: &Path) -> Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|t| t.trim() == RUST_TARGET)
+        });
+    match installed {
+        Ok(true) => {}
+        Ok(false) => {
+            eprintln!("adding the {RUST_TARGET} target with rustup (first Rust build only)");
+            sdk::run_quietly(
+                Command::new("rustup").args(["target", "add", RUST_TARGET]),
+                "rustup target add",
+            )?;
+        }
+        Err(_) => eprintln!("no rustup: assuming this Rust toolchain has the {RUST_TARGET} target"),
+    }
+    let output = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--target",
+            RUST_TARGET,
+            "--message-format=json-render-diagnostics",
+        ])
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo (is Rust installed? https://rustup.rs)")?;
+    if !output.status.success() {
+        bail!("cargo build failed for {}", dir.display());
+    }
+    let wasm = wasm_artifact(&String::from_utf8_lossy(&output.stdout)).with_context(|| {
+        format!(
+            "cargo built no .wasm library for {} (is crate-type [\"cdylib\"]?)",
+            dir.display()
+        )
+    })?;
+    std::fs::copy(&wasm, out).with_context(|| format!("cannot copy {}", wasm.display()))?;
+    Ok(())
+}
+
+/// The `.wasm` file of the last cdylib among cargo's JSON messages.
+fn wasm_artifact(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"))
+        })
+        .filter_map(|m| {
+            m["filenames"]
+                .as_array()?
+                .iter()
+                .filter_map(|f| f.as_str())
+                .find(|f| f.ends_with(".wasm"))
+                .map(PathBuf::from)
+        })
+        .next_back()
+}
+
+/// Checks that `component` is a component of the job world by compiling it
+/// through the data directory's cache; its size in bytes.
+fn check(cli: &Cli, component: &Path, name: &str) -> Result<u64> {
+    let bytes = std::fs::read(component).with_context(|| format!("cannot read {}", component.display()))?;
+    let executor = Executor::new(&EngineConfig {
+        concurrency: 1,
+        ..EngineConfig::default()
+    })?;
+    let cache = crate::plugin::CompileCache::new(cli.data_dir.join("cache"));
+    crate::plugin::catalog::check_component(&executor, &cache, &bytes, name)
+        .context("the build is not a usable plugin")?;
+    Ok(bytes.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cdylib_artifact_is_found_among_cargo_messages() {
+        let messages = r#"{"reason":"compiler-artifact","target":{"kind":["lib"]},"filenames":["/t/libserde.rlib"]}
+{"reason":"compiler-artifact","target":{"kind":["cdylib"]},"filenames":["/t/wasm32-wasip2/release/greet.wasm"]}
+{"reason":"build-finished","success":true}"#;
+        assert_eq!(
+            wasm_artifact(messages),
+            Some(PathBuf::from("/t/wasm32-wasip2/release/greet.wasm"))
+        );
+        assert_eq!(wasm_artifact("not json"), None);
+    }
+
+    #[test]
+    fn the_language_is_read_off_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(detect(dir.path()).unwrap_err().to_string().contains("wasmjobs new"));
+        std::fs::write(dir.path().join("app.py"), "").unwrap();
+        assert_eq!(detect(dir.path()).unwrap(), Language::Python);
+        std::fs::write(dir.path().join("job.js"), "").unwrap();
+        assert!(detect(dir.path()).unwrap_err().to_string().contains("more than one"));
+    }
+}

@@ -1,0 +1,217 @@
+//! `wasmjobs new rust|python|js DIR`: a plugin directory ready to build.
+//!
+//! Writes the source (`Cargo.toml` and `src/lib.rs`, `app.py` or `job.js`)
+//! and a `wasmjobs.toml` whose `component` is the file `wasmjobs build`
+//! writes, with the grants and limits a plugin may declare shown as
+//! comments. The templates are in `cli/templates/`, rendered with
+//! minijinja; nothing is written over an existing file.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use super::sdk::Sdk;
+
+/// The language of a plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Language {
+    /// Rust, built with cargo for wasm32-wasip2.
+    Rust,
+    /// Python, built with componentize-py.
+    Python,
+    /// JavaScript, built with componentize-js.
+    Js,
+}
+
+/// Arguments of `wasmjobs new`.
+#[derive(Debug, Args)]
+pub struct NewArgs {
+    /// The plugin's language.
+    pub language: Language,
+    /// The directory to create (its name names the plugin).
+    pub dir: PathBuf,
+    /// The job class it serves (default: from the directory name, e.g.
+    /// `greet` → `GreetJob`).
+    #[arg(long)]
+    pub class: Option<String>,
+    /// The guest SDK (the repository's `guest-sdk` directory; default: the
+    /// one this wasmjobs was built from).
+    #[arg(long, env = "WASMJOBS_SDK")]
+    pub sdk: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Placeholders {
+    class: String,
+    crate_name: String,
+    component: String,
+    sdk_rust: String,
+}
+
+/// Runs the command.
+pub fn run(args: &NewArgs) -> Result<ExitCode> {
+    let name = args
+        .dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty())
+        .with_context(|| format!("{}: not a directory name", args.dir.display()))?;
+    let class = match &args.class {
+        Some(class) => class.clone(),
+        None => class_name(name),
+    };
+    if !is_class_name(&class) {
+        bail!("{class:?} is not a job class name: letters, digits and '_', starting with a letter (e.g. GreetJob)");
+    }
+    let crate_name = crate_name(name);
+    let sdk = Sdk::locate(args.sdk.as_deref())?;
+    let context = Placeholders {
+        class: class.clone(),
+        component: format!("{}.wasm", crate_name.replace('-', "_")),
+        crate_name,
+        sdk_rust: toml_path(&sdk.rust_crate()),
+    };
+    let files: &[(&str, &str)] = match args.language {
+        Language::Rust => &[
+            ("Cargo.toml", include_str!("templates/Cargo.toml.j2")),
+            ("src/lib.rs", include_str!("templates/lib.rs.j2")),
+        ],
+        Language::Python => &[("app.py", include_str!("templates/app.py.j2"))],
+        Language::Js => &[("job.js", include_str!("templates/job.js.j2"))],
+    };
+    let manifest = ("wasmjobs.toml", include_str!("templates/wasmjobs.toml.j2"));
+    let rendered = files
+        .iter()
+        .chain(std::iter::once(&manifest))
+        .map(|(path, template)| Ok((*path, render(template, &context)?)))
+        .collect::<Result<Vec<_>>>()?;
+
+    for (path, _) in &rendered {
+        let target = args.dir.join(path);
+        if target.exists() {
+            bail!(
+                "{} already exists: wasmjobs new writes only new files",
+                target.display()
+            );
+        }
+    }
+    for (path, text) in &rendered {
+        let target = args.dir.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&target, text).with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    let dir = args.dir.display();
+    println!("created {dir}: a {:?} plugin serving {class}", args.language);
+    println!("next: wasmjobs build {dir}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render(template: &str, context: &Placeholders) -> Result<String> {
+    let mut env = minijinja::Environment::new();
+    env.set_keep_trailing_newline(true);
+    env.render_str(template, context)
+        .context("cannot render a plugin template")
+}
+
+/// `greet-user` → `GreetUserJob`; a name already ending in `Job` keeps it.
+fn class_name(dir_name: &str) -> String {
+    let mut class: String = dir_name
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    if class.is_empty() || !class.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        class.insert_str(0, "My");
+    }
+    if !class.ends_with("Job") {
+        class.push_str("Job");
+    }
+    class
+}
+
+fn is_class_name(class: &str) -> bool {
+    class.starts_with(|c: char| c.is_ascii_alphabetic())
+        && class.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && class.len() <= 128
+}
+
+/// A Cargo package name from a directory name: lowercase ASCII letters,
+/// digits, `-` and `_`, starting with a letter.
+fn crate_name(dir_name: &str) -> String {
+    let mut name: String = dir_name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        name.insert_str(0, "job-");
+    }
+    name
+}
+
+/// `path` as a TOML basic string's contents (backslashes and quotes escaped).
+fn toml_path(path: &Path) -> String {
+    path.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_names_come_from_directory_names() {
+        assert_eq!(class_name("greet"), "GreetJob");
+        assert_eq!(class_name("send-email"), "SendEmailJob");
+        assert_eq!(class_name("ReportJob"), "ReportJob");
+        assert_eq!(class_name("42"), "My42Job");
+        assert!(is_class_name("GreetJob"));
+        assert!(!is_class_name("9Job"));
+        assert!(!is_class_name("Greet Job"));
+    }
+
+    #[test]
+    fn crate_names_are_valid_package_names() {
+        assert_eq!(crate_name("Greet User"), "greet-user");
+        assert_eq!(crate_name("py_greet"), "py_greet");
+        assert_eq!(crate_name("1st"), "job-1st");
+    }
+
+    #[test]
+    fn templates_render_every_placeholder() {
+        let context = Placeholders {
+            class: "GreetJob".into(),
+            crate_name: "greet".into(),
+            component: "greet.wasm".into(),
+            sdk_rust: "/sdk".into(),
+        };
+        for template in [
+            include_str!("templates/Cargo.toml.j2"),
+            include_str!("templates/lib.rs.j2"),
+            include_str!("templates/app.py.j2"),
+            include_str!("templates/job.js.j2"),
+            include_str!("templates/wasmjobs.toml.j2"),
+        ] {
+            let text = render(template, &context).unwrap();
+            assert!(!text.contains("{{"), "{text}");
+            assert!(text.ends_with('\n'));
+        }
+        let manifest = render(include_str!("templates/wasmjobs.toml.j2"), &context).unwrap();
+        let parsed = crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
+        assert_eq!(parsed.component, Path::new("/p/greet/greet.wasm"));
+        assert_eq!(parsed.classes, ["GreetJob"]);
+    }
+}
