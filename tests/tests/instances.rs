@@ -232,3 +232,29 @@ async fn python_and_javascript_instances_serve_jobs_in_turn() {
         assert_eq!(instances.reused.load(Ordering::Relaxed), 4, "{plugin}");
     }
 }
+
+/// `run --keep-resident 16MiB`: memories are reset in place by copying the
+/// image back rather than decommitted, and a fresh instance must still
+/// start from the image: a module global is 1 on every job, and Python and
+/// JS interpreters restored over the pages of the previous job run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_instances_start_from_the_image_when_memory_is_kept_resident() {
+    let executor = wasmjobs_e2e::executor_from(&wasmjobs::sandbox::EngineConfig {
+        concurrency: 1,
+        keep_resident: 16 << 20,
+        ..Default::default()
+    });
+    let dir = chaos_with("");
+    let chaos = catalog(dir.path(), &executor);
+    assert_eq!(counts(&executor, &chaos, 5).await, [1, 1, 1, 1, 1]);
+    for (plugin, class) in [("py-noop", "PyNoopJob"), ("js-noop", "JsNoopJob")] {
+        let temp = tempfile::tempdir().expect("tempdir");
+        copy_plugin(&wasmjobs_e2e::plugins_dir().join(plugin), temp.path());
+        let loaded = catalog(temp.path(), &executor);
+        for i in 0..4 {
+            let job = run(&executor, &loaded, class, "[]").await;
+            assert_eq!(job.outcome, Outcome::Success, "{plugin} job {i}: {:?}", messages(&job));
+        }
+    }
+    assert_eq!(executor.instances().reused.load(Ordering::Relaxed), 0);
+}

@@ -290,6 +290,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
         limits: options.limits,
         disk: options.disk,
         fuel: options.fuel,
+        keep_resident: options.keep_resident,
         ..EngineConfig::default()
     };
     let (executor, catalog) = tokio::task::spawn_blocking(move || -> Result<(Executor, Catalog)> {

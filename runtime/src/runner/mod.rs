@@ -81,6 +81,9 @@ pub struct RunOptions {
     pub limits: Limits,
     /// Default and cap of a plugin's `limits.disk`, bytes.
     pub disk: u64,
+    /// Bytes of each job's memory reset in place between jobs (the
+    /// engine's `keep_resident`).
+    pub keep_resident: usize,
     /// Allow plugins with `limits.fuel` (only they are metered).
     pub fuel: bool,
     /// Average seconds between scheduled/retry polls (scaled by the number
