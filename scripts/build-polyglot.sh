@@ -65,6 +65,9 @@ build_polyglot() {
                 -p "$dir" -p "$ROOT/guest-sdk/python" app -o "$temporary" >/dev/null ||
                 die "componentize-py failed for ${dir#"$ROOT"/}"
             mv -f "$temporary" "$destination"
+            # componentize-py imports app.py to snapshot it and writes
+            # __pycache__/ whatever PYTHONDONTWRITEBYTECODE says.
+            rm -rf "$dir/__pycache__" "$ROOT/guest-sdk/python/wasmjobs_guest/__pycache__"
         fi
         ;;
     js)
