@@ -104,13 +104,13 @@ def request(method, url, body=None, headers=None):
     try:
         future = outgoing_handler.handle(outgoing, None)
     except Err as error:
-        raise HttpError(f"{what}: {_describe(error.value)}") from None
+        raise _failure(error.value, what, parts) from None
     # The body goes out after `handle`, so a body bigger than the host's
     # buffer does not block: the host is already sending it.
     written = _write(outgoing_body, body or b"")
     _t.OutgoingBody.finish(outgoing_body, None)
     with future:
-        response = _wait(future, what)
+        response = _wait(future, what, parts)
     if written is not None:
         raise HttpError(f"{what}: failed while sending the body: {written}")
     return _read(response, what)
@@ -137,7 +137,7 @@ def _write(outgoing_body, data):
     return None
 
 
-def _wait(future, what):
+def _wait(future, what, parts):
     while True:
         result = future.get()
         if result is None:
@@ -148,7 +148,7 @@ def _wait(future, what):
             raise HttpError(f"{what}: the response was already taken")
         inner = result.value
         if isinstance(inner, Err):
-            raise HttpError(f"{what}: {_describe(inner.value)}")
+            raise _failure(inner.value, what, parts)
         return inner.value
 
 
@@ -176,6 +176,21 @@ def _stream_error(error):
         return "the stream was closed"
     code = _t.http_error_code(error.value)
     return _describe(code) if code is not None else error.value.to_debug_string()
+
+
+def _failure(code, what, parts):
+    """The :class:`HttpError` for a request that failed with ``code``; a
+    denial names the rule that would grant it."""
+    if type(code).__name__ == "ErrorCode_HttpRequestDenied":
+        return HttpError(f'{what}: request denied: add "{_rule(parts)}" to [http] allow in wasmjobs.toml')
+    return HttpError(f"{what}: {_describe(code)}")
+
+
+def _rule(parts):
+    """The ``[http] allow`` rule that would grant a URL: ``host`` on the
+    scheme's default port, ``host:port`` otherwise (as the host says it)."""
+    host = parts.netloc.rpartition("@")[2]
+    return host.removesuffix(":443" if parts.scheme == "https" else ":80")
 
 
 def _describe(code):

@@ -119,7 +119,8 @@ impl HttpPolicy {
             plugin = %labels.plugin,
             uri = %uri,
             allowed = %self.allow,
-            "outgoing HTTP request denied: host not in the plugin's http.allow"
+            "outgoing HTTP request denied: host not in the plugin's http.allow; add \"{}\" to [http] allow",
+            call::rule_for(uri)
         );
     }
 
