@@ -350,6 +350,25 @@ async fn sigtstp_quiets_the_runner_and_sigint_stops_it() {
     assert_eq!(waiting, 10, "the jobs pushed while quiet are still queued");
 }
 
+/// A SIGTERM that arrives while the runner is still starting (here: while
+/// it compiles a Python plugin, `--no-cache`) is a clean stop once start-up
+/// is done, not the default action of the signal: a deploy that stops a
+/// process it just started must not see it die by signal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_start_up_is_a_clean_stop() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "py-noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--no-cache"]);
+    runner.wait_for_log(" starting ", Duration::from_secs(30));
+    runner.signal("TERM");
+    let status = runner.wait(Duration::from_secs(120));
+    assert!(status.success(), "{status}: {}", runner.log());
+    assert!(runner.log().contains("SIGTERM"), "{}", runner.log());
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert!(processes.is_empty(), "the heartbeat is removed on stop: {processes:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_run_loses_no_job() {
     let mut redis = TestRedis::start();
