@@ -16,14 +16,15 @@
 //! rest (each goes back to its queue through the writer), let the writer
 //! record every outcome, have the job source requeue what it still holds,
 //! remove the heartbeat, and stop the embedded Redis if we were its last
-//! user.
+//! user. The signal handlers are installed before anything else, so a
+//! signal during start-up is acted on as soon as start-up is done.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,10 @@ use crate::sandbox::{EngineConfig, Executor};
 /// Runs until told to stop; returns what happened.
 pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let mut clock = Clock::start();
+    // First of all, so that a signal during start-up (compiling plugins can
+    // take seconds) is a stop once started rather than the signal's
+    // default action, death.
+    let mut signals = Signals::install()?;
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
@@ -144,7 +149,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let drained = options
         .exit_when_empty
         .then(|| monitor::drained(redis.clone(), options.queues.names(), inflight.clone()));
-    wait_for_stop(&mut commands, &mut fetching, drained).await?;
+    wait_for_stop(&mut signals, &mut commands, &mut fetching, drained).await?;
 
     let requeued = shut_down(
         options.shutdown_timeout,
@@ -335,10 +340,29 @@ async fn release_unserved(poller: Arc<Poller>, mut served: mpsc::UnboundedReceiv
     }
 }
 
+/// The signals `run` answers, listened to from the start of `run`: one
+/// that arrives before [`wait_for_stop`] polls is kept and acted on then.
+struct Signals {
+    term: Signal,
+    int: Signal,
+    tstp: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            tstp: signal(SignalKind::from_raw(20)).context("installing the SIGTSTP handler")?,
+        })
+    }
+}
+
 /// Waits for SIGTERM/SIGINT, a Stop from the Web UI, or (with
 /// `--exit-when-empty`) empty queues; SIGTSTP or Quiet from the Web UI only
 /// stop fetching.
 async fn wait_for_stop(
+    signals: &mut Signals,
     commands: &mut mpsc::Receiver<Command>,
     fetching: &mut Fetching,
     drained: Option<impl Future<Output = ()>>,
@@ -350,15 +374,12 @@ async fn wait_for_stop(
         }
     };
     tokio::pin!(drained);
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut tstp = signal(SignalKind::from_raw(20)).context("installing the SIGTSTP handler")?;
     loop {
         let why = tokio::select! {
-            _ = term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
+            _ = signals.term.recv() => { tracing::info!("SIGTERM"); return Ok(()) }
             () = &mut drained => { tracing::info!("every queue is empty: stopping (--exit-when-empty)"); return Ok(()) }
-            _ = int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
-            _ = tstp.recv() => "SIGTSTP: quiet",
+            _ = signals.int.recv() => { tracing::info!("SIGINT"); return Ok(()) }
+            _ = signals.tstp.recv() => "SIGTSTP: quiet",
             command = commands.recv() => match command {
                 Some(Command::Stop) => { tracing::info!("TERM from the Web UI"); return Ok(()) }
                 Some(Command::Quiet) => "TSTP from the Web UI: quiet",
