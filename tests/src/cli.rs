@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::plugins_dir;
 use crate::runner::wasmjobs_bin;
-use crate::{plugins_dir, repo_root};
 
 /// Runs `wasmjobs ARGS...` in `cwd` with `envs` added to the environment,
 /// and waits at most `timeout` for it (then kills it and panics with what
@@ -67,14 +67,14 @@ pub fn printed(output: &Output) -> String {
 
 /// The environment for `wasmjobs new` / `wasmjobs build` in tests: the
 /// toolchains wasmjobs installs on first use are the ones
-/// `scripts/build-plugins.sh` installed (`plugins/target`), and Rust
-/// plugins build into one target directory under the repository's
-/// `target/`, so a second run rebuilds nothing it need not.
+/// `scripts/build-plugins.sh` installed (`plugins/target`), where Rust
+/// plugins then build too (its `target/`), so a second run rebuilds
+/// nothing it need not. `CARGO_TARGET_DIR` is removed: the builds use
+/// wasmjobs's default.
 pub fn toolchain_env() -> Vec<(&'static str, PathBuf)> {
     // plugins_dir() runs the plugin build, which installs the toolchains.
-    let plugins = plugins_dir();
     vec![
-        ("WASMJOBS_TOOLCHAINS", plugins.join("target")),
-        ("CARGO_TARGET_DIR", repo_root().join("target/first-plugin")),
+        ("WASMJOBS_TOOLCHAINS", plugins_dir().join("target")),
+        ("CARGO_TARGET_DIR", PathBuf::new()),
     ]
 }

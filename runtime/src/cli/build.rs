@@ -166,7 +166,10 @@ fn stage_sources(dir: &Path, stage: &Path) -> Result<()> {
 const RUST_TARGET: &str = "wasm32-wasip2";
 
 /// `cargo build --release --target wasm32-wasip2`, adding the target with
-/// rustup if it is missing, and copies the library's `.wasm` to `out`.
+/// rustup if it is missing, and copies the library's `.wasm` to `out`. The
+/// build output goes to `CARGO_TARGET_DIR` if set, else to `target/` in
+/// the toolchains directory (shared by every plugin), never into the
+/// plugin directory.
 fn build_rust(dir: &Path, out: &Path) -> Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
@@ -187,7 +190,13 @@ fn build_rust(dir: &Path, out: &Path) -> Result<()> {
         }
         Err(_) => eprintln!("no rustup: assuming this Rust toolchain has the {RUST_TARGET} target"),
     }
-    let output = Command::new("cargo")
+    let mut cargo = Command::new("cargo");
+    if std::env::var_os("CARGO_TARGET_DIR").is_none_or(|d| d.is_empty()) {
+        // Not `target/` in the plugin directory, where a running runner
+        // would watch the build churn; shared by every plugin built here.
+        cargo.env("CARGO_TARGET_DIR", sdk::toolchains_dir()?.join("target"));
+    }
+    let output = cargo
         .args([
             "build",
             "--release",
