@@ -369,6 +369,28 @@ async fn sigterm_during_start_up_is_a_clean_stop() {
     assert!(processes.is_empty(), "the heartbeat is removed on stop: {processes:?}");
 }
 
+/// `--threads N` sets the threads that run jobs (one process per core with
+/// `--threads 1` is the setting for fresh Python/JS instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_sets_the_worker_threads() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    for threads in ["1", "3"] {
+        let mut runner = Runner::start(&redis.url(), dir.path(), &["--threads", threads]);
+        runner.wait_running();
+        assert!(
+            runner.log().contains(&format!(" threads={threads}\n")),
+            "{}",
+            runner.log()
+        );
+        let before = int(&mut conn, "stat:processed").await;
+        push(&mut conn, "NoopJob", "default", (0..100).map(|i| json!([i])).collect()).await;
+        wait_processed(&mut conn, before + 100, Duration::from_secs(30), || runner.log()).await;
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_run_loses_no_job() {
     let mut redis = TestRedis::start();

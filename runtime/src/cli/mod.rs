@@ -156,7 +156,9 @@ pub fn main() -> ExitCode {
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
-        Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(&cli, args))),
+        Command::Run(args) => {
+            runtime_with(args.threads.map(usize::from)).and_then(|rt| rt.block_on(run::run(&cli, args)))
+        }
         Command::Exec(args) => runtime().and_then(|rt| rt.block_on(exec::run(&cli, args))),
         Command::Plugins(args) => plugins::run(&cli, args),
         Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
@@ -174,8 +176,15 @@ pub fn main() -> ExitCode {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
+    runtime_with(None)
+}
+
+/// The async runtime, with `threads` worker threads (default: one per
+/// core, or `TOKIO_WORKER_THREADS`).
+fn runtime_with(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads);
+    }
+    builder.enable_all().build().context("cannot start the async runtime")
 }

@@ -56,6 +56,12 @@ pub struct RunArgs {
     /// that run interpreter plugins (see docs/polyglot.md).
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
     pub keep_resident: usize,
+    /// Threads that run jobs (default: one per core). `--threads 1`, one
+    /// process per core, suits Python and JS plugins on fresh instances:
+    /// their copy-on-write faults then flush no other core's TLB, which
+    /// took ~2.5 ms of CPU per job in one two-thread process (docs/polyglot.md).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     /// Allow plugins that set `limits.fuel` (they alone are metered, 10–25% slower).
     #[arg(long)]
     pub fuel: bool,

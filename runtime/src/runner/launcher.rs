@@ -56,7 +56,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let mut signals = Signals::install()?;
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
-    tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, "starting");
+    let threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
 
     let (executor, catalog) = load_plugins(&options).await?;
     let catalog = reloader::live(catalog);
