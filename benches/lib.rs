@@ -350,6 +350,66 @@ pub async fn push_jobs(
     Ok(())
 }
 
+/// Like [`drain`] for jobs with no args, with `processes` runners at once
+/// (each given `extra`), as one deploys one `--threads 1` process per core: all are started and
+/// running before the jobs are pushed, and the wall time runs from the push
+/// to the last job processed. `cpu` is the sum of the runners' %CPU; RSS
+/// figures are summed too.
+pub async fn drain_in_processes(
+    bin: &Path,
+    redis: &TestRedis,
+    plugins: &Path,
+    class: &str,
+    n: u64,
+    extra: &[&str],
+    processes: usize,
+) -> Result<Drain> {
+    let mut conn = redis.conn().await;
+    redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+    let mut runners = Vec::with_capacity(processes);
+    for _ in 0..processes {
+        let mut runner = RunnerProcess::start(
+            bin,
+            &redis.url(),
+            plugins,
+            extra,
+            "warn,wasmjobs::runner::launcher=info",
+        )?;
+        runner.wait_for_log(" running")?;
+        runners.push(runner);
+    }
+    let rss_start_kb = runners.iter().map(|r| rss_kb(r.pid())).sum();
+    let cpu_start: Vec<u64> = runners.iter().map(|r| cpu_ticks(r.pid())).collect();
+    let started = Instant::now();
+    push_jobs(&mut conn, class, n, |_| Value::Array(Vec::new())).await?;
+    wait_for_processed(&mut conn, n, Duration::from_secs(600), &runners[0]).await?;
+    let wall = started.elapsed();
+    let cpu = runners
+        .iter()
+        .zip(&cpu_start)
+        .map(|(r, start)| (cpu_ticks(r.pid()) - start) as f64)
+        .sum::<f64>()
+        / wall.as_secs_f64();
+    let rss_end_kb = runners.iter().map(|r| rss_kb(r.pid())).sum();
+    let peak_rss_kb = runners.iter().map(|r| peak_rss_kb(r.pid())).sum();
+    let mut logs = String::new();
+    for runner in runners {
+        logs.push_str(&runner.stop()?);
+    }
+    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
+    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+    if failed > 0 || processed != n {
+        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{logs}");
+    }
+    Ok(Drain {
+        wall,
+        peak_rss_kb,
+        rss_start_kb,
+        rss_end_kb,
+        cpu,
+    })
+}
+
 /// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
 /// `extra` flags until all are processed, and checks that none failed.
 pub async fn drain(

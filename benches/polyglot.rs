@@ -5,7 +5,8 @@
 //!   compiled) and again with the cache warm, to "running";
 //! - noop: jobs/s and the runner's CPU per job, with a fresh instance per
 //!   job (memories reset with the default `--keep-resident 64KiB`, then
-//!   with `16MiB`) and with warm instances (`[instances] reuse = 1000`);
+//!   with `16MiB`; then in two `--threads 1` processes, C=50 each) and with
+//!   warm instances (`[instances] reuse = 1000`);
 //! - http (a 200 ms endpoint) at C = 1,000: efficiency (N × 0.2 s / C ÷ wall)
 //!   and RSS per in-flight instance ((peak − start) / C, all 1,000 jobs are
 //!   waiting on the server at once).
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::json;
-use wasmjobs_benches::{Report, RunnerProcess, drain};
+use wasmjobs_benches::{Report, RunnerProcess, drain, drain_in_processes};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 
@@ -146,6 +147,30 @@ fn main() -> Result<()> {
             "",
         );
 
+        let split = rt.block_on(drain_in_processes(
+            BIN.as_ref(),
+            &redis,
+            plugins.path(),
+            noop,
+            noop_jobs,
+            &["--concurrency", "50", "--threads", "1"],
+            2,
+        ))?;
+        let split_rate = noop_jobs as f64 / split.wall.as_secs_f64();
+        report.row(
+            &format!("{language}: noop, 2 processes --threads 1, C=50 each (jobs/s)"),
+            format!("{split_rate:.0} ({:.2}× one process)", split_rate / rate),
+            "",
+        );
+        report.row(
+            &format!("{language}: noop CPU per job, 2 processes --threads 1 (ms)"),
+            format!(
+                "{:.3}",
+                split.cpu / 100.0 * split.wall.as_secs_f64() / noop_jobs as f64 * 1e3
+            ),
+            "",
+        );
+
         let manifest = plugins.path().join(noop_dir).join("wasmjobs.toml");
         let text = std::fs::read_to_string(&manifest)?;
         std::fs::write(&manifest, format!("{text}\n[instances]\nreuse = 1000\n"))?;
@@ -209,6 +234,7 @@ fn main() -> Result<()> {
         );
     }
     report.note("--keep-resident 16MiB: each memory's first 16 MiB are reset by copying the image back between jobs (PAGEMAP_SCAN off) instead of being decommitted and faulted in again; default 64 KiB with PAGEMAP_SCAN.".into());
+    report.note("2 processes --threads 1: two runners on the same Redis, each with one job thread, both running before the jobs are pushed; wall from the push to the last job; CPU summed.".into());
     report.note("Start: `wasmjobs run` until it logs \"running\", with an empty compilation cache, then with it warm (same data dir).".into());
     report.note("RSS per in-flight instance: (peak − ready) / 1,000 while 1,000 HTTP jobs wait on the 200 ms server; it includes each job's hyper connection (~23 KB).".into());
     report.note(
