@@ -43,6 +43,17 @@ pub struct NewArgs {
     pub sdk: Option<PathBuf>,
 }
 
+impl Language {
+    /// The language's name, as a person writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Rust => "Rust",
+            Language::Python => "Python",
+            Language::Js => "JavaScript",
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Placeholders {
     class: String,
@@ -106,7 +117,7 @@ pub fn run(args: &NewArgs) -> Result<ExitCode> {
         std::fs::write(&target, text).with_context(|| format!("cannot write {}", target.display()))?;
     }
     let dir = args.dir.display();
-    println!("created {dir}: a {:?} plugin serving {class}", args.language);
+    println!("created {dir}: a {} plugin serving {class}", args.language.name());
     println!("next: wasmjobs build {dir}");
     Ok(ExitCode::SUCCESS)
 }
