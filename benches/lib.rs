@@ -350,6 +350,22 @@ pub async fn push_jobs(
     Ok(())
 }
 
+/// Fails (with the runners' `log`) unless exactly `n` jobs were processed
+/// and none failed.
+async fn check_all_processed(
+    conn: &mut redis::aio::MultiplexedConnection,
+    class: &str,
+    n: u64,
+    log: &str,
+) -> Result<()> {
+    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
+    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+    if failed > 0 || processed != n {
+        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{log}");
+    }
+    Ok(())
+}
+
 /// Like [`drain`] for jobs with no args, with `processes` runners at once
 /// (each given `extra`), as one deploys one `--threads 1` process per core: all are started and
 /// running before the jobs are pushed, and the wall time runs from the push
@@ -396,11 +412,7 @@ pub async fn drain_in_processes(
     for runner in runners {
         logs.push_str(&runner.stop()?);
     }
-    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
-    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-    if failed > 0 || processed != n {
-        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{logs}");
-    }
+    check_all_processed(&mut conn, class, n, &logs).await?;
     Ok(Drain {
         wall,
         peak_rss_kb,
@@ -439,11 +451,7 @@ pub async fn drain(
     let rss_end_kb = rss_kb(runner.pid());
     let peak_rss_kb = peak_rss_kb(runner.pid());
     let log = runner.stop()?;
-    let failed: u64 = conn.get::<_, Option<u64>>("stat:failed").await?.unwrap_or(0);
-    let processed: u64 = conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
-    if failed > 0 || processed != n {
-        bail!("{class}: {processed} processed, {failed} failed, for {n} pushed:\n{log}");
-    }
+    check_all_processed(&mut conn, class, n, &log).await?;
     Ok(Drain {
         wall,
         peak_rss_kb,

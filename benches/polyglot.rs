@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::json;
-use wasmjobs_benches::{Report, RunnerProcess, drain, drain_in_processes};
+use wasmjobs_benches::{Drain, Report, RunnerProcess, drain, drain_in_processes};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 
@@ -112,15 +112,15 @@ fn main() -> Result<()> {
             |_| json!([]),
             &["--concurrency", "100"],
         ))?;
-        let rate = noop_jobs as f64 / run.wall.as_secs_f64();
-        report.row(&format!("{language}: noop C=100 (jobs/s)"), format!("{rate:.0}"), "");
-        report.row(
-            &format!("{language}: noop CPU per job (ms)"),
-            format!(
-                "{:.3}",
-                run.cpu / 100.0 * run.wall.as_secs_f64() / noop_jobs as f64 * 1e3
-            ),
-            "",
+        let rate = noop_rows(
+            &mut report,
+            [
+                &format!("{language}: noop C=100 (jobs/s)"),
+                &format!("{language}: noop CPU per job (ms)"),
+            ],
+            &run,
+            noop_jobs,
+            None,
         );
 
         let resident = rt.block_on(drain(
@@ -132,19 +132,15 @@ fn main() -> Result<()> {
             |_| json!([]),
             &["--concurrency", "100", "--keep-resident", "16MiB"],
         ))?;
-        let resident_rate = noop_jobs as f64 / resident.wall.as_secs_f64();
-        report.row(
-            &format!("{language}: noop C=100, --keep-resident 16MiB (jobs/s)"),
-            format!("{resident_rate:.0} ({:.2}× default)", resident_rate / rate),
-            "",
-        );
-        report.row(
-            &format!("{language}: noop CPU per job, --keep-resident 16MiB (ms)"),
-            format!(
-                "{:.3}",
-                resident.cpu / 100.0 * resident.wall.as_secs_f64() / noop_jobs as f64 * 1e3
-            ),
-            "",
+        noop_rows(
+            &mut report,
+            [
+                &format!("{language}: noop C=100, --keep-resident 16MiB (jobs/s)"),
+                &format!("{language}: noop CPU per job, --keep-resident 16MiB (ms)"),
+            ],
+            &resident,
+            noop_jobs,
+            Some((rate, "default")),
         );
 
         let split = rt.block_on(drain_in_processes(
@@ -156,19 +152,15 @@ fn main() -> Result<()> {
             &["--concurrency", "50", "--threads", "1"],
             2,
         ))?;
-        let split_rate = noop_jobs as f64 / split.wall.as_secs_f64();
-        report.row(
-            &format!("{language}: noop, 2 processes --threads 1, C=50 each (jobs/s)"),
-            format!("{split_rate:.0} ({:.2}× one process)", split_rate / rate),
-            "",
-        );
-        report.row(
-            &format!("{language}: noop CPU per job, 2 processes --threads 1 (ms)"),
-            format!(
-                "{:.3}",
-                split.cpu / 100.0 * split.wall.as_secs_f64() / noop_jobs as f64 * 1e3
-            ),
-            "",
+        noop_rows(
+            &mut report,
+            [
+                &format!("{language}: noop, 2 processes --threads 1, C=50 each (jobs/s)"),
+                &format!("{language}: noop CPU per job, 2 processes --threads 1 (ms)"),
+            ],
+            &split,
+            noop_jobs,
+            Some((rate, "one process")),
         );
 
         let manifest = plugins.path().join(noop_dir).join("wasmjobs.toml");
@@ -183,19 +175,15 @@ fn main() -> Result<()> {
             |_| json!([]),
             &["--concurrency", "100"],
         ))?;
-        let warm_rate = warm_jobs as f64 / warm.wall.as_secs_f64();
-        report.row(
-            &format!("{language}: noop C=100, reuse = 1000 (jobs/s)"),
-            format!("{warm_rate:.0} ({:.1}× fresh)", warm_rate / rate),
-            "",
-        );
-        report.row(
-            &format!("{language}: noop CPU per job, reuse = 1000 (ms)"),
-            format!(
-                "{:.3}",
-                warm.cpu / 100.0 * warm.wall.as_secs_f64() / warm_jobs as f64 * 1e3
-            ),
-            "",
+        noop_rows(
+            &mut report,
+            [
+                &format!("{language}: noop C=100, reuse = 1000 (jobs/s)"),
+                &format!("{language}: noop CPU per job, reuse = 1000 (ms)"),
+            ],
+            &warm,
+            warm_jobs,
+            Some((rate, "fresh")),
         );
 
         let concurrency = 1_000;
@@ -242,6 +230,24 @@ fn main() -> Result<()> {
     );
     report.finish()?;
     Ok(())
+}
+
+/// Reports a noop drain of `jobs` jobs in rows `rows`: its rate (beside
+/// `compared`, a rate and what it is, as a ratio) and the runner's CPU per
+/// job; returns the rate.
+fn noop_rows(report: &mut Report, rows: [&str; 2], run: &Drain, jobs: u64, compared: Option<(f64, &str)>) -> f64 {
+    let rate = jobs as f64 / run.wall.as_secs_f64();
+    let figure = match compared {
+        Some((base, what)) => format!("{rate:.0} ({:.2}× {what})", rate / base),
+        None => format!("{rate:.0}"),
+    };
+    report.row(rows[0], figure, "");
+    report.row(
+        rows[1],
+        format!("{:.3}", run.cpu / 100.0 * run.wall.as_secs_f64() / jobs as f64 * 1e3),
+        "",
+    );
+    rate
 }
 
 /// Starts `wasmjobs run` on `plugins` with `data_dir` and returns how long it
