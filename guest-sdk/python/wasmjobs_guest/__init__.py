@@ -120,7 +120,7 @@ def _fits(value, expected):
         return any(_fits(value, member) for member in typing.get_args(expected))
     members = typing.get_args(expected)
     if origin is list:
-        return isinstance(value, list) and all(_fits(item, members[0]) for item in value) if members else isinstance(value, list)
+        return isinstance(value, list) and (not members or all(_fits(item, members[0]) for item in value))
     if origin is dict:
         return isinstance(value, dict) and (not members or all(_fits(item, members[1]) for item in value.values()))
     if expected is bool:

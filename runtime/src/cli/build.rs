@@ -44,11 +44,7 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
     let manifest = Manifest::parse(&manifest_path, &text)?;
     let language = detect(&dir)?;
     let sdk = Sdk::locate(args.sdk.as_deref())?;
-    let name = manifest
-        .component
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = manifest.component_name();
     let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let built = build(language, &dir, &sdk, &temporary).and_then(|()| check(cli, &temporary, &name));
     let size = match built {
@@ -252,7 +248,7 @@ fn check(cli: &Cli, component: &Path, name: &str) -> Result<u64> {
         concurrency: 1,
         ..EngineConfig::default()
     })?;
-    let cache = crate::plugin::CompileCache::new(cli.data_dir.join("cache"));
+    let cache = super::data_cache(&cli.data_dir);
     crate::plugin::catalog::check_component(&executor, &cache, &bytes, name)
         .context("the build is not a usable plugin")?;
     Ok(bytes.len() as u64)

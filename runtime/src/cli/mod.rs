@@ -107,6 +107,12 @@ pub struct DbArgs {
     pub databases: Vec<crate::host::sql::DbSpec>,
 }
 
+/// The compilation cache every command using `data_dir` shares (so what
+/// `build`, `plugins` or `exec` compiled, `run` loads).
+fn data_cache(data_dir: &std::path::Path) -> CompileCache {
+    CompileCache::new(data_dir.join("cache"))
+}
+
 /// Where plugins come from; shared by the commands that load them.
 #[derive(Debug, Clone, Args)]
 pub struct PluginSource {
@@ -124,7 +130,7 @@ impl PluginSource {
         if self.no_cache {
             CompileCache::disabled()
         } else {
-            CompileCache::new(data_dir.join("cache"))
+            data_cache(data_dir)
         }
     }
 

@@ -15,7 +15,7 @@ use clap::Args;
 use super::{Cli, DbArgs, PluginSource, RedisArgs};
 use crate::runner::{self, DeadCaps, FetchMode, Queues, RunOptions};
 use crate::sandbox::Limits;
-use crate::sandbox::engine::parse_size;
+use crate::sandbox::engine::{KEEP_RESIDENT, parse_size};
 
 /// Arguments of `wasmjobs run`.
 #[derive(Debug, Args)]
@@ -54,7 +54,7 @@ pub struct RunArgs {
     /// kernel between jobs. 16MiB makes Python and JS jobs on fresh
     /// instances 1.6–1.7× faster and Rust jobs 0.6× as fast: for processes
     /// that run interpreter plugins (see docs/polyglot.md).
-    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value_t = KEEP_RESIDENT, value_parser = parse_size)]
     pub keep_resident: usize,
     /// Threads that run jobs (default: one per core). `--threads 1`, one
     /// process per core, suits Python and JS plugins on fresh instances:

@@ -403,12 +403,7 @@ fn build_plugin(
             manifest_path.display()
         );
     };
-    let label = manifest
-        .component
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
+    let label = manifest.component_name();
     let (component, cache_use) = cache
         .component(engine, &bytes, &content_hash, &label)
         .with_context(|| {

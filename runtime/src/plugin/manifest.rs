@@ -203,6 +203,14 @@ struct RawPreopen {
 }
 
 impl Manifest {
+    /// The component's file name (as in "compiling greet.wasm").
+    pub fn component_name(&self) -> String {
+        self.component
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// Reads and validates the manifest at `path`.
     pub fn load(path: &Path) -> Result<Self> {
         let text =

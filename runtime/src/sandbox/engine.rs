@@ -102,7 +102,7 @@ pub(crate) const MAX_MEMORY: usize = 4 << 30;
 /// page faults and a TLB shootdown per job (NoopJob 43k/s → 128k/s on one
 /// core). Kept small because those pages stay resident per pool slot, which
 /// is what RSS looks like after a burst at high concurrency.
-pub const KEEP_RESIDENT: usize = 64 << 10;
+pub(crate) const KEEP_RESIDENT: usize = 64 << 10;
 /// Above this `keep_resident`, dirty pages are found without
 /// `PAGEMAP_SCAN`: see [`pagemap_scan_for`].
 const PAGEMAP_SCAN_UP_TO: usize = 1 << 20;
