@@ -230,6 +230,19 @@ pub fn parse_size(text: &str) -> Result<usize> {
 mod tests {
     use super::*;
 
+    /// The pool reserves ~8 GiB of address space per slot; at `-c 10000`
+    /// the idle warm instances' share must not push it past what the
+    /// process can reserve (87 TiB failed, 78 TiB worked).
+    #[test]
+    fn ten_thousand_jobs_in_flight_still_get_an_engine() {
+        if let Err(err) = build(&EngineConfig {
+            concurrency: 10_000,
+            ..EngineConfig::default()
+        }) {
+            panic!("{err:#}");
+        }
+    }
+
     #[test]
     fn large_keep_resident_budgets_copy_rather_than_scan() {
         assert_eq!(pagemap_scan_for(KEEP_RESIDENT), Enabled::Auto);
