@@ -176,11 +176,20 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
     Engine::new(&wasm).map_err(anyhow::Error::from)
 }
 
+/// Most pool slots one engine reserves: each takes ~8.06 GiB of address
+/// space (the 4 GiB memory plus guards, tables, stack), and the whole pool
+/// is one mapping, which must fit the largest free hole of a process's
+/// 128 TiB, the ~85 TiB below the executable. 10,016 slots (78 TiB)
+/// mapped; 11,040 (87 TiB) did not.
+const MAX_POOL_SLOTS: u32 = 10_160;
+
 /// Most idle warm instances (`[instances] reuse`) one process keeps, over
-/// every plugin: as many as it runs jobs at once, at most 1,024 (the pool
-/// reserves address space for each, ~8 GiB of it per slot).
+/// every plugin: as many as it runs jobs at once, at most 1,024, and no
+/// more than the slots left under [`MAX_POOL_SLOTS`] beside the running
+/// jobs (at `-c 10000`: 144).
 pub(crate) fn warm_budget(concurrency: u32) -> u32 {
-    concurrency.clamp(1, 1024)
+    let left = MAX_POOL_SLOTS.saturating_sub(concurrency.max(1).saturating_add(16));
+    concurrency.clamp(1, 1024).min(left)
 }
 
 /// Builds the engine for plugins that set `limits.fuel`: the same settings
@@ -241,6 +250,14 @@ mod tests {
         }) {
             panic!("{err:#}");
         }
+    }
+
+    #[test]
+    fn the_warm_budget_fits_beside_the_running_jobs() {
+        assert_eq!(warm_budget(100), 100);
+        assert_eq!(warm_budget(5_000), 1_024);
+        assert_eq!(warm_budget(10_000), 144);
+        assert_eq!(warm_budget(100_000), 0);
     }
 
     #[test]
