@@ -8,11 +8,16 @@
 //!   with `16MiB`; then in two `--threads 1` processes, C=50 each) and with
 //!   warm instances (`[instances] reuse = 1000`);
 //! - http (a 200 ms endpoint) at C = 1,000: efficiency (N × 0.2 s / C ÷ wall)
-//!   and RSS per in-flight instance ((peak − start) / C, all 1,000 jobs are
-//!   waiting on the server at once).
+//!   and RSS per in-flight job ((peak − start) / C, all 1,000 jobs are
+//!   waiting on the server at once), with a fresh instance per job, then
+//!   for Python with 100 jobs per instance (`[instances] concurrent = 100`,
+//!   the async-plugin world) and for JavaScript, whose toolchain cannot
+//!   build that world, with warm instances (`reuse = 1000`).
 //!
 //! Run: `cargo bench -p wasmjobs-benches --bench polyglot` (after
-//! `scripts/build-plugins.sh`, which builds the Python and JS plugins).
+//! `scripts/build-plugins.sh`, which builds the Python and JS plugins);
+//! `POLYGLOT_LANGUAGES=Python,JavaScript` runs only those languages (and
+//! writes `results/polyglot-partial.md`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -70,7 +75,12 @@ fn main() -> Result<()> {
     let examples = wasmjobs_e2e::plugins_dir();
     let server = rt.block_on(HttpServer::start(Duration::from_millis(200)));
     let url = server.url("/sleep");
-    let mut report = Report::new("polyglot", "Jobs in Python and JavaScript next to Rust");
+    // A run of some languages only must not overwrite the full report.
+    let name = match std::env::var_os("POLYGLOT_LANGUAGES") {
+        Some(_) => "polyglot-partial",
+        None => "polyglot",
+    };
+    let mut report = Report::new(name, "Jobs in Python and JavaScript next to Rust");
 
     for Language {
         name: language,
@@ -80,9 +90,15 @@ fn main() -> Result<()> {
         warm_jobs,
     } in LANGUAGES
     {
+        if !selected(language) {
+            continue;
+        }
         let plugins = tempfile::tempdir()?;
         wasmjobs_e2e::copy_plugin(&examples.join(noop_dir), plugins.path());
         wasmjobs_e2e::copy_plugin(&examples.join(http_dir), plugins.path());
+        if language == "Python" {
+            wasmjobs_e2e::copy_plugin(&examples.join("py-async-http-get"), plugins.path());
+        }
         let size = std::fs::read_dir(plugins.path().join(http_dir))?
             .flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "wasm"))
@@ -186,50 +202,105 @@ fn main() -> Result<()> {
             Some((rate, "fresh")),
         );
 
-        let concurrency = 1_000;
-        let n = 2 * concurrency;
-        let run = rt.block_on(drain(
-            BIN.as_ref(),
-            &redis,
-            plugins.path(),
-            http,
-            n,
-            |_| json!([url]),
-            &["--concurrency", &concurrency.to_string()],
-        ))?;
-        let floor = n as f64 * 0.2 / concurrency as f64;
-        report.row(
-            &format!("{language}: http C=1000, N={n}: efficiency"),
-            format!(
-                "{:.2} ({:.2} s)",
-                floor / run.wall.as_secs_f64(),
-                run.wall.as_secs_f64()
-            ),
-            "",
-        );
-        report.row(
-            &format!("{language}: http C=1000: peak RSS (MB)"),
-            format!("{:.0}", run.peak_rss_kb as f64 / 1024.0),
-            "",
-        );
-        report.row(
-            &format!("{language}: RSS per in-flight instance (KB)"),
-            format!(
-                "{:.0}",
-                run.peak_rss_kb.saturating_sub(run.rss_start_kb) as f64 / concurrency as f64
-            ),
-            "",
+        let fresh = rt.block_on(http_drain(&redis, plugins.path(), http, &url))?;
+        http_rows(&mut report, &format!("{language}: http C=1000"), &fresh, None);
+        // What the interpreters do with many HTTP jobs per instance: Python
+        // runs 100 at once in one instance (the async-plugin world); JS
+        // cannot build such components, so its instances serve jobs one
+        // after another instead.
+        let (variant, dir, class, extra) = match language {
+            "Python" => ("concurrent = 100", "py-async-http-get", "PyAsyncHttpGetJob", ""),
+            "JavaScript" => ("reuse = 1000", http_dir, http, "\n[instances]\nreuse = 1000\n"),
+            _ => continue,
+        };
+        if !extra.is_empty() {
+            let manifest = plugins.path().join(dir).join("wasmjobs.toml");
+            let text = std::fs::read_to_string(&manifest)?;
+            std::fs::write(&manifest, format!("{text}{extra}"))?;
+        }
+        let shared = rt.block_on(http_drain(&redis, plugins.path(), class, &url))?;
+        http_rows(
+            &mut report,
+            &format!("{language}: http C=1000, {variant}"),
+            &shared,
+            Some(&fresh),
         );
     }
     report.note("--keep-resident 16MiB: each memory's first 16 MiB are reset by copying the image back between jobs (PAGEMAP_SCAN off) instead of being decommitted and faulted in again; default 64 KiB with PAGEMAP_SCAN.".into());
     report.note("2 processes --threads 1: two runners on the same Redis, each with one job thread, both running before the jobs are pushed; wall from the push to the last job; CPU summed.".into());
     report.note("Start: `wasmjobs run` until it logs \"running\", with an empty compilation cache, then with it warm (same data dir).".into());
-    report.note("RSS per in-flight instance: (peak − ready) / 1,000 while 1,000 HTTP jobs wait on the 200 ms server; it includes each job's hyper connection (~23 KB).".into());
+    report.note("http, concurrent = 100: PyAsyncHttpGetJob (plugins/py-async-http-get, an `async def` job built for the async-plugin world), 100 jobs per instance, so 10 instances for 1,000 jobs in flight.".into());
+    report.note("RSS per in-flight job: (peak − ready) / 1,000 while 1,000 HTTP jobs wait on the 200 ms server; it includes each job's hyper connection (~23 KB).".into());
     report.note(
         "CPU per job: the runner's user + system CPU over the drain ÷ jobs (Redis and the server excluded).".into(),
     );
     report.finish()?;
     Ok(())
+}
+
+/// Whether `language` is in `POLYGLOT_LANGUAGES` (comma-separated, e.g.
+/// `Python,JavaScript`; all when unset).
+fn selected(language: &str) -> bool {
+    std::env::var("POLYGLOT_LANGUAGES")
+        .map(|only| only.split(',').any(|name| name.trim().eq_ignore_ascii_case(language)))
+        .unwrap_or(true)
+}
+
+/// HTTP jobs in flight at once, and jobs drained, in the http rows.
+const HTTP_CONCURRENCY: u64 = 1_000;
+const HTTP_JOBS: u64 = 2 * HTTP_CONCURRENCY;
+
+/// Drains [`HTTP_JOBS`] jobs of `class` GETting `url` at C = 1,000.
+async fn http_drain(redis: &TestRedis, plugins: &Path, class: &str, url: &str) -> Result<Drain> {
+    drain(
+        BIN.as_ref(),
+        redis,
+        plugins,
+        class,
+        HTTP_JOBS,
+        |_| json!([url]),
+        &["--concurrency", &HTTP_CONCURRENCY.to_string()],
+    )
+    .await
+}
+
+/// Reports an HTTP drain: efficiency (beside `compared`'s, as a ratio),
+/// peak RSS and RSS per in-flight job.
+fn http_rows(report: &mut Report, label: &str, run: &Drain, compared: Option<&Drain>) {
+    let floor = HTTP_JOBS as f64 * 0.2 / HTTP_CONCURRENCY as f64;
+    let efficiency = |run: &Drain| floor / run.wall.as_secs_f64();
+    let ratio = |ratio: f64| format!(", {ratio:.2}× fresh instances");
+    report.row(
+        &format!("{label}, N={HTTP_JOBS}: efficiency"),
+        format!(
+            "{:.2} ({:.2} s{})",
+            efficiency(run),
+            run.wall.as_secs_f64(),
+            compared
+                .map(|fresh| ratio(efficiency(run) / efficiency(fresh)))
+                .unwrap_or_default()
+        ),
+        "",
+    );
+    report.row(
+        &format!("{label}: peak RSS (MB)"),
+        format!(
+            "{:.0}{}",
+            run.peak_rss_kb as f64 / 1024.0,
+            compared
+                .map(|fresh| ratio(run.peak_rss_kb as f64 / fresh.peak_rss_kb as f64))
+                .unwrap_or_default()
+        ),
+        "",
+    );
+    report.row(
+        &format!("{label}: RSS per in-flight job (KB)"),
+        format!(
+            "{:.0}",
+            run.peak_rss_kb.saturating_sub(run.rss_start_kb) as f64 / HTTP_CONCURRENCY as f64
+        ),
+        "",
+    );
 }
 
 /// Reports a noop drain of `jobs` jobs in rows `rows`: its rate (beside

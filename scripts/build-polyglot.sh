@@ -53,7 +53,7 @@ stale() {
 # Builds plugin directory $1 with command "$2 ..." writing to a temporary
 # file given as the last argument, then moves it into place.
 build_polyglot() {
-    local dir=$1 kind=$2 component destination temporary
+    local dir=$1 kind=$2 component destination temporary world
     component=$(component_of "$dir/wasmjobs.toml")
     destination=$dir/$component
     temporary=$dir/.${component%.wasm}.$$.tmp.wasm
@@ -61,7 +61,10 @@ build_polyglot() {
     python)
         if stale "$destination" "$dir" "$ROOT/guest-sdk/python" "$ROOT/wit"; then
             log "componentize-py: ${dir#"$ROOT"/}"
-            PYTHONDONTWRITEBYTECODE=1 "$PY_VENV/bin/componentize-py" -d "$ROOT/wit" -w plugin componentize \
+            # `[instances] concurrent` plugins target the async world.
+            world=plugin
+            grep -Eq '^[[:space:]]*concurrent[[:space:]]*=' "$dir/wasmjobs.toml" && world=async-plugin
+            PYTHONDONTWRITEBYTECODE=1 "$PY_VENV/bin/componentize-py" -d "$ROOT/wit" -w "$world" componentize \
                 -p "$dir" -p "$ROOT/guest-sdk/python" app -o "$temporary" >/dev/null ||
                 die "componentize-py failed for ${dir#"$ROOT"/}"
             mv -f "$temporary" "$destination"

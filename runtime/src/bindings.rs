@@ -42,3 +42,42 @@ pub use generated::{Plugin, PluginPre};
 
 /// The WIT world every plugin must target, as shown to users.
 pub const WORLD: &str = "wasmjobs:job/plugin@0.1.0";
+
+/// The `async-plugin` world: `perform` as an `async func` the host calls
+/// several times at once into one instance, with `async func` HTTP and
+/// SQL imports (`crate::sandbox::concurrent` runs it). The records are the
+/// `plugin` world's; only the imports' shapes differ, and `log` takes the
+/// store so it can tell which of the instance's jobs is writing.
+pub mod concurrent {
+    mod generated {
+        wasmtime::component::bindgen!({
+            path: "../wit",
+            world: "wasmjobs:job/async-plugin",
+            imports: { "wasmjobs:job/log": store },
+            with: {
+                "wasi:cli": wasmtime_wasi::p2::bindings::cli,
+                "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
+                "wasi:filesystem": wasmtime_wasi::p2::bindings::filesystem,
+                "wasi:io": wasmtime_wasi::p2::bindings::io,
+                "wasi:random": wasmtime_wasi::p2::bindings::random,
+                "wasi:sockets": wasmtime_wasi::p2::bindings::sockets,
+                "wasmjobs:job/types": super::super::types,
+                "wasmjobs:job/http": super::super::http,
+                "wasmjobs:job/sql": super::super::sql,
+            },
+            require_store_data_send: true,
+        });
+    }
+
+    /// `async-http`: `send` with access to the store.
+    pub use generated::wasmjobs::job::async_http;
+    /// `async-sql`: `query` and `execute` with access to the store.
+    pub use generated::wasmjobs::job::async_sql;
+    /// `log`, taking the store to find the job that writes.
+    pub use generated::wasmjobs::job::log;
+    /// The typed handle to an async plugin's exports, and its pre-linked form.
+    pub use generated::{AsyncPlugin, AsyncPluginPre};
+
+    /// The world async plugins target, as shown to users.
+    pub const WORLD: &str = "wasmjobs:job/async-plugin@0.1.0";
+}

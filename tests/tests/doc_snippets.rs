@@ -6,7 +6,8 @@
 //!   `wasmjobs build`;
 //! - `python` / `js`: a plugin's `app.py` / `job.js`, built with `wasmjobs
 //!   build` (componentize-py imports the module, componentize-js evaluates
-//!   it);
+//!   it); a Python `async def perform` gets `[instances] concurrent`, so it
+//!   is built for the async-plugin world;
 //! - `toml`: a plugin manifest, validated as the runner does;
 //! - `sh`: every `wasmjobs ...` line parses as a command line of this
 //!   binary, and every `./scripts/...` it names exists.
@@ -170,6 +171,13 @@ fn build_each(language: &str, new_as: &str, file: &str) {
     for (i, block) in blocks.iter().enumerate() {
         let dir = new_plugin(home.path(), new_as, &format!("snippet{i}"));
         std::fs::write(dir.join(file), &block.code).expect("write the snippet");
+        if language == "python" && block.code.contains("async def perform") {
+            // An `async def` job runs in the async-plugin world, which
+            // `wasmjobs build` picks from `[instances] concurrent`.
+            let manifest = dir.join("wasmjobs.toml");
+            let text = std::fs::read_to_string(&manifest).expect("manifest");
+            std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write manifest");
+        }
         build(home.path(), &dir, &block.at);
     }
 }

@@ -21,6 +21,13 @@
   or :class:`Dead` says what the host should do; any other exception is a
   *retry* whose message is ``ExceptionType: message`` (the traceback is
   logged at error level).
+* **Several jobs at once**: a plugin built for the ``async-plugin`` world
+  (``[instances] concurrent = K`` in its manifest; ``wasmjobs build`` picks
+  the world from it) declares its job ``async def`` and awaits
+  :mod:`http` and :mod:`sql` calls (``response = await http.get(url)``);
+  while one job waits, up to K-1 others run in the same instance. They
+  share the module's globals; :class:`JobInfo` is each job's own, and
+  :mod:`log` lines carry each job's own ``jid``.
 * **Capabilities**: :mod:`log`, :mod:`http` and :mod:`sql` call the host
   through the ``wasmjobs:job`` WIT imports; files are plain ``open()`` on
   the directories the plugin's manifest preopens.
@@ -175,22 +182,51 @@ def _run(wit_job):
     mismatch = _check_types(bound)
     if mismatch is not None:
         raise Dead(f"invalid args for {info.class_name} {quoted}: {mismatch}")
-    _perform(info, *args)
+    return _perform(info, *args)
 
 
-class WitWorld(wit_world.WitWorld):
-    """The component's export: import it into ``app.py`` (componentize-py
-    looks for a class of this name in the app module)."""
+def _outcome(error):
+    """The ``Err`` a raised exception becomes: its own case for
+    :class:`Retry`, :class:`Discard` and :class:`Dead`, a logged retry for
+    anything else."""
+    for kind, case in ((Retry, _types.JobError_Retry), (Discard, _types.JobError_Discard), (Dead, _types.JobError_Dead)):
+        if isinstance(error, kind):
+            return Err(case(str(error)))
+    log.error("".join(traceback.format_exception(error)).rstrip())
+    return Err(_types.JobError_Retry(f"{type(error).__name__}: {error}"))
 
-    def perform(self, wit_job):
-        try:
-            _run(wit_job)
-        except Retry as failure:
-            raise Err(_types.JobError_Retry(str(failure))) from None
-        except Discard as failure:
-            raise Err(_types.JobError_Discard(str(failure))) from None
-        except Dead as failure:
-            raise Err(_types.JobError_Dead(str(failure))) from None
-        except Exception as error:  # noqa: BLE001 - every other exception is a retry
-            log.error("".join(traceback.format_exception(error)).rstrip())
-            raise Err(_types.JobError_Retry(f"{type(error).__name__}: {error}")) from None
+
+# Whether the component was built for the async-plugin world, whose
+# `perform` is an `async func` the host may call several times at once.
+_ASYNC_WORLD = inspect.iscoroutinefunction(wit_world.WitWorld.perform)
+
+if _ASYNC_WORLD:
+
+    class WitWorld(wit_world.WitWorld):
+        """The component's export: import it into ``app.py`` (componentize-py
+        looks for a class of this name in the app module)."""
+
+        async def perform(self, wit_job):
+            try:
+                running = _run(wit_job)
+                if inspect.isawaitable(running):
+                    await running
+            except Exception as error:  # noqa: BLE001 - every exception is an outcome
+                raise _outcome(error) from None
+
+else:
+
+    class WitWorld(wit_world.WitWorld):
+        """The component's export: import it into ``app.py`` (componentize-py
+        looks for a class of this name in the app module)."""
+
+        def perform(self, wit_job):
+            try:
+                if inspect.iscoroutinefunction(_perform):
+                    raise Dead(
+                        f"{_perform.__name__} is an async def, which needs the async-plugin world: "
+                        "set [instances] concurrent in wasmjobs.toml and build again"
+                    )
+                _run(wit_job)
+            except Exception as error:  # noqa: BLE001 - every exception is an outcome
+                raise _outcome(error) from None

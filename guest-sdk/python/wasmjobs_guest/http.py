@@ -1,10 +1,15 @@
-"""A small synchronous HTTP client over ``wasi:http/outgoing-handler``.
+"""A small HTTP client: one request, the whole response.
 
-Each call sends one request and waits for the whole response; while it
-waits, the job is a suspended instance on the host, not a thread, so
-thousands of HTTP jobs wait concurrently. Which hosts a plugin may call is
-its manifest's ``[http] allow`` list; a denied host raises :class:`HttpError`
-like any other transport failure.
+In a plugin built for the ``plugin`` world (the default) each call is
+synchronous, over ``wasi:http/outgoing-handler``: while it waits, the job
+is a suspended instance on the host, not a thread, so thousands of HTTP
+jobs wait concurrently. In a plugin built for the ``async-plugin`` world
+(``[instances] concurrent``, an ``async def`` job) the same functions
+return awaitables over the one-call ``async-http`` import, so the
+instance's other jobs run while one waits: ``await http.get(url)``.
+
+Which hosts a plugin may call is its manifest's ``[http] allow`` list; a
+denied host raises :class:`HttpError` like any other transport failure.
 """
 
 import json as _json
@@ -12,13 +17,19 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from componentize_py_types import Err
-from wit_world.imports import outgoing_handler, streams
-from wit_world.imports import wasi_http_types as _t
+
+try:  # the async-plugin world: one-call requests, awaited
+    from wit_world.imports import async_http as _async_http
+    from wit_world.imports import http as _one_call
+except ImportError:  # the plugin world: wasi:http, synchronous
+    _async_http = None
+    from wit_world.imports import outgoing_handler, streams
+    from wit_world.imports import wasi_http_types as _t
 
 # How much to ask for per read of a response body.
 _READ_CHUNK = 64 * 1024
 
-_METHODS = {
+_METHODS = {} if _async_http else {
     "GET": _t.Method_Get,
     "HEAD": _t.Method_Head,
     "POST": _t.Method_Post,
@@ -77,8 +88,9 @@ def post(url, body, headers=None):
 
 def request(method, url, body=None, headers=None):
     """Sends ``method url`` with optional ``body`` and ``headers`` (a dict or
-    (name, value) pairs) and returns the :class:`Response`. Raises
-    :class:`HttpError` when there is no response."""
+    (name, value) pairs) and returns the :class:`Response` (an awaitable of
+    it in an async plugin). Raises :class:`HttpError` when there is no
+    response."""
     what = f"{method} {url}"
     headers = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
     if body is not None and not isinstance(body, (bytes, str)):
@@ -88,8 +100,35 @@ def request(method, url, body=None, headers=None):
     if isinstance(body, str):
         body = body.encode("utf-8")
     parts = urlsplit(url)
+    if _async_http is not None:
+        return _send_async(method, url, body, headers, what, parts)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise HttpError(f"{what}: not an http(s) URL")
+    return _send(method, body, headers, what, parts)
+
+
+async def _send_async(method, url, body, headers, what, parts):
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise HttpError(f"{what}: not an http(s) URL")
+    outgoing = _one_call.Request(
+        method=method.upper() if method.upper() in _STANDARD else method,
+        url=url,
+        headers=[(name, str(value).encode("utf-8")) for name, value in headers],
+        body=body or b"",
+        timeout_ms=None,
+    )
+    try:
+        response = await _async_http.send(outgoing)
+    except Err as error:
+        raise HttpError(error.value.value) from None
+    decoded = [(name, value.decode("utf-8", "replace")) for name, value in response.headers]
+    return Response(status=response.status, headers=decoded, body=bytes(response.body))
+
+
+_STANDARD = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+
+
+def _send(method, body, headers, what, parts):
     try:
         fields = _t.Fields.from_list([(name, str(value).encode("utf-8")) for name, value in headers])
     except Err as error:

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from componentize_py_types import Err
 from wit_world.imports import sql as _sql
 
+try:  # the async-plugin world: the same statements, awaited
+    from wit_world.imports import async_sql as _async_sql
+except ImportError:
+    _async_sql = None
+
 
 class SqlError(Exception):
     """A failed statement. ``kind`` is one of ``not-granted``,
@@ -37,20 +42,44 @@ class Rows:
 
 
 def query(db, statement, *params):
-    """Runs a statement that returns rows."""
+    """Runs a statement that returns rows (an awaitable of them in an async plugin)."""
+    values = [_to_value(p) for p in params]
+    if _async_sql is not None:
+        return _query_async(db, statement, values)
     try:
-        result = _sql.query(db, statement, [_to_value(p) for p in params])
+        return _rows(_sql.query(db, statement, values))
     except Err as error:
         raise _error(error.value) from None
-    return Rows(columns=list(result.columns), rows=[[_from_value(v) for v in row] for row in result.rows])
 
 
 def execute(db, statement, *params):
-    """Runs a statement for its effect; returns the rows affected."""
+    """Runs a statement for its effect; returns the rows affected (an
+    awaitable of the count in an async plugin)."""
+    values = [_to_value(p) for p in params]
+    if _async_sql is not None:
+        return _execute_async(db, statement, values)
     try:
-        return _sql.execute(db, statement, [_to_value(p) for p in params])
+        return _sql.execute(db, statement, values)
     except Err as error:
         raise _error(error.value) from None
+
+
+async def _query_async(db, statement, values):
+    try:
+        return _rows(await _async_sql.query(db, statement, values))
+    except Err as error:
+        raise _error(error.value) from None
+
+
+async def _execute_async(db, statement, values):
+    try:
+        return await _async_sql.execute(db, statement, values)
+    except Err as error:
+        raise _error(error.value) from None
+
+
+def _rows(result):
+    return Rows(columns=list(result.columns), rows=[[_from_value(v) for v in row] for row in result.rows])
 
 
 def _to_value(value):

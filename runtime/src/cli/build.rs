@@ -46,7 +46,9 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
     let sdk = Sdk::locate(args.sdk.as_deref())?;
     let name = manifest.component_name();
     let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let built = build(language, &dir, &sdk, &temporary).and_then(|()| check(cli, &temporary, &name));
+    let concurrent = manifest.instances.concurrent.is_some();
+    let built =
+        build(language, &dir, &sdk, &temporary, concurrent).and_then(|()| check(cli, &temporary, &name, concurrent));
     let size = match built {
         Ok(size) => size,
         Err(err) => {
@@ -92,8 +94,21 @@ fn detect(dir: &Path) -> Result<Language> {
     }
 }
 
-/// Builds `dir` into the component file `out`.
-fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
+/// Builds `dir` into the component file `out`, for the `async-plugin`
+/// world if `concurrent` (`[instances] concurrent`), else for `plugin`.
+fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool) -> Result<()> {
+    match (language, concurrent) {
+        (Language::Rust, true) => bail!(
+            "{}: [instances] concurrent needs an async-plugin component, and the Rust SDK builds plugin-world ones only (wit-bindgen can generate the async world; the SDK does not wrap it yet): remove `concurrent`, or use `reuse`",
+            dir.display()
+        ),
+        (Language::Js, true) => bail!(
+            "{}: [instances] concurrent needs an async-plugin component, whose perform is an `async func`, and componentize-js 0.23 cannot build async exports: remove `concurrent` (`reuse` keeps instances warm)",
+            dir.display()
+        ),
+        _ => {}
+    }
+    let world = if concurrent { "async-plugin" } else { "plugin" };
     match language {
         Language::Rust => build_rust(dir, out),
         Language::Python => {
@@ -110,7 +125,7 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
                     .env("PYTHONDONTWRITEBYTECODE", "1")
                     .arg("-d")
                     .arg(sdk.wit())
-                    .args(["-w", "plugin", "componentize", "-p"])
+                    .args(["-w", world, "componentize", "-p"])
                     .arg(stage.path())
                     .arg("-p")
                     .arg(sdk.python())
@@ -240,16 +255,17 @@ fn wasm_artifact(messages: &str) -> Option<PathBuf> {
         .next_back()
 }
 
-/// Checks that `component` is a component of the job world by compiling it
-/// through the data directory's cache; its size in bytes.
-fn check(cli: &Cli, component: &Path, name: &str) -> Result<u64> {
+/// Checks that `component` is a component of the job world (the async one
+/// if `concurrent`) by compiling it through the data directory's cache;
+/// its size in bytes.
+fn check(cli: &Cli, component: &Path, name: &str, concurrent: bool) -> Result<u64> {
     let bytes = std::fs::read(component).with_context(|| format!("cannot read {}", component.display()))?;
     let executor = Executor::new(&EngineConfig {
         concurrency: 1,
         ..EngineConfig::default()
     })?;
     let cache = super::data_cache(&cli.data_dir);
-    crate::plugin::catalog::check_component(&executor, &cache, &bytes, name)
+    crate::plugin::catalog::check_component(&executor, &cache, &bytes, name, concurrent)
         .context("the build is not a usable plugin")?;
     Ok(bytes.len() as u64)
 }

@@ -60,6 +60,9 @@ struct Placeholders {
     crate_name: String,
     component: String,
     sdk_rust: String,
+    /// Whether the manifest may suggest `concurrent` (only Python can
+    /// build the async-plugin world with its SDK).
+    python: bool,
 }
 
 /// Runs the command.
@@ -84,6 +87,7 @@ pub fn run(args: &NewArgs) -> Result<ExitCode> {
         component: format!("{}.wasm", crate_name.replace('-', "_")),
         crate_name,
         sdk_rust: toml_path(&sdk.rust_crate()),
+        python: matches!(args.language, Language::Python),
     };
     let files: &[(&str, &str)] = match args.language {
         Language::Rust => &[

@@ -15,6 +15,7 @@ use clap::Args;
 
 use super::{Cli, PluginSource};
 use crate::bindings::WORLD;
+use crate::bindings::concurrent::WORLD as ASYNC_WORLD;
 use crate::plugin::CacheUse;
 use crate::sandbox::engine::MAX_MEMORY;
 use crate::sandbox::{EngineConfig, Limits};
@@ -76,7 +77,19 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
             .unwrap_or_default();
         writeln!(out, "{name:<16} {:<12} {:<28} {:<44} {:<8}", "-", "-", "-", "broken")?;
     }
-    writeln!(out, "{} plugin(s) implement {WORLD}", catalog.plugins().len())?;
+    let concurrent = catalog
+        .plugins()
+        .iter()
+        .filter(|plugin| plugin.manifest.instances.concurrent.is_some())
+        .count();
+    let serial = catalog.plugins().len() - concurrent;
+    match concurrent {
+        0 => writeln!(out, "{serial} plugin(s) implement {WORLD}")?,
+        _ => writeln!(
+            out,
+            "{serial} plugin(s) implement {WORLD}, {concurrent} {ASYNC_WORLD} ([instances] concurrent)"
+        )?,
+    }
     if catalog.broken().is_empty() {
         return Ok(ExitCode::SUCCESS);
     }

@@ -16,6 +16,7 @@ pub mod disk;
 pub mod files;
 pub mod http;
 pub mod log;
+pub(crate) mod scoped;
 pub mod sql;
 
 use anyhow::Result;
@@ -36,6 +37,28 @@ pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
     crate::bindings::http::add_to_linker::<JobState, HasSelf<http::HttpPolicy>>(&mut linker, JobState::http_policy)?;
     crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
+    crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
+    Ok(linker)
+}
+
+/// The linker with every import of the `wasmjobs:job/async-plugin` world,
+/// for the engine of plugins that run several jobs per instance: WASI as
+/// for `plugin` (its calls hold the instance while they run), no
+/// `wasi:http`, and `async-http`, `async-sql` and `log` resolved per job
+/// ([`scoped`]). The synchronous `http` and `sql` come along because the
+/// async ones use their types (and toolchains import a used interface
+/// whole); they work, under the plugin's grants, but hold the instance's
+/// other jobs while they wait, and count against the instance rather than
+/// a job.
+pub fn link_concurrent(engine: &Engine) -> Result<Linker<JobState>> {
+    use crate::bindings::concurrent::{async_http, async_sql, log as async_log};
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    disk::link(&mut linker)?;
+    async_http::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
+    async_log::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
+    async_sql::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
+    crate::bindings::http::add_to_linker::<JobState, HasSelf<http::HttpPolicy>>(&mut linker, JobState::http_policy)?;
     crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
     Ok(linker)
 }

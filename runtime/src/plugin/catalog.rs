@@ -20,14 +20,15 @@ use anyhow::{Context, Result, bail};
 
 use super::cache::{CacheUse, CompileCache, sha256_hex};
 use super::manifest::{MANIFEST_FILE, Manifest};
-use crate::bindings::PluginPre;
 use tokio::sync::Semaphore;
 
 use crate::host::disk::{self, DiskBudget};
 use crate::host::files;
 use crate::host::http::{AllowList, HttpStats, PluginPools};
+use crate::sandbox::Executor;
+use crate::sandbox::concurrent::Lanes;
+use crate::sandbox::executor::Prepared;
 use crate::sandbox::warm::WarmPool;
-use crate::sandbox::{Executor, JobState};
 
 /// A loaded plugin, ready to instantiate.
 pub struct Plugin {
@@ -55,10 +56,12 @@ pub struct Plugin {
     pub slots: Option<Arc<Semaphore>>,
     /// The budget of its read-write directories (`limits.disk`), if it has any.
     pub disk: Option<Arc<DiskBudget>>,
-    pub(crate) pre: PluginPre<JobState>,
+    pub(crate) pre: Prepared,
     /// This version's idle warm instances (`[instances] reuse`); a
     /// reloaded version starts with none.
     pub warm: Arc<WarmPool>,
+    /// This version's concurrent instances (`[instances] concurrent`).
+    pub lanes: Arc<Lanes>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -365,14 +368,22 @@ fn read_plugin(manifest_path: &Path) -> Result<Source> {
     })
 }
 
-/// Checks that `bytes` is a component of the job world that this host can
-/// link (compiling it through `cache`, so a runner using the same cache
-/// then loads it at once): what `wasmjobs build` asks of its result.
-pub fn check_component(executor: &Executor, cache: &CompileCache, bytes: &[u8], label: &str) -> Result<CacheUse> {
+/// Checks that `bytes` is a component of the job world (`async-plugin` if
+/// `concurrent`) that this host can link (compiling it through `cache`, so
+/// a runner using the same cache then loads it at once): what `wasmjobs
+/// build` asks of its result.
+pub fn check_component(
+    executor: &Executor,
+    cache: &CompileCache,
+    bytes: &[u8],
+    label: &str,
+    concurrent: bool,
+) -> Result<CacheUse> {
     if !is_component(bytes) {
         bail!("not a WebAssembly component");
     }
-    let (component, cache_use) = cache.component(executor.engine(), bytes, &sha256_hex(bytes), label)?;
+    let engine = executor.engine_for(false, concurrent).unwrap_or(executor.engine());
+    let (component, cache_use) = cache.component(engine, bytes, &sha256_hex(bytes), label)?;
     executor.prepare(&component)?;
     Ok(cache_use)
 }
@@ -397,7 +408,14 @@ fn build_plugin(
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
     manifest.handles = files::check(&manifest, protected)?;
     // Refused before compiling: no artifact for a plugin that cannot run.
-    let Some(engine) = executor.engine_for(manifest.limits.fuel.is_some()) else {
+    let concurrent = manifest.instances.concurrent.is_some();
+    if concurrent && manifest.limits.fuel.is_some() {
+        bail!(
+            "{}: limits.fuel cannot be combined with [instances] concurrent: fuel is counted per instance, and the jobs running in one would share one budget",
+            manifest_path.display()
+        );
+    }
+    let Some(engine) = executor.engine_for(manifest.limits.fuel.is_some(), concurrent) else {
         bail!(
             "{}: limits.fuel needs fuel metering, which is off: start the runner with --fuel (only plugins that set limits.fuel are metered; it slows them by 10–25%)",
             manifest_path.display()
@@ -412,6 +430,15 @@ fn build_plugin(
                 manifest_path.display(),
                 manifest.component.display()
             )
+        })
+        .map_err(|err| match concurrent {
+            // The plain engine has no component-model async: an
+            // async-plugin component fails to parse there.
+            false if format!("{err:#}").contains("component model async") => err.context(format!(
+                "{}: this component exports an async perform (the async-plugin world), which runs only with [instances] concurrent = K in its manifest",
+                manifest_path.display()
+            )),
+            _ => err,
         })?;
     let pre = executor
         .prepare(&component)
@@ -440,6 +467,7 @@ fn build_plugin(
         disk,
         pre,
         warm: Arc::default(),
+        lanes: Arc::default(),
     })
 }
 

@@ -6,7 +6,13 @@
 //! reuse = 1000          # jobs one instance serves, one after another (default 1: a fresh instance per job)
 //! idle_timeout = "10s"  # an idle warm instance is dropped after this long
 //! max_idle = 100        # most idle warm instances kept for this plugin
+//! concurrent = 50       # jobs one instance runs at once (async-plugin world only)
 //! ```
+//!
+//! `concurrent = K` is for components built for the `async-plugin` world,
+//! whose `perform` is an `async func`: one instance then runs up to K jobs
+//! at once, switching between them while they await HTTP or SQL, and
+//! serves up to `reuse` jobs in all (10,000 unless set), then retires.
 //!
 //! Fresh instances are the default because they are the simplest contract:
 //! nothing a job leaves behind in its module's globals reaches the next
@@ -25,6 +31,11 @@ use toml::Spanned;
 /// How long an idle warm instance is kept by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Jobs one concurrent instance serves in all when `reuse` is not set: a
+/// bound on what a guest can leak, high enough that instantiation is lost
+/// in the noise.
+pub const DEFAULT_CONCURRENT_REUSE: u32 = 10_000;
+
 /// A plugin's instance policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstancePolicy {
@@ -35,6 +46,10 @@ pub struct InstancePolicy {
     /// Most idle warm instances kept for the plugin; `None`: up to the
     /// runner's budget for idle instances (its `--concurrency`, ≤ 1,024).
     pub max_idle: Option<u32>,
+    /// Most jobs one instance runs at once; `None`: one (and the component
+    /// targets the `plugin` world). Set, the component must target
+    /// `async-plugin`.
+    pub concurrent: Option<u32>,
 }
 
 impl Default for InstancePolicy {
@@ -43,6 +58,7 @@ impl Default for InstancePolicy {
             reuse: 1,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_idle: None,
+            concurrent: None,
         }
     }
 }
@@ -58,6 +74,7 @@ impl InstancePolicy {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawInstances {
     reuse: Option<Spanned<i64>>,
+    concurrent: Option<Spanned<i64>>,
     idle_timeout: Option<Spanned<String>>,
     max_idle: Option<Spanned<i64>>,
 }
@@ -68,6 +85,12 @@ impl RawInstances {
         let mut policy = InstancePolicy::default();
         if let Some(reuse) = &self.reuse {
             policy.reuse = whole(reuse, "reuse", 1, at)?;
+        }
+        if let Some(concurrent) = &self.concurrent {
+            policy.concurrent = Some(whole(concurrent, "concurrent", 1, at)?);
+            if self.reuse.is_none() {
+                policy.reuse = DEFAULT_CONCURRENT_REUSE;
+            }
         }
         if let Some(max_idle) = &self.max_idle {
             policy.max_idle = Some(whole(max_idle, "max_idle", 0, at)?);
@@ -124,6 +147,15 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_instances_serve_many_jobs_unless_told_otherwise() {
+        let p = policy("concurrent = 50").unwrap();
+        assert_eq!(p.concurrent, Some(50));
+        assert_eq!(p.reuse, DEFAULT_CONCURRENT_REUSE);
+        assert_eq!(policy("concurrent = 8\nreuse = 100").unwrap().reuse, 100);
+        assert_eq!(policy("").unwrap().concurrent, None);
+    }
+
+    #[test]
     fn bad_values_are_refused_with_the_key() {
         for (text, wanted) in [
             ("reuse = 0", "instances.reuse must be a whole number ≥ 1"),
@@ -140,5 +172,11 @@ mod tests {
             assert!(err.contains(wanted), "{text}: {err}");
         }
         assert!(policy("reuse_count = 3").is_err(), "unknown keys are refused");
+        assert!(
+            policy("concurrent = 0")
+                .unwrap_err()
+                .to_string()
+                .contains("instances.concurrent must be a whole number ≥ 1")
+        );
     }
 }

@@ -20,9 +20,14 @@
 //!   compiled variant of their own. Every command (`plugins`, `exec`,
 //!   `run`) thus compiles a component to the same artifact, which the
 //!   compile cache shares between them (see `plugin::cache`).
-//! - No component-model-async / `concurrency_support`: wasmjobs uses WASI
-//!   p2, where host calls are async on the host side only, and the feature
-//!   costs ~40% of the instantiation rate.
+//! - `concurrency_support` (component-model async) only where asked for:
+//!   it costs ~40% of the instantiation rate and slows every call, and a
+//!   WASI p2 guest gains nothing from it (its host calls are async on the
+//!   host side only). Plugins with `[instances] concurrent = K` run
+//!   several jobs at once in one instance, which needs it, so they get a
+//!   third engine ([`build_concurrent`]) and a compiled variant of their
+//!   own; the other engines switch it off explicitly (the Cargo feature
+//!   would otherwise turn it on for all).
 
 use std::time::Duration;
 
@@ -204,9 +209,24 @@ pub fn build_metered() -> Result<Engine> {
 }
 
 /// The settings both engines share.
+/// The engine for plugins that run several jobs at once in one instance
+/// (`[instances] concurrent`): component-model async on, and instances
+/// allocated on demand. Such a plugin has few instances, each serving many
+/// jobs, so a pool of slots reserved up front would mostly lie idle, and a
+/// second pool sized for the runner's concurrency would reserve as much
+/// address space again as the first.
+pub fn build_concurrent() -> Result<Engine> {
+    let mut wasm = common();
+    wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand)
+        .concurrency_support(true)
+        .wasm_component_model_async(true);
+    Engine::new(&wasm).map_err(anyhow::Error::from)
+}
+
 fn common() -> Config {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
+        .concurrency_support(false)
         .memory_init_cow(true)
         .epoch_interruption(true);
     wasm

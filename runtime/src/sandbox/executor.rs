@@ -17,8 +17,13 @@
 //! - growing memory past the limit traps with "memory limit … exceeded";
 //! - running past the timeout is a retryable "timed out" failure.
 //!
-//! Two engines at most: the one every plugin compiles for, and, with
-//! `--fuel`, a metered one for the plugins that set `limits.fuel`
+//! A plugin with `[instances] concurrent = K` (built for the `async-plugin`
+//! world) runs instead on an instance that runs up to K jobs at once
+//! ([`super::concurrent`] has that path and its rules).
+//!
+//! Three engines at most: the one every plugin compiles for, with
+//! `--fuel` a metered one for the plugins that set `limits.fuel`, and one
+//! with component-model async for concurrent plugins
 //! ([`engine`](super::engine) says why). A plugin's pre-linked component
 //! knows its engine, and each job's store is made on that one.
 
@@ -33,13 +38,15 @@ use tracing::Instrument;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 
+use super::concurrent::{Finished, LaneSpec};
 use super::engine::{self, EngineConfig, Limits, TICK};
-use super::state::{JobState, mib};
+use super::state::{JobScope, JobState, mib};
 use super::warm::{Instances, Warm};
+use crate::bindings::concurrent::{AsyncPluginPre, WORLD as ASYNC_WORLD};
 use crate::bindings::{PluginPre, WORLD};
 use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
-use crate::host::sql::Databases;
+use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
 use crate::plugin::Plugin;
 
@@ -79,6 +86,15 @@ impl Variant {
     }
 }
 
+/// A plugin pre-linked for the world its engine serves.
+#[derive(Clone)]
+pub(crate) enum Prepared {
+    /// `plugin`: one job per instance at a time.
+    Serial(PluginPre<JobState>),
+    /// `async-plugin`: up to `[instances] concurrent` jobs per instance.
+    Concurrent(AsyncPluginPre<JobState>),
+}
+
 /// Runs jobs. One per process, shared by every worker.
 pub struct Executor {
     /// What every plugin not metering fuel compiles for and runs on.
@@ -86,6 +102,8 @@ pub struct Executor {
     /// With fuel metering, for plugins that set `limits.fuel`; only when
     /// the executor allows fuel.
     metered: Option<Variant>,
+    /// With component-model async, for `[instances] concurrent` plugins.
+    concurrent: Variant,
     limits: Limits,
     disk: u64,
     http: Arc<HttpClient>,
@@ -109,14 +127,23 @@ impl Executor {
             )?),
             false => None,
         };
+        let concurrent_engine =
+            engine::build_concurrent().context("cannot configure the Wasmtime engine for concurrent instances")?;
+        let concurrent = Variant {
+            linker: crate::host::link_concurrent(&concurrent_engine)
+                .context("cannot link host capabilities for concurrent instances")?,
+            engine: concurrent_engine,
+        };
         let engines = std::iter::once(&plain)
             .chain(&metered)
+            .chain(std::iter::once(&concurrent))
             .map(|variant| variant.engine.clone())
             .collect();
         let ticker = EpochTicker::start(engines)?;
         Ok(Self {
             plain,
             metered,
+            concurrent,
             limits: config.limits,
             disk: config.disk,
             http: Arc::new(HttpClient::new(HttpLimits {
@@ -173,12 +200,14 @@ impl Executor {
         &self.plain.engine
     }
 
-    /// The engine a plugin compiles for: the plain one, or the metered one
-    /// if it sets `limits.fuel` (`None` if this executor allows no fuel).
-    pub fn engine_for(&self, fuel: bool) -> Option<&Engine> {
-        match fuel {
-            false => Some(&self.plain.engine),
-            true => self.metered.as_ref().map(|variant| &variant.engine),
+    /// The engine a plugin compiles for: the concurrent one if it sets
+    /// `[instances] concurrent`, the metered one if it sets `limits.fuel`
+    /// (`None` if this executor allows no fuel), the plain one otherwise.
+    pub fn engine_for(&self, fuel: bool, concurrent: bool) -> Option<&Engine> {
+        match (concurrent, fuel) {
+            (true, _) => Some(&self.concurrent.engine),
+            (false, false) => Some(&self.plain.engine),
+            (false, true) => self.metered.as_ref().map(|variant| &variant.engine),
         }
     }
 
@@ -207,7 +236,22 @@ impl Executor {
     /// Links `component` against the host's imports and checks that it
     /// exports the job world's `perform`: the "WIT world check".
     /// `component` must have been compiled for one of [`Executor::engine_for`].
-    pub(crate) fn prepare(&self, component: &Component) -> Result<PluginPre<JobState>> {
+    pub(crate) fn prepare(&self, component: &Component) -> Result<Prepared> {
+        if Engine::same(&self.concurrent.engine, component.engine()) {
+            let pre = self.concurrent.linker.instantiate_pre(component).map_err(anyhow::Error::from).with_context(|| {
+                format!(
+                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one imports something that world does not offer (build it with `wasmjobs build`, which picks the world from the manifest)"
+                )
+            })?;
+            return AsyncPluginPre::new(pre)
+                .map(Prepared::Concurrent)
+                .map_err(anyhow::Error::from)
+                .with_context(|| {
+                    format!(
+                        "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func` (build it with `wasmjobs build`, which picks the world from the manifest)"
+                    )
+                });
+        }
         let variant = match &self.metered {
             Some(metered) if Engine::same(&metered.engine, component.engine()) => metered,
             _ => &self.plain,
@@ -218,8 +262,13 @@ impl Executor {
             .map_err(anyhow::Error::from)
             .with_context(|| format!("not a wasmjobs plugin: it imports something the {WORLD} world does not offer"))?;
         PluginPre::new(pre)
+            .map(Prepared::Serial)
             .map_err(anyhow::Error::from)
-            .with_context(|| format!("not a wasmjobs plugin: it does not implement the {WORLD} world"))
+            .with_context(|| {
+                format!(
+                    "not a wasmjobs plugin: it does not implement the {WORLD} world (a component of the {ASYNC_WORLD} world needs [instances] concurrent in its manifest)"
+                )
+            })
     }
 
     /// Runs `job` on a fresh instance of `plugin`. Never fails: every
@@ -243,6 +292,13 @@ impl Executor {
         };
         let budget = plugin.manifest.limits.log.unwrap_or_default();
         let policy = plugin.manifest.instances;
+        let pre = match &plugin.pre {
+            Prepared::Serial(pre) => pre,
+            Prepared::Concurrent(pre) => {
+                let sink = LogSink::new(labels, options.capture_logs, budget);
+                return self.execute_concurrent(plugin, pre, job, sink, started).await;
+            }
+        };
         let warm = match policy.reuses() {
             true => plugin.warm.take(&policy, &self.instances),
             false => None,
@@ -286,7 +342,7 @@ impl Executor {
             }
             None => match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
                 Ok(state) => {
-                    let mut store = Store::new(plugin.pre.engine(), state.with_disk(plugin.disk.as_ref()));
+                    let mut store = Store::new(pre.engine(), state.with_disk(plugin.disk.as_ref()));
                     store.limiter(|state| &mut state.limiter);
                     store.epoch_deadline_async_yield_and_update(1);
                     (store, None, 0)
@@ -295,7 +351,7 @@ impl Executor {
             },
         };
         store.set_epoch_deadline(1);
-        if self.is_metered(plugin.pre.engine()) {
+        if self.is_metered(pre.engine()) {
             let fuel = plugin.manifest.limits.fuel.unwrap_or(u64::MAX);
             if let Err(err) = store.set_fuel(fuel) {
                 return done(Outcome::Retry(format!("cannot set the fuel budget: {err}")), None);
@@ -308,7 +364,7 @@ impl Executor {
                 Some(exports) => exports,
                 None => {
                     self.instances.created.fetch_add(1, Ordering::Relaxed);
-                    plugin.pre.instantiate_async(&mut store).await?
+                    pre.instantiate_async(&mut store).await?
                 }
             };
             let returned = exports.call_perform(&mut store, &wit_job).await?;
@@ -339,18 +395,109 @@ impl Executor {
             };
             plugin.warm.put(warm, &policy, &self.instances);
         }
-        match &execution.outcome {
-            Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
-            failed => tracing::warn!(
-                jid = %job.jid,
-                class = %job.class,
-                plugin = %plugin.name,
-                version = %plugin.version,
-                elapsed_us = execution.duration.as_micros() as u64,
-                "job failed: {failed}"
-            ),
-        }
+        log_end(plugin, job, &execution);
         execution
+    }
+}
+
+impl Executor {
+    /// Runs `job` on one of `plugin`'s concurrent instances
+    /// ([`super::concurrent`]), starting one if none has room.
+    async fn execute_concurrent(
+        &self,
+        plugin: &Plugin,
+        pre: &AsyncPluginPre<JobState>,
+        job: &Job,
+        sink: LogSink,
+        started: Instant,
+    ) -> Execution {
+        let policy = plugin.manifest.instances;
+        let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
+        let scope = JobScope {
+            log: sink.clone(),
+            http: HttpPolicy::new(
+                self.http.clone(),
+                plugin.http_pools.clone(),
+                plugin.http_allow.clone(),
+                plugin.http_stats.clone(),
+                sink.clone(),
+            ),
+            sql: SqlView::new(self.databases.clone(), &plugin.manifest),
+        };
+        let spawn = || {
+            let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
+            // The instance's own sink: the guest's stdout and stderr, and
+            // log lines from outside any job.
+            let labels = JobLabels {
+                jid: String::new(),
+                class: String::new(),
+                plugin: plugin.name.clone(),
+                version: plugin.version.clone(),
+            };
+            let instance_sink = LogSink::new(labels, false, plugin.manifest.limits.log.unwrap_or_default());
+            let http = HttpPolicy::new(
+                self.http.clone(),
+                plugin.http_pools.clone(),
+                plugin.http_allow.clone(),
+                plugin.http_stats.clone(),
+                instance_sink.clone(),
+            );
+            let state = JobState::new(&plugin.manifest, instance_sink, memory, http, &self.databases)
+                .map_err(|err| format!("cannot prepare the sandbox: {err:#}"))?;
+            self.instances.created.fetch_add(1, Ordering::Relaxed);
+            Ok(LaneSpec {
+                pre: pre.clone(),
+                state: state.with_disk(plugin.disk.as_ref()),
+                concurrent: policy.concurrent.unwrap_or(1).max(1) as usize,
+                reuse: policy.reuse.max(1),
+                idle_timeout: policy.idle_timeout,
+            })
+        };
+        let (finished, reused) = plugin
+            .lanes
+            .run(
+                job.to_wit(),
+                scope,
+                timeout,
+                policy.concurrent.unwrap_or(1).max(1) as usize,
+                policy.reuse.max(1),
+                spawn,
+            )
+            .await;
+        if reused {
+            self.instances.reused.fetch_add(1, Ordering::Relaxed);
+        }
+        let (outcome, backtrace) = match finished {
+            Finished::Returned(Ok(())) => (Outcome::Success, None),
+            Finished::Returned(Err(job_error)) => (job_error.into(), None),
+            Finished::Ended { message, backtrace } => (Outcome::Retry(message), backtrace),
+        };
+        sink.finish();
+        let execution = Execution {
+            outcome,
+            duration: started.elapsed(),
+            logs: sink.lines(),
+            backtrace,
+            plugin_version: plugin.version.clone(),
+        };
+        log_end(plugin, job, &execution);
+        execution
+    }
+}
+
+/// The job's last line in the host's log: debug for a success, a warning
+/// naming the job for a failure.
+fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
+    match &execution.outcome {
+        Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
+        failed => tracing::warn!(
+            jid = %job.jid,
+            class = %job.class,
+            plugin = %plugin.name,
+            version = %plugin.version,
+            elapsed_us = execution.duration.as_micros() as u64,
+            "job failed: {failed}"
+        ),
     }
 }
 
@@ -370,7 +517,7 @@ fn with_disk_note(outcome: Outcome, state: &JobState) -> Outcome {
 }
 
 /// A one-line explanation of why the guest stopped.
-fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
+pub(crate) fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
     let mut message = if let Some(asked) = state.limiter.refused {
         format!(
             "memory limit of {} exceeded: the guest asked for {}",

@@ -10,6 +10,7 @@
 //! ([`warm`]): then its own jobs share its module state, still never
 //! another plugin's, and a trap or timeout still ends that instance.
 
+pub mod concurrent;
 pub mod engine;
 pub mod executor;
 pub mod state;

@@ -9,11 +9,20 @@
 //! `wasi:filesystem/types` through a [`BudgetedFs`] (wasmtime-wasi's view
 //! plus the job's [`JobDisk`]), and Wasmtime's resource accounting through
 //! [`MemoryLimiter`].
+//!
+//! An instance that runs several jobs at once (`[instances] concurrent`)
+//! has one store for all of them: the WASI context, table, disk share and
+//! limiter are the instance's, and each job's log sink, HTTP policy and SQL
+//! view live in a [`JobScope`] keyed by the job's guest task, which the
+//! `async-plugin` imports look up from the calling task
+//! (`crate::host::scoped`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Result;
 use wasmtime::ResourceLimiter;
+use wasmtime::component::GuestTaskId;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
@@ -34,6 +43,9 @@ pub struct JobState {
     pub(crate) log: LogSink,
     pub(crate) sql: SqlView,
     pub(crate) limiter: MemoryLimiter,
+    /// The jobs running in a concurrent instance, by their `perform` task
+    /// (empty for an instance that runs one job at a time).
+    pub(crate) scopes: HashMap<GuestTaskId, JobScope>,
     /// The job's share of its plugin's disk budget. Last, so it is dropped
     /// after the table has closed the job's files.
     disk: Option<Arc<JobDisk>>,
@@ -75,6 +87,7 @@ impl JobState {
             log,
             sql: SqlView::new(databases.clone(), manifest),
             limiter: MemoryLimiter::new(memory_limit),
+            scopes: HashMap::new(),
             disk: None,
         })
     }
@@ -143,6 +156,15 @@ impl WasiHttpView for JobState {
             hooks: &mut self.http_policy,
         }
     }
+}
+
+/// What one job of a concurrent instance has to itself: its log sink
+/// (its `jid` on every line, its own budget), its HTTP policy (counters,
+/// open-request slots) and its SQL view.
+pub(crate) struct JobScope {
+    pub(crate) log: LogSink,
+    pub(crate) http: HttpPolicy,
+    pub(crate) sql: SqlView,
 }
 
 /// Caps a job's linear memory and tables, and remembers when it refused, so

@@ -129,6 +129,18 @@ pub(crate) fn failed(what: &str, err: &Error) -> HttpError {
 
 impl Host for super::HttpPolicy {
     async fn send(&mut self, request: Request) -> Result<Response, HttpError> {
+        self.start(request)?.await
+    }
+}
+
+impl super::HttpPolicy {
+    /// Checks `request` against the job's grants and limits and starts
+    /// it: what is left to wait for holds no borrow of the store, so an
+    /// `async func` import can release the store while it waits.
+    pub(crate) fn start(
+        &mut self,
+        request: Request,
+    ) -> Result<impl Future<Output = Result<Response, HttpError>> + Send + use<>, HttpError> {
         let Built { request, options, what } = build(request)?;
         let Some((rule, route)) = self.permitted(request.uri()) else {
             self.note_denied(request.uri());
@@ -153,7 +165,7 @@ impl Host for super::HttpPolicy {
         // Boxed, so spawning moves a pointer through the fiber's frames, not
         // the whole future (with it unboxed the fiber's stack held a second
         // page per job).
-        wasmtime_wasi::runtime::spawn(Box::pin(async move {
+        Ok(wasmtime_wasi::runtime::spawn(Box::pin(async move {
             let response = client.send(&pools, request, options, route).await;
             let response = response.map_err(|err| {
                 super::note_failure(&stats, &log, &err, &rule);
@@ -178,8 +190,7 @@ impl Host for super::HttpPolicy {
                 headers,
                 body: body.into(),
             })
-        }))
-        .await
+        })))
     }
 }
 

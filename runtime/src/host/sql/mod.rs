@@ -183,7 +183,10 @@ impl Databases {
 }
 
 /// What one job may reach: the runner's databases, filtered by the grants
-/// of the job's plugin. Lives in the job's store (`JobState`).
+/// of the job's plugin. Lives in the job's store (`JobState`); cloned out
+/// of it by the `async-sql` import, which must not hold the store while a
+/// statement runs.
+#[derive(Clone)]
 pub struct SqlView {
     databases: Arc<Databases>,
     grants: Vec<String>,
@@ -225,7 +228,13 @@ impl SqlView {
         })
     }
 
-    async fn run(&self, db: &str, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
+    pub(crate) async fn run(
+        &self,
+        db: &str,
+        statement: String,
+        params: Vec<Value>,
+        want_rows: bool,
+    ) -> Result<Output, SqlError> {
         let database = self.database(db)?;
         check_statement(&statement)?;
         let read_only = self.read_only.iter().any(|g| g == db);

@@ -1,0 +1,121 @@
+//! The imports of the `async-plugin` world, where one instance runs
+//! several jobs at once.
+//!
+//! The store, and so the WASI context and resource table, is the
+//! instance's; what is each job's own (log sink, HTTP policy, SQL view)
+//! sits in a [`JobScope`] keyed by the guest task of the job's `perform`
+//! call. Each import finds its job from the calling task: Wasmtime's
+//! async call stack ends at the export call the host started, whatever
+//! tasks the guest ran in between. A call whose task maps to no job (which
+//! the host's bookkeeping should make impossible) gets an error value, not
+//! another job's grants.
+//!
+//! `send`, `query` and `execute` check grants and limits with the store
+//! lent, then release it while they wait, so the instance's other jobs run
+//! meanwhile; the checks and the request itself are the `plugin` world's
+//! ([`HttpPolicy::start`](super::http::HttpPolicy), [`SqlView`]).
+
+use wasmtime::component::{Access, Accessor, GuestTaskId, HasData};
+
+use crate::bindings::concurrent::{async_http, async_sql, log};
+use crate::bindings::http::{HttpError, Request, Response};
+use crate::bindings::sql::{Rows, SqlError, Value};
+use crate::host::log::Source;
+use crate::sandbox::JobState;
+use crate::sandbox::state::JobScope;
+
+use super::sql::{Output, SqlView};
+
+/// The `async-plugin` imports' view of the store: the whole [`JobState`],
+/// from which each call takes its own job's [`JobScope`].
+pub(crate) struct Scoped;
+
+impl HasData for Scoped {
+    type Data<'a> = &'a mut JobState;
+}
+
+/// The `perform` task the calling task descends from.
+fn job_task<T>(access: &mut Access<'_, T, Scoped>) -> Option<GuestTaskId> {
+    use wasmtime::AsContextMut;
+    access.as_context_mut().async_call_stack().ok()?.last()
+}
+
+/// The calling job's scope, if the call comes from a job's task.
+fn scope<'a, T>(access: &'a mut Access<'_, T, Scoped>) -> Option<&'a mut JobScope> {
+    let task = job_task(access)?;
+    access.get().scopes.get_mut(&task)
+}
+
+const NO_JOB: &str = "this call does not belong to a running job";
+
+impl async_http::Host for JobState {}
+
+impl<T> async_http::HostWithStore<T> for Scoped {
+    async fn send(accessor: &Accessor<T, Self>, request: Request) -> Result<Response, HttpError> {
+        let started = accessor.with(|mut access| match scope(&mut access) {
+            Some(scope) => scope.http.start(request),
+            None => Err(HttpError::InvalidRequest(NO_JOB.into())),
+        });
+        started?.await
+    }
+}
+
+/// The calling job's SQL view, cloned out of the store so the statement
+/// runs without holding it.
+fn sql_view<T>(accessor: &Accessor<T, Scoped>) -> Result<SqlView, SqlError> {
+    accessor.with(|mut access| match scope(&mut access) {
+        Some(scope) => Ok(scope.sql.clone()),
+        None => Err(SqlError::Connection(NO_JOB.into())),
+    })
+}
+
+impl async_sql::Host for JobState {}
+
+impl<T> async_sql::HostWithStore<T> for Scoped {
+    async fn query(
+        accessor: &Accessor<T, Self>,
+        db: String,
+        statement: String,
+        params: Vec<Value>,
+    ) -> Result<Rows, SqlError> {
+        match sql_view(accessor)?.run(&db, statement, params, true).await? {
+            Output::Rows(rows) => Ok(rows),
+            Output::Affected(_) => Ok(Rows {
+                columns: Vec::new(),
+                rows: Vec::new(),
+            }),
+        }
+    }
+
+    async fn execute(
+        accessor: &Accessor<T, Self>,
+        db: String,
+        statement: String,
+        params: Vec<Value>,
+    ) -> Result<u64, SqlError> {
+        match sql_view(accessor)?.run(&db, statement, params, false).await? {
+            Output::Affected(count) => Ok(count),
+            Output::Rows(rows) => Ok(rows.rows.len() as u64),
+        }
+    }
+}
+
+impl log::Host for JobState {}
+
+impl<T> log::HostWithStore<T> for Scoped {
+    fn log(mut access: Access<'_, T, Self>, level: log::Level, message: String) {
+        let level = match level {
+            log::Level::Trace => crate::bindings::log::Level::Trace,
+            log::Level::Debug => crate::bindings::log::Level::Debug,
+            log::Level::Info => crate::bindings::log::Level::Info,
+            log::Level::Warn => crate::bindings::log::Level::Warn,
+            log::Level::Error => crate::bindings::log::Level::Error,
+        };
+        match scope(&mut access) {
+            Some(scope) => scope.log.record(level, Source::Log, &message),
+            // Not a job's line (the instance's own, say at start-up): the
+            // instance's sink, labelled with the plugin only.
+            None => access.get().log.record(level, Source::Log, &message),
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! Concurrent instances: one instance runs up to K jobs at once, for
+//! plugins built for the `async-plugin` world with `[instances]
+//! concurrent = K` ([`crate::plugin::InstancePolicy`]).
+//!
+//! Each instance is a *lane*: a task that owns the store, instantiates the
+//! plugin, and drives Wasmtime's event loop (`Store::run_concurrent`),
+//! starting a `perform` call for every job it is handed while fewer than K
+//! run, and handing each job's result back to the job's own caller. While
+//! one job awaits an `async-http` or `async-sql` import, the others run, so
+//! 1,000 jobs waiting on the network need 1,000 / K instances, not 1,000.
+//! Each job's log sink, HTTP policy and SQL view are its own
+//! ([`JobScope`], found by the imports from the calling task), and so are
+//! its outcome and its log lines.
+//!
+//! The rules, and why:
+//! - **A lane takes jobs while it runs fewer than K and has taken fewer
+//!   than `reuse`** (10,000 unless set); then it finishes what it runs and
+//!   retires. Idle for `idle_timeout`, it retires too, and when its plugin
+//!   version is replaced (hot reload) it finishes its jobs and goes with it.
+//! - **A trap, a refused memory growth or a timeout ends the instance and
+//!   every job in it.** Wasmtime poisons a trapped store and cannot cancel
+//!   one task of several (its event loop does not run while a guest
+//!   computes, so the deadline is watched from outside it). The job at
+//!   fault gets the trap or "timed out"; the others are retried with a
+//!   message naming what ended their instance. `limits.memory` bounds the
+//!   instance (all its jobs together), `limits.timeout` each job.
+//! - **Jobs of one instance share its memory**: module globals, the heap,
+//!   the guest's stdout and stderr (labelled with the plugin, not a job).
+//!   They are one plugin's jobs, as the threads of one process are; no
+//!   other plugin's job ever runs there.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+use wasmtime::component::TypedFunc;
+use wasmtime::{Store, WasmBacktrace};
+
+use super::executor::describe_trap;
+use super::state::{JobScope, JobState};
+use crate::bindings::concurrent::AsyncPluginPre;
+use crate::bindings::types::{Job as WitJob, JobError};
+
+/// What one job of a lane ended with.
+pub(crate) enum Finished {
+    /// `perform` returned.
+    Returned(Result<(), JobError>),
+    /// The instance ended before it did: a trap (message, backtrace), a
+    /// timeout, another job's failure.
+    Ended { message: String, backtrace: Option<String> },
+}
+
+/// A job handed to a lane.
+struct Submission {
+    job: WitJob,
+    scope: JobScope,
+    deadline: Instant,
+    timeout: Duration,
+    reply: oneshot::Sender<Finished>,
+}
+
+/// One instance, as the executor sees it: its intake, held only here, so
+/// that dropping the plugin version's [`Lanes`] ends the lane's intake.
+struct Lane {
+    intake: mpsc::UnboundedSender<Submission>,
+    counts: Arc<LaneCounts>,
+}
+
+/// What the executor and the lane's task both track.
+struct LaneCounts {
+    /// Jobs handed to it and not yet finished.
+    load: AtomicUsize,
+    /// Jobs handed to it in all.
+    taken: AtomicU32,
+    /// Set (under the lanes' lock) when it takes no more jobs.
+    closed: AtomicBool,
+}
+
+/// What a lane needs to build and run its instance.
+pub(crate) struct LaneSpec {
+    pub(crate) pre: AsyncPluginPre<JobState>,
+    pub(crate) state: JobState,
+    pub(crate) concurrent: usize,
+    pub(crate) reuse: u32,
+    pub(crate) idle_timeout: Duration,
+}
+
+/// The lanes of one loaded plugin version. Dropping it (the version was
+/// replaced and its last job finished) closes every lane's intake, so the
+/// lanes finish and go.
+#[derive(Default)]
+pub struct Lanes {
+    lanes: Mutex<Vec<Arc<Lane>>>,
+}
+
+impl std::fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lanes").field("instances", &self.len()).finish()
+    }
+}
+
+impl Lanes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Lane>>> {
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Instances alive now.
+    pub fn len(&self) -> usize {
+        self.lock()
+            .iter()
+            .filter(|lane| !lane.counts.closed.load(Ordering::Acquire))
+            .count()
+    }
+
+    /// Whether no instance is alive.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `job` on a lane with room, starting one with `spawn` if none
+    /// has (`spawn` is called with no lock held and returns the spec of a
+    /// new instance). Returns what the job ended with and whether it ran on
+    /// an instance that already existed.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        job: WitJob,
+        scope: JobScope,
+        timeout: Duration,
+        concurrent: usize,
+        reuse: u32,
+        spawn: impl FnOnce() -> Result<LaneSpec, String>,
+    ) -> (Finished, bool) {
+        let (reply, finished) = oneshot::channel();
+        let submission = Submission {
+            job,
+            scope,
+            deadline: Instant::now() + timeout,
+            timeout,
+            reply,
+        };
+        let existing = self.hand_to_existing(submission, concurrent, reuse);
+        let reused = match existing {
+            Ok(()) => true,
+            Err(submission) => {
+                let spec = match spawn() {
+                    Ok(spec) => spec,
+                    Err(message) => {
+                        return (
+                            Finished::Ended {
+                                message,
+                                backtrace: None,
+                            },
+                            false,
+                        );
+                    }
+                };
+                self.start_lane(spec, submission);
+                false
+            }
+        };
+        let finished = finished.await.unwrap_or(Finished::Ended {
+            message: "the instance running this job stopped without a result".into(),
+            backtrace: None,
+        });
+        (finished, reused)
+    }
+
+    /// Hands `submission` to the first open lane with room, or gives it back.
+    fn hand_to_existing(&self, submission: Submission, concurrent: usize, reuse: u32) -> Result<(), Submission> {
+        let mut lanes = self.lock();
+        lanes.retain(|lane| !lane.counts.closed.load(Ordering::Acquire));
+        let Some(lane) = lanes.iter().find(|lane| {
+            lane.counts.load.load(Ordering::Acquire) < concurrent && lane.counts.taken.load(Ordering::Acquire) < reuse
+        }) else {
+            return Err(submission);
+        };
+        let counts = &lane.counts;
+        counts.load.fetch_add(1, Ordering::AcqRel);
+        counts.taken.fetch_add(1, Ordering::AcqRel);
+        lane.intake.send(submission).map_err(|refused| {
+            counts.load.fetch_sub(1, Ordering::AcqRel);
+            counts.closed.store(true, Ordering::Release);
+            refused.0
+        })
+    }
+
+    /// Starts a lane for `spec` with `first` as its first job.
+    fn start_lane(self: &Arc<Self>, spec: LaneSpec, first: Submission) {
+        let (intake, jobs) = mpsc::unbounded_channel();
+        let counts = Arc::new(LaneCounts {
+            load: AtomicUsize::new(1),
+            taken: AtomicU32::new(1),
+            closed: AtomicBool::new(false),
+        });
+        // The intake cannot be closed yet: the receiver is right here.
+        let _ = intake.send(first);
+        self.lock().push(Arc::new(Lane {
+            intake,
+            counts: counts.clone(),
+        }));
+        let lanes = Arc::downgrade(self);
+        tokio::spawn(async move {
+            drive(spec, jobs, &counts, &lanes).await;
+            counts.closed.store(true, Ordering::Release);
+        });
+    }
+}
+
+/// The jobs a lane runs, shared between its event loop and the code that
+/// cleans up after the loop ended abnormally.
+#[derive(Default)]
+struct Running {
+    /// By job number: reply, jid, deadline, timeout.
+    jobs: HashMap<u64, (oneshot::Sender<Finished>, String, Instant, Duration)>,
+}
+
+/// Runs one instance until it retires or fails.
+async fn drive(
+    spec: LaneSpec,
+    mut jobs: mpsc::UnboundedReceiver<Submission>,
+    lane: &LaneCounts,
+    lanes: &std::sync::Weak<Lanes>,
+) {
+    let LaneSpec {
+        pre,
+        state,
+        concurrent,
+        reuse,
+        idle_timeout,
+    } = spec;
+    let running = Arc::new(Mutex::new(Running::default()));
+    let mut store = Store::new(pre.engine(), state);
+    store.limiter(|state| &mut state.limiter);
+    store.epoch_deadline_async_yield_and_update(1);
+    store.set_epoch_deadline(1);
+
+    let perform = match instantiate(&pre, &mut store).await {
+        Ok(perform) => perform,
+        Err(err) => {
+            let message = format!("cannot instantiate the plugin: {}", describe_trap(&err, store.data()));
+            close(lane, lanes);
+            fail_all(&running, &mut jobs, &message);
+            return;
+        }
+    };
+
+    let event_loop = {
+        let running = running.clone();
+        let jobs = &mut jobs;
+        store.run_concurrent(async move |accessor| {
+            let mut calls = FuturesUnordered::new();
+            let mut taken: u32 = 0;
+            let mut next_id: u64 = 0;
+            loop {
+                let room = calls.len() < concurrent && taken < reuse;
+                if !room && calls.is_empty() {
+                    return None;
+                }
+                tokio::select! {
+                    submission = jobs.recv(), if room => {
+                        let Some(submission) = submission else {
+                            if calls.is_empty() {
+                                return None;
+                            }
+                            // No more jobs will come: finish these.
+                            taken = reuse;
+                            continue;
+                        };
+                        taken += 1;
+                        let Submission { job, scope, deadline, timeout, reply } = submission;
+                        let jid = job.jid.clone();
+                        let started = accessor.with(|mut access| {
+                            let call = perform.start_call_concurrent(&mut access, (job,))?;
+                            access.get().scopes.insert(call.task(), scope);
+                            Ok::<_, wasmtime::Error>(call)
+                        });
+                        let call = match started {
+                            Ok(call) => call,
+                            Err(err) => {
+                                let _ = reply.send(Finished::Ended { message: format!("cannot start the job: {err:#}"), backtrace: None });
+                                lane.load.fetch_sub(1, Ordering::AcqRel);
+                                continue;
+                            }
+                        };
+                        let id = next_id;
+                        next_id += 1;
+                        let task = call.task();
+                        lock(&running).jobs.insert(id, (reply, jid, deadline, timeout));
+                        calls.push(async move { (id, task, perform.finish_call_concurrent(accessor, call).await) });
+                    }
+                    Some((id, task, result)) = calls.next() => {
+                        let (finished, failure) = accessor.with(|mut access| {
+                            let state = access.get();
+                            state.scopes.remove(&task);
+                            match result {
+                                Ok((returned,)) => (Finished::Returned(returned), None),
+                                // The store is poisoned: this job gets the
+                                // trap, the others are ended with it.
+                                Err(err) => {
+                                    let message = describe_trap(&err, state);
+                                    let backtrace = err.downcast_ref::<WasmBacktrace>().map(|bt| bt.to_string());
+                                    let jid = lock(&running).jobs.get(&id).map(|job| job.1.clone()).unwrap_or_default();
+                                    let failure = format!("the instance stopped because job {jid} failed: {message}");
+                                    (Finished::Ended { message, backtrace }, Some(failure))
+                                }
+                            }
+                        });
+                        if let Some((reply, ..)) = lock(&running).jobs.remove(&id) {
+                            let _ = reply.send(finished);
+                        }
+                        lane.load.fetch_sub(1, Ordering::AcqRel);
+                        if failure.is_some() {
+                            return failure;
+                        }
+                    }
+                    _ = tokio::time::sleep(idle_timeout), if calls.is_empty() => {
+                        if close_if_idle(lane, lanes) {
+                            return None;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let watchdog = overdue(&running);
+    let ended = tokio::select! {
+        ended = event_loop => match ended {
+            Ok(failure) => failure,
+            Err(err) => Some(format!("the instance stopped: {}", describe_trap(&err, store.data()))),
+        },
+        jid = watchdog => Some(format!("the instance was stopped because job {jid} ran past its timeout")),
+    };
+    close(lane, lanes);
+    if let Some(message) = ended {
+        fail_all(&running, &mut jobs, &message);
+    }
+    drop(store);
+}
+
+/// Instantiates the plugin and finds its `perform`.
+async fn instantiate(
+    pre: &AsyncPluginPre<JobState>,
+    store: &mut Store<JobState>,
+) -> wasmtime::Result<TypedFunc<(WitJob,), (Result<(), JobError>,)>> {
+    let instance = pre.instance_pre().instantiate_async(&mut *store).await?;
+    instance.get_typed_func::<(WitJob,), (Result<(), JobError>,)>(&mut *store, "perform")
+}
+
+/// Resolves with the jid of the first running job past its deadline.
+async fn overdue(running: &Mutex<Running>) -> String {
+    loop {
+        let now = Instant::now();
+        let earliest = lock(running)
+            .jobs
+            .values()
+            .map(|(_, jid, deadline, _)| (*deadline, jid.clone()))
+            .min_by_key(|(deadline, _)| *deadline);
+        match earliest {
+            Some((deadline, jid)) if deadline <= now => return jid,
+            // Checked at least every 100 ms: a job that arrives later may
+            // have an earlier deadline than this one.
+            Some((deadline, _)) => {
+                tokio::time::sleep_until((deadline.min(now + Duration::from_millis(100))).into()).await
+            }
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn lock(running: &Mutex<Running>) -> std::sync::MutexGuard<'_, Running> {
+    running.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Marks the lane closed if it is still idle (under the lanes' lock, so no
+/// job is handed to it after); returns whether it did.
+fn close_if_idle(lane: &LaneCounts, lanes: &std::sync::Weak<Lanes>) -> bool {
+    let Some(lanes) = lanes.upgrade() else {
+        lane.closed.store(true, Ordering::Release);
+        return true;
+    };
+    let _held = lanes.lock();
+    if lane.load.load(Ordering::Acquire) > 0 {
+        return false;
+    }
+    lane.closed.store(true, Ordering::Release);
+    true
+}
+
+/// Marks the lane closed, so it is handed no more jobs.
+fn close(lane: &LaneCounts, lanes: &std::sync::Weak<Lanes>) {
+    let lanes = lanes.upgrade();
+    let _held = lanes.as_ref().map(|lanes| lanes.lock());
+    lane.closed.store(true, Ordering::Release);
+}
+
+/// Ends every job the lane holds or was handed: the job past its deadline
+/// with "timed out", the others with `message`.
+fn fail_all(running: &Mutex<Running>, jobs: &mut mpsc::UnboundedReceiver<Submission>, message: &str) {
+    let now = Instant::now();
+    for (_, (reply, _, deadline, timeout)) in lock(running).jobs.drain() {
+        let message = match deadline <= now {
+            true => format!("timed out after {timeout:?}"),
+            false => format!("{message}; this job shared the instance and is retried"),
+        };
+        let _ = reply.send(Finished::Ended {
+            message,
+            backtrace: None,
+        });
+    }
+    jobs.close();
+    while let Ok(submission) = jobs.try_recv() {
+        let _ = submission.reply.send(Finished::Ended {
+            message: format!("{message}; this job had not started and is retried"),
+            backtrace: None,
+        });
+    }
+}

@@ -1,0 +1,279 @@
+//! Concurrent instances (`[instances] concurrent = K`, the async-plugin
+//! world): one instance runs up to K jobs at once, each with its own
+//! outcome, log lines and host state; a trap or a timeout ends the
+//! instance and its jobs, and nothing else.
+//!
+//! The guest is `tests/guests/py-async-chaos` (Python, `async def`).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use wasmjobs::job::{Job, Outcome};
+use wasmjobs::plugin::Catalog;
+use wasmjobs::sandbox::{ExecOptions, Execution, Executor};
+use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::{cache, catalog, copy_plugin, executor, executor_with, messages, run, test_guests_dir};
+
+/// A private copy of the async chaos guest whose `[instances]` is `instances`.
+fn chaos_with(instances: &str) -> tempfile::TempDir {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = copy_plugin(&test_guests_dir().join("py-async-chaos"), temp.path());
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    let text = text.replace("[instances]\nconcurrent = 25\n", &format!("[instances]\n{instances}\n"));
+    std::fs::write(&manifest, text).expect("write manifest");
+    temp
+}
+
+/// Starts `jobs` on the executor at once; the handle resolves to each
+/// job with its execution, in order.
+fn start(
+    executor: &std::sync::Arc<Executor>,
+    catalog: &std::sync::Arc<Catalog>,
+    jobs: Vec<String>,
+) -> tokio::task::JoinHandle<Vec<(Job, Execution)>> {
+    let (executor, catalog) = (executor.clone(), catalog.clone());
+    tokio::spawn(async move {
+        let plugin = catalog.get("AsyncChaosJob").expect("plugin");
+        let runs: Vec<_> = jobs
+            .into_iter()
+            .map(|args| {
+                let job = Job::new("AsyncChaosJob", &args).expect("job");
+                let (executor, plugin) = (executor.clone(), plugin.clone());
+                tokio::spawn(async move {
+                    let execution = executor
+                        .execute(&plugin, &job, &ExecOptions { capture_logs: true })
+                        .await;
+                    (job, execution)
+                })
+            })
+            .collect();
+        let mut finished = Vec::with_capacity(runs.len());
+        for run in runs {
+            finished.push(run.await.expect("join"));
+        }
+        finished
+    })
+}
+
+/// Waits until `condition` holds, failing after `limit`.
+async fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome() {
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor(100));
+    let dir = chaos_with("concurrent = 25");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let created = executor.instances().created.load(Ordering::Relaxed);
+
+    // Every job waits at the gate; every tenth then gives up as dead.
+    let jobs = (0..100)
+        .map(|n| {
+            let mode = if n % 10 == 0 { "dead-after" } else { "get" };
+            format!(r#"["{mode}", "{}?n={n}"]"#, server.url("/gate"))
+        })
+        .collect();
+    let running = start(&executor, &chaos, jobs);
+    wait_for("100 jobs at the gate", Duration::from_secs(60), || {
+        server.gate_hits() >= 100
+    })
+    .await;
+    assert_eq!(server.open_requests(), 100, "all 100 requests in flight at once");
+    assert_eq!(
+        executor.instances().created.load(Ordering::Relaxed) - created,
+        4,
+        "100 jobs in flight on four instances of 25"
+    );
+    assert_eq!(chaos.get("AsyncChaosJob").expect("plugin").lanes.len(), 4);
+    server.open_gate();
+
+    let finished = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the jobs finish")
+        .expect("join");
+    for (n, (job, execution)) in finished.iter().enumerate() {
+        let url = format!("{}?n={n}", server.url("/gate"));
+        if n % 10 == 0 {
+            assert_eq!(
+                execution.outcome,
+                Outcome::Dead(format!("{} gave up", job.jid)),
+                "job {n}"
+            );
+        } else {
+            assert_eq!(
+                execution.outcome,
+                Outcome::Success,
+                "job {n}: {:?}",
+                messages(execution)
+            );
+            // Its own line, and only its own: the log import found its job.
+            assert_eq!(messages(execution), [format!("{} {url} 200", job.jid)], "job {n}");
+        }
+    }
+    assert_eq!(
+        executor.instances().created.load(Ordering::Relaxed) - created,
+        4,
+        "no instance was added"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_serves_reuse_jobs_then_is_replaced_and_shares_its_globals() {
+    let executor = executor(4);
+    let dir = chaos_with("concurrent = 4\nreuse = 3");
+    let chaos = catalog(dir.path(), &executor);
+    let created = executor.instances().created.load(Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        let job = run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await;
+        assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(&job));
+        seen.push(messages(&job)[0].clone());
+    }
+    assert_eq!(
+        seen,
+        [
+            "seen: 1", "seen: 2", "seen: 3", "seen: 1", "seen: 2", "seen: 3", "seen: 1"
+        ]
+    );
+    assert_eq!(executor.instances().created.load(Ordering::Relaxed) - created, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_ends_its_instance_the_others_are_retried_and_the_next_job_gets_a_fresh_one() {
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor(20));
+    let dir = chaos_with("concurrent = 10");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let gate = server.url("/gate");
+    let mut jobs: Vec<String> = (0..5).map(|_| format!(r#"["get", "{gate}"]"#)).collect();
+    jobs.push(format!(r#"["trap", "{}"]"#, server.url("/ok")));
+    let finished = tokio::time::timeout(Duration::from_secs(60), start(&executor, &chaos, jobs))
+        .await
+        .expect("the jobs end")
+        .expect("join");
+    let (trapped_job, trapped) = &finished[5];
+    let Outcome::Retry(message) = &trapped.outcome else {
+        panic!("the trapping job: {:?}", trapped.outcome)
+    };
+    assert!(
+        message.contains("unreachable") || message.contains("wasm trap"),
+        "{message}"
+    );
+    for (job, execution) in &finished[..5] {
+        let Outcome::Retry(message) = &execution.outcome else {
+            panic!("{}: {:?}", job.jid, execution.outcome)
+        };
+        assert!(message.contains("the instance"), "{message}");
+        assert!(message.contains("retried"), "{message}");
+        assert!(
+            !message.contains(&job.jid),
+            "blamed on the trapping job, not this one: {message}"
+        );
+        assert!(
+            message.contains(&trapped_job.jid) || message.contains("stopped"),
+            "{message}"
+        );
+    }
+    server.open_gate();
+    let next = run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await;
+    assert_eq!(messages(&next), ["seen: 1"], "a fresh instance");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_timeout_stops_its_instance_within_the_deadline() {
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor_with(8, Duration::from_millis(500), 256 << 20));
+    let dir = chaos_with("concurrent = 8");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let gate = server.url("/gate");
+    let jobs = vec![
+        format!(r#"["get", "{gate}"]"#),
+        format!(r#"["get", "{gate}"]"#),
+        r#"["spin"]"#.to_owned(),
+    ];
+    let started = Instant::now();
+    let finished = tokio::time::timeout(Duration::from_secs(30), start(&executor, &chaos, jobs))
+        .await
+        .expect("a spinning job cannot hold its instance past the timeout")
+        .expect("join");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    // The job with the earliest deadline is reported as timed out, the
+    // others as ended with their instance: all three are retried.
+    let mut timed_out = 0;
+    for (job, execution) in &finished {
+        let Outcome::Retry(message) = &execution.outcome else {
+            panic!("{}: {:?}", job.jid, execution.outcome)
+        };
+        if message.starts_with("timed out after 500ms") {
+            timed_out += 1;
+        } else {
+            assert!(
+                message.contains("ran past its timeout") && message.contains("retried"),
+                "{message}"
+            );
+        }
+    }
+    assert!(timed_out >= 1, "{finished:?}");
+    server.open_gate();
+    let next = run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await;
+    assert_eq!(messages(&next), ["seen: 1"], "a fresh instance after the timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_job_keeps_its_own_log_budget_in_a_shared_instance() {
+    let executor = std::sync::Arc::new(executor(4));
+    let dir = chaos_with("concurrent = 4\n\n[limits]\nlog = { lines = 5 }");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let finished = start(
+        &executor,
+        &chaos,
+        vec![r#"["log-flood", 50]"#.into(), r#"["log-flood", 3]"#.into()],
+    )
+    .await
+    .expect("join");
+    let (flood, flooded) = &finished[0];
+    let (quiet, calm) = &finished[1];
+    assert_eq!(calm.outcome, Outcome::Success);
+    let calm_lines = messages(calm);
+    assert_eq!(calm_lines.len(), 3, "{calm_lines:?}");
+    assert!(calm_lines.iter().all(|line| line.ends_with(&quiet.jid)));
+    let flood_lines = messages(flooded);
+    assert!(
+        flood_lines.iter().filter(|l| l.starts_with("line ")).count() <= 5,
+        "{flood_lines:?}"
+    );
+    assert!(
+        flood_lines
+            .iter()
+            .filter(|l| l.starts_with("line "))
+            .all(|line| line.ends_with(&flood.jid)),
+        "{flood_lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_world_and_the_manifest_must_agree() {
+    let executor = executor(2);
+    // A plugin-world component asked to run concurrently.
+    let temp = tempfile::tempdir().expect("tempdir");
+    let noop = copy_plugin(&wasmjobs_e2e::plugins_dir().join("py-noop"), temp.path());
+    let manifest = noop.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
+    let broken = &loaded.broken()[0].error;
+    assert!(broken.contains("async-plugin"), "{broken}");
+
+    // An async-plugin component without `concurrent`.
+    let dir = chaos_with("");
+    let loaded = Catalog::load(dir.path(), &executor, &cache()).expect("catalog");
+    let broken = &loaded.broken()[0].error;
+    assert!(broken.contains("concurrent"), "{broken}");
+}
