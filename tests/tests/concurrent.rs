@@ -277,3 +277,33 @@ async fn the_world_and_the_manifest_must_agree() {
     let broken = &loaded.broken()[0].error;
     assert!(broken.contains("concurrent"), "{broken}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_that_come_and_go_keep_their_own_scope_when_task_ids_are_reused() {
+    // Short jobs replacing each other in a few instances: a finished job's
+    // task id is reused by a new job before the old one's result is
+    // collected, and the new job's host calls must still find it.
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor(50));
+    let dir = chaos_with("concurrent = 25");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let url = server.url("/ok");
+    let jobs = (0..1_000).map(|_| format!(r#"["get", "{url}"]"#)).collect();
+    let finished = tokio::time::timeout(Duration::from_secs(120), start(&executor, &chaos, jobs))
+        .await
+        .expect("the jobs finish")
+        .expect("join");
+    let failed: Vec<_> = finished
+        .iter()
+        .filter(|(job, execution)| {
+            execution.outcome != Outcome::Success || messages(execution) != [format!("{} {url} 200", job.jid)]
+        })
+        .map(|(job, execution)| (job.jid.clone(), execution.outcome.clone()))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 1,000 jobs lost their scope: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+}
