@@ -271,8 +271,11 @@ async fn drive(
                             continue;
                         };
                         taken += 1;
-                        let Submission { job, scope, deadline, timeout, reply } = submission;
+                        let Submission { job, mut scope, deadline, timeout, reply } = submission;
                         let jid = job.jid.clone();
+                        let id = next_id;
+                        next_id += 1;
+                        scope.serial = id;
                         let started = accessor.with(|mut access| {
                             let call = perform.start_call_concurrent(&mut access, (job,))?;
                             access.get().scopes.insert(call.task(), scope);
@@ -286,8 +289,6 @@ async fn drive(
                                 continue;
                             }
                         };
-                        let id = next_id;
-                        next_id += 1;
                         let task = call.task();
                         lock(&running).jobs.insert(id, (reply, jid, deadline, timeout));
                         calls.push(async move { (id, task, perform.finish_call_concurrent(accessor, call).await) });
@@ -295,7 +296,10 @@ async fn drive(
                     Some((id, task, result)) = calls.next() => {
                         let (finished, failure) = accessor.with(|mut access| {
                             let state = access.get();
-                            state.scopes.remove(&task);
+                            // Only its own: a new job may hold the task id already.
+                            if state.scopes.get(&task).is_some_and(|scope| scope.serial == id) {
+                                state.scopes.remove(&task);
+                            }
                             match result {
                                 Ok((returned,)) => (Finished::Returned(returned), None),
                                 // The store is poisoned: this job gets the

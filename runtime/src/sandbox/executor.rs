@@ -414,6 +414,7 @@ impl Executor {
         let policy = plugin.manifest.instances;
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
         let scope = JobScope {
+            serial: 0,
             log: sink.clone(),
             http: HttpPolicy::new(
                 self.http.clone(),

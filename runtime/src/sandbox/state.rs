@@ -162,6 +162,10 @@ impl WasiHttpView for JobState {
 /// (its `jid` on every line, its own budget), its HTTP policy (counters,
 /// open-request slots) and its SQL view.
 pub(crate) struct JobScope {
+    /// The job's number in its instance: a finished job's task id is
+    /// reused by a new job, sometimes before the old job's end is handled,
+    /// and only the scope of that very job may then be removed.
+    pub(crate) serial: u64,
     pub(crate) log: LogSink,
     pub(crate) http: HttpPolicy,
     pub(crate) sql: SqlView,
