@@ -3,7 +3,8 @@
 //! outcome, log lines and host state; a trap or a timeout ends the
 //! instance and its jobs, and nothing else.
 //!
-//! The guest is `tests/guests/py-async-chaos` (Python, `async def`).
+//! The guests are `tests/guests/py-async-chaos` (Python, `async def`) and
+//! `tests/guests/rust-async` (Rust, plain wit-bindgen).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -16,8 +17,13 @@ use wasmjobs_e2e::{cache, catalog, copy_plugin, executor, executor_with, message
 
 /// A private copy of the async chaos guest whose `[instances]` is `instances`.
 fn chaos_with(instances: &str) -> tempfile::TempDir {
+    guest_with("py-async-chaos", instances)
+}
+
+/// A private copy of test guest `name` whose `[instances]` is `instances`.
+fn guest_with(name: &str, instances: &str) -> tempfile::TempDir {
     let temp = tempfile::tempdir().expect("tempdir");
-    let dir = copy_plugin(&test_guests_dir().join("py-async-chaos"), temp.path());
+    let dir = copy_plugin(&test_guests_dir().join(name), temp.path());
     let manifest = dir.join("wasmjobs.toml");
     let text = std::fs::read_to_string(&manifest).expect("manifest");
     let text = text.replace("[instances]\nconcurrent = 25\n", &format!("[instances]\n{instances}\n"));
@@ -32,13 +38,23 @@ fn start(
     catalog: &std::sync::Arc<Catalog>,
     jobs: Vec<String>,
 ) -> tokio::task::JoinHandle<Vec<(Job, Execution)>> {
+    start_class(executor, catalog, "AsyncChaosJob", jobs)
+}
+
+/// [`start`] for jobs of `class`.
+fn start_class(
+    executor: &std::sync::Arc<Executor>,
+    catalog: &std::sync::Arc<Catalog>,
+    class: &'static str,
+    jobs: Vec<String>,
+) -> tokio::task::JoinHandle<Vec<(Job, Execution)>> {
     let (executor, catalog) = (executor.clone(), catalog.clone());
     tokio::spawn(async move {
-        let plugin = catalog.get("AsyncChaosJob").expect("plugin");
+        let plugin = catalog.get(class).expect("plugin");
         let runs: Vec<_> = jobs
             .into_iter()
             .map(|args| {
-                let job = Job::new("AsyncChaosJob", &args).expect("job");
+                let job = Job::new(class, &args).expect("job");
                 let (executor, plugin) = (executor.clone(), plugin.clone());
                 tokio::spawn(async move {
                     let execution = executor
@@ -122,6 +138,32 @@ async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome
         4,
         "no instance was added"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_async_component_runs_a_hundred_jobs_on_four_instances() {
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor(100));
+    let dir = guest_with("rust-async", "concurrent = 25");
+    let plugins = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let created = executor.instances().created.load(Ordering::Relaxed);
+    let urls: Vec<String> = (0..100).map(|n| format!("{}?n={n}", server.url("/gate"))).collect();
+    let jobs = urls.iter().map(|url| format!(r#"["{url}"]"#)).collect();
+    let running = start_class(&executor, &plugins, "RustAsyncJob", jobs);
+    wait_for("100 jobs at the gate", Duration::from_secs(60), || {
+        server.gate_hits() >= 100
+    })
+    .await;
+    assert_eq!(executor.instances().created.load(Ordering::Relaxed) - created, 4);
+    server.open_gate();
+    let finished = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the jobs finish")
+        .expect("join");
+    for ((job, execution), url) in finished.iter().zip(&urls) {
+        assert_eq!(execution.outcome, Outcome::Success, "{:?}", messages(execution));
+        assert_eq!(messages(execution), [format!("{} {url} 200", job.jid)]);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
