@@ -88,18 +88,21 @@ _perform = None
 # The job's parameters after ``info`` with their annotations, read once
 # when the job is registered (at build time, in the snapshot).
 _params = []
+# The job's signature, read once (reading it costs more than binding it).
+_signature = None
 
 
 def job(function):
     """Registers ``function(info, *args)`` as the plugin's job (one per plugin)."""
-    global _perform, _params
+    global _perform, _params, _signature
     if _perform is not None:
         raise RuntimeError(f"a job is already registered ({_perform.__name__}); a plugin has one")
     try:
         hints = typing.get_type_hints(function)
     except Exception:  # noqa: BLE001 - unresolvable annotations are not checked
         hints = {}
-    _params = [(p.name, p.kind, hints.get(p.name)) for p in list(inspect.signature(function).parameters.values())[1:]]
+    _signature = inspect.signature(function)
+    _params = [(p.name, p.kind, hints.get(p.name)) for p in list(_signature.parameters.values())[1:]]
     _perform = function
     return function
 
@@ -176,7 +179,7 @@ def _run(wit_job):
     if not isinstance(args, list):
         raise Dead(f"invalid args for {info.class_name} {quoted}: expected a JSON array")
     try:
-        bound = inspect.signature(_perform).bind(info, *args)
+        bound = _signature.bind(info, *args)
     except TypeError as error:
         raise Dead(f"invalid args for {info.class_name} {quoted}: {error}") from None
     mismatch = _check_types(bound)
