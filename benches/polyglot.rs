@@ -202,8 +202,14 @@ fn main() -> Result<()> {
             Some((rate, "fresh")),
         );
 
-        let fresh = rt.block_on(http_drain(&redis, plugins.path(), http, &url))?;
-        http_rows(&mut report, &format!("{language}: http C=1000"), &fresh, None);
+        let fresh = rt.block_on(http_drain(&redis, plugins.path(), http, &url, HTTP_JOBS))?;
+        http_rows(
+            &mut report,
+            &format!("{language}: http C=1000, N={HTTP_JOBS}"),
+            &fresh,
+            HTTP_JOBS,
+            None,
+        );
         // What the interpreters do with many HTTP jobs per instance: Python
         // runs 100 at once in one instance (the async-plugin world); JS
         // cannot build such components, so its instances serve jobs one
@@ -218,13 +224,26 @@ fn main() -> Result<()> {
             let text = std::fs::read_to_string(&manifest)?;
             std::fs::write(&manifest, format!("{text}{extra}"))?;
         }
-        let shared = rt.block_on(http_drain(&redis, plugins.path(), class, &url))?;
+        let shared = rt.block_on(http_drain(&redis, plugins.path(), class, &url, HTTP_JOBS))?;
         http_rows(
             &mut report,
-            &format!("{language}: http C=1000, {variant}"),
+            &format!("{language}: http C=1000, N={HTTP_JOBS}, {variant}"),
             &shared,
+            HTTP_JOBS,
             Some(&fresh),
         );
+        if language == "Python" {
+            // Ten rounds of 1,000, where the two above are ramp-up and
+            // ramp-down as much as steady state.
+            let long = rt.block_on(http_drain(&redis, plugins.path(), class, &url, 10 * HTTP_JOBS))?;
+            http_rows(
+                &mut report,
+                &format!("{language}: http C=1000, N={}, {variant}", 10 * HTTP_JOBS),
+                &long,
+                10 * HTTP_JOBS,
+                None,
+            );
+        }
     }
     report.note("--keep-resident 16MiB: each memory's first 16 MiB are reset by copying the image back between jobs (PAGEMAP_SCAN off) instead of being decommitted and faulted in again; default 64 KiB with PAGEMAP_SCAN.".into());
     report.note("2 processes --threads 1: two runners on the same Redis, each with one job thread, both running before the jobs are pushed; wall from the push to the last job; CPU summed.".into());
@@ -250,14 +269,14 @@ fn selected(language: &str) -> bool {
 const HTTP_CONCURRENCY: u64 = 1_000;
 const HTTP_JOBS: u64 = 2 * HTTP_CONCURRENCY;
 
-/// Drains [`HTTP_JOBS`] jobs of `class` GETting `url` at C = 1,000.
-async fn http_drain(redis: &TestRedis, plugins: &Path, class: &str, url: &str) -> Result<Drain> {
+/// Drains `jobs` jobs of `class` GETting `url` at C = 1,000.
+async fn http_drain(redis: &TestRedis, plugins: &Path, class: &str, url: &str, jobs: u64) -> Result<Drain> {
     drain(
         BIN.as_ref(),
         redis,
         plugins,
         class,
-        HTTP_JOBS,
+        jobs,
         |_| json!([url]),
         &["--concurrency", &HTTP_CONCURRENCY.to_string()],
     )
@@ -266,12 +285,12 @@ async fn http_drain(redis: &TestRedis, plugins: &Path, class: &str, url: &str) -
 
 /// Reports an HTTP drain: efficiency (beside `compared`'s, as a ratio),
 /// peak RSS and RSS per in-flight job.
-fn http_rows(report: &mut Report, label: &str, run: &Drain, compared: Option<&Drain>) {
-    let floor = HTTP_JOBS as f64 * 0.2 / HTTP_CONCURRENCY as f64;
+fn http_rows(report: &mut Report, label: &str, run: &Drain, jobs: u64, compared: Option<&Drain>) {
+    let floor = jobs as f64 * 0.2 / HTTP_CONCURRENCY as f64;
     let efficiency = |run: &Drain| floor / run.wall.as_secs_f64();
     let ratio = |ratio: f64| format!(", {ratio:.2}× fresh instances");
     report.row(
-        &format!("{label}, N={HTTP_JOBS}: efficiency"),
+        &format!("{label}: efficiency"),
         format!(
             "{:.2} ({:.2} s{})",
             efficiency(run),

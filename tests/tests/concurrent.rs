@@ -108,6 +108,11 @@ async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome
         "100 jobs in flight on four instances of 25"
     );
     assert_eq!(chaos.get("AsyncChaosJob").expect("plugin").lanes.len(), 4);
+    assert_eq!(
+        executor.live_instances(),
+        4,
+        "wasmjobs_instances_live counts instances, not jobs"
+    );
     server.open_gate();
 
     let finished = tokio::time::timeout(Duration::from_secs(60), running)

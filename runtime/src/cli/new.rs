@@ -212,6 +212,7 @@ mod tests {
             crate_name: "greet".into(),
             component: "greet.wasm".into(),
             sdk_rust: "/sdk".into(),
+            python: false,
         };
         for template in [
             include_str!("templates/Cargo.toml.j2"),
@@ -228,5 +229,14 @@ mod tests {
         let parsed = crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
         assert_eq!(parsed.component, Path::new("/p/greet/greet.wasm"));
         assert_eq!(parsed.classes, ["GreetJob"]);
+        // Python's manifest suggests `concurrent`, and still parses.
+        let python = Placeholders {
+            python: true,
+            ..context
+        };
+        let manifest = render(include_str!("templates/wasmjobs.toml.j2"), &python).unwrap();
+        assert!(manifest.contains("# concurrent = 100"), "{manifest}");
+        assert!(!manifest.contains("{%"), "{manifest}");
+        crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
     }
 }

@@ -123,7 +123,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
     gauge(
         &mut out,
         "wasmjobs_instances_live",
-        "Wasm instances alive.",
+        "Wasm instances alive (a concurrent instance counts once, however many jobs it runs).",
         p.live_instances as f64,
     );
     gauge(
@@ -140,7 +140,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
         ),
         (
             "wasmjobs_instances_reused_total",
-            "Jobs served by a warm instance ([instances] reuse).",
+            "Jobs served by an instance that already existed ([instances] reuse or concurrent).",
             p.instances.reused,
         ),
         (

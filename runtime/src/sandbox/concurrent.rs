@@ -40,8 +40,9 @@ use tokio::sync::{mpsc, oneshot};
 use wasmtime::component::TypedFunc;
 use wasmtime::{Store, WasmBacktrace};
 
-use super::executor::describe_trap;
+use super::executor::{Counted, describe_trap};
 use super::state::{JobScope, JobState};
+use super::warm::Instances;
 use crate::bindings::concurrent::AsyncPluginPre;
 use crate::bindings::types::{Job as WitJob, JobError};
 
@@ -66,7 +67,7 @@ struct Submission {
 /// One instance, as the executor sees it: its intake, held only here, so
 /// that dropping the plugin version's [`Lanes`] ends the lane's intake.
 struct Lane {
-    intake: mpsc::UnboundedSender<Submission>,
+    intake: mpsc::UnboundedSender<Box<Submission>>,
     counts: Arc<LaneCounts>,
 }
 
@@ -82,6 +83,8 @@ struct LaneCounts {
 
 /// What a lane needs to build and run its instance.
 pub(crate) struct LaneSpec {
+    /// The process's instance counters (this instance is counted alive).
+    pub(crate) counters: Arc<Instances>,
     pub(crate) pre: AsyncPluginPre<JobState>,
     pub(crate) state: JobState,
     pub(crate) concurrent: usize,
@@ -135,13 +138,13 @@ impl Lanes {
         spawn: impl FnOnce() -> Result<LaneSpec, String>,
     ) -> (Finished, bool) {
         let (reply, finished) = oneshot::channel();
-        let submission = Submission {
+        let submission = Box::new(Submission {
             job,
             scope,
             deadline: Instant::now() + timeout,
             timeout,
             reply,
-        };
+        });
         let existing = self.hand_to_existing(submission, concurrent, reuse);
         let reused = match existing {
             Ok(()) => true,
@@ -170,7 +173,12 @@ impl Lanes {
     }
 
     /// Hands `submission` to the first open lane with room, or gives it back.
-    fn hand_to_existing(&self, submission: Submission, concurrent: usize, reuse: u32) -> Result<(), Submission> {
+    fn hand_to_existing(
+        &self,
+        submission: Box<Submission>,
+        concurrent: usize,
+        reuse: u32,
+    ) -> Result<(), Box<Submission>> {
         let mut lanes = self.lock();
         lanes.retain(|lane| !lane.counts.closed.load(Ordering::Acquire));
         let Some(lane) = lanes.iter().find(|lane| {
@@ -189,7 +197,7 @@ impl Lanes {
     }
 
     /// Starts a lane for `spec` with `first` as its first job.
-    fn start_lane(self: &Arc<Self>, spec: LaneSpec, first: Submission) {
+    fn start_lane(self: &Arc<Self>, spec: LaneSpec, first: Box<Submission>) {
         let (intake, jobs) = mpsc::unbounded_channel();
         let counts = Arc::new(LaneCounts {
             load: AtomicUsize::new(1),
@@ -221,17 +229,19 @@ struct Running {
 /// Runs one instance until it retires or fails.
 async fn drive(
     spec: LaneSpec,
-    mut jobs: mpsc::UnboundedReceiver<Submission>,
+    mut jobs: mpsc::UnboundedReceiver<Box<Submission>>,
     lane: &LaneCounts,
     lanes: &std::sync::Weak<Lanes>,
 ) {
     let LaneSpec {
+        counters,
         pre,
         state,
         concurrent,
         reuse,
         idle_timeout,
     } = spec;
+    let _alive = Counted::new(&counters.concurrent);
     let running = Arc::new(Mutex::new(Running::default()));
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| &mut state.limiter);
@@ -271,7 +281,7 @@ async fn drive(
                             continue;
                         };
                         taken += 1;
-                        let Submission { job, mut scope, deadline, timeout, reply } = submission;
+                        let Submission { job, mut scope, deadline, timeout, reply } = *submission;
                         let jid = job.jid.clone();
                         let id = next_id;
                         next_id += 1;
@@ -403,7 +413,7 @@ fn close(lane: &LaneCounts, lanes: &std::sync::Weak<Lanes>) {
 
 /// Ends every job the lane holds or was handed: the job past its deadline
 /// with "timed out", the others with `message`.
-fn fail_all(running: &Mutex<Running>, jobs: &mut mpsc::UnboundedReceiver<Submission>, message: &str) {
+fn fail_all(running: &Mutex<Running>, jobs: &mut mpsc::UnboundedReceiver<Box<Submission>>, message: &str) {
     let now = Instant::now();
     for (_, (reply, _, deadline, timeout)) in lock(running).jobs.drain() {
         let message = match deadline <= now {

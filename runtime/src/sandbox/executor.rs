@@ -183,10 +183,12 @@ impl Executor {
         &self.protected_env
     }
 
-    /// Instances alive now (jobs between taking an executor slot and
-    /// dropping their store).
+    /// Instances alive now: one per job between taking an executor slot
+    /// and dropping its store, except that the jobs of concurrent plugins
+    /// count their instances instead.
     pub fn live_instances(&self) -> usize {
-        self.concurrency - self.slots.available_permits()
+        let jobs = self.concurrency - self.slots.available_permits();
+        jobs.saturating_sub(self.instances.concurrent_jobs.load(Ordering::Relaxed)) + self.instances.concurrent()
     }
 
     /// Instances created, jobs served by warm instances, idle warm
@@ -447,6 +449,7 @@ impl Executor {
                 .map_err(|err| format!("cannot prepare the sandbox: {err:#}"))?;
             self.instances.created.fetch_add(1, Ordering::Relaxed);
             Ok(LaneSpec {
+                counters: self.instances.clone(),
                 pre: pre.clone(),
                 state: state.with_disk(plugin.disk.as_ref()),
                 concurrent: policy.concurrent.unwrap_or(1).max(1) as usize,
@@ -454,6 +457,7 @@ impl Executor {
                 idle_timeout: policy.idle_timeout,
             })
         };
+        let _counted = Counted::new(&self.instances.concurrent_jobs);
         let (finished, reused) = plugin
             .lanes
             .run(
@@ -483,6 +487,22 @@ impl Executor {
         };
         log_end(plugin, job, &execution);
         execution
+    }
+}
+
+/// Counts one in `counter` while alive.
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    pub(crate) fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -48,6 +48,10 @@ pub struct Instances {
     pub reused: AtomicU64,
     /// Idle instances dropped after their `idle_timeout`.
     pub expired: AtomicU64,
+    /// Concurrent instances alive (`[instances] concurrent`).
+    pub(crate) concurrent: AtomicUsize,
+    /// Jobs running on concurrent instances.
+    pub(crate) concurrent_jobs: AtomicUsize,
 }
 
 impl Instances {
@@ -59,7 +63,14 @@ impl Instances {
             created: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             expired: AtomicU64::new(0),
+            concurrent: AtomicUsize::new(0),
+            concurrent_jobs: AtomicUsize::new(0),
         }
+    }
+
+    /// Concurrent instances alive now, over every plugin.
+    pub fn concurrent(&self) -> usize {
+        self.concurrent.load(Ordering::Relaxed)
     }
 
     /// Idle warm instances now, over every plugin.

@@ -3,17 +3,22 @@
 //! `async-http`, logs `"<jid> <url> <status>"`, and fails as dead on a
 //! 4xx (naming its jid) and as retry on a 5xx.
 
-wit_bindgen::generate!({
-    path: "../../../wit",
-    world: "wasmjobs:job/async-plugin",
-    // The WASI interfaces the world includes are generated here too (no
-    // SDK to map them from).
-    generate_all,
-});
+#[allow(clippy::too_many_arguments)] // the generated WASI bindings
+mod bindings {
+    wit_bindgen::generate!({
+        path: "../../../wit",
+        world: "wasmjobs:job/async-plugin",
+        // The WASI interfaces the world includes are generated here too
+        // (no SDK to map them from).
+        generate_all,
+    });
+}
 
-use wasmjobs::job::async_http;
-use wasmjobs::job::http::Request;
-use wasmjobs::job::log::{Level, log};
+use bindings::Guest;
+use bindings::wasmjobs::job::async_http;
+use bindings::wasmjobs::job::http::Request;
+use bindings::wasmjobs::job::log::{Level, log};
+use bindings::wasmjobs::job::types::{Job, JobError};
 
 struct RustAsyncJob;
 
@@ -43,4 +48,4 @@ impl Guest for RustAsyncJob {
     }
 }
 
-export!(RustAsyncJob);
+bindings::export!(RustAsyncJob with_types_in bindings);
