@@ -9,10 +9,14 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use wasmjobs::host::sql::{Databases, DbSpec};
 use wasmjobs::job::{Job, Outcome};
 use wasmjobs::plugin::Catalog;
 use wasmjobs::sandbox::{ExecOptions, Execution, Executor};
+use wasmjobs_e2e::cli::{printed, toolchain_env, wasmjobs_in};
 use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
 use wasmjobs_e2e::{cache, catalog, copy_plugin, executor, executor_with, messages, run, test_guests_dir};
 
 /// A private copy of the async chaos guest whose `[instances]` is `instances`.
@@ -353,4 +357,120 @@ async fn jobs_that_come_and_go_keep_their_own_scope_when_task_ids_are_reused() {
         failed.len(),
         &failed[..failed.len().min(3)]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_sql_runs_each_jobs_statement_under_the_plugins_grants() {
+    let db = tempfile::tempdir().expect("tempdir");
+    let specs: Vec<DbSpec> = [
+        format!("main=sqlite://{}", db.path().join("main.db").display()),
+        format!("secret=sqlite://{}", db.path().join("secret.db").display()),
+    ]
+    .iter()
+    .map(|spec| spec.parse().expect("valid --db"))
+    .collect();
+    let databases = Databases::open(&specs, db.path()).expect("open databases");
+    let executor = std::sync::Arc::new(executor(50).with_databases(std::sync::Arc::new(databases)));
+    let dir = chaos_with("concurrent = 25");
+    let chaos = std::sync::Arc::new(catalog(dir.path(), &executor));
+
+    let create = run(
+        &executor,
+        &chaos,
+        "AsyncChaosJob",
+        r#"["execute", "main", "CREATE TABLE t (n INTEGER)"]"#,
+    )
+    .await;
+    assert_eq!(create.outcome, Outcome::Success, "{:?}", messages(&create));
+    let inserts = (0..50)
+        .map(|n| format!(r#"["execute", "main", "INSERT INTO t (n) VALUES (?)", {n}]"#))
+        .collect();
+    let finished = start(&executor, &chaos, inserts).await.expect("join");
+    for (job, execution) in &finished {
+        assert_eq!(messages(execution), [format!("{} affected 1", job.jid)]);
+    }
+    let sum = run(
+        &executor,
+        &chaos,
+        "AsyncChaosJob",
+        r#"["sql", "main", "SELECT count(*), sum(n) FROM t"]"#,
+    )
+    .await;
+    assert_eq!(messages(&sum).len(), 1);
+    assert!(messages(&sum)[0].ends_with("rows [[50, 1225]]"), "{:?}", messages(&sum));
+
+    // `secret` is configured on the runner but not granted to the plugin.
+    let denied = run(&executor, &chaos, "AsyncChaosJob", r#"["sql", "secret", "SELECT 1"]"#).await;
+    assert!(
+        messages(&denied)[0].ends_with("sql not-granted"),
+        "{:?}",
+        messages(&denied)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_serves_two_hundred_jobs_from_redis_on_two_instances() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let server = HttpServer::start(Duration::ZERO).await;
+    let plugins = plugins(&["py-async-http-get"], &[]);
+    let addr = free_addr();
+    let mut runner = Runner::start(&redis.url(), plugins.path(), &["--metrics-addr", &addr, "-c", "200"]);
+    runner.wait_running();
+    let gate = server.url("/gate");
+    push(
+        &mut conn,
+        "PyAsyncHttpGetJob",
+        "default",
+        vec![serde_json::json!([gate]); 200],
+    )
+    .await;
+    wait_for("200 jobs at the gate", Duration::from_secs(60), || {
+        server.gate_hits() >= 200
+    })
+    .await;
+    let metric = |name: &str| -> u64 {
+        let text = http_get(&addr, "/metrics");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} "))?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    // The gauges are refreshed once a second: wait for the next sample.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric("wasmjobs_instances_live") != 2 {
+        assert!(Instant::now() < deadline, "200 jobs of 100 per instance: two instances");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric("wasmjobs_instances_created_total"), 2);
+    server.open_gate();
+    wait_processed(&mut conn, 200, Duration::from_secs(60), || runner.log()).await;
+    assert_eq!(int(&mut conn, "stat:failed").await, 0, "{}", runner.log());
+}
+
+#[test]
+fn wasmjobs_build_refuses_concurrent_where_the_toolchain_or_sdk_cannot_build_the_async_world() {
+    let home = tempfile::tempdir().expect("tempdir");
+    for (language, says) in [
+        ("js", "componentize-js 0.23 cannot build async exports"),
+        ("rust", "the Rust SDK builds plugin-world ones only"),
+    ] {
+        let new = wasmjobs_in(
+            home.path(),
+            &["new", language, language],
+            &toolchain_env(),
+            Duration::from_secs(60),
+        );
+        wasmjobs_e2e::assert_success(&new, "wasmjobs new");
+        let manifest = home.path().join(language).join("wasmjobs.toml");
+        let text = std::fs::read_to_string(&manifest).expect("manifest");
+        std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+        let build = wasmjobs_in(
+            home.path(),
+            &["build", language],
+            &toolchain_env(),
+            Duration::from_secs(60),
+        );
+        assert!(!build.status.success(), "{language}: {}", printed(&build));
+        assert!(printed(&build).contains(says), "{language}: {}", printed(&build));
+    }
 }

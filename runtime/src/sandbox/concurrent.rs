@@ -125,9 +125,10 @@ impl Lanes {
     }
 
     /// Runs `job` on a lane with room, starting one with `spawn` if none
-    /// has (`spawn` is called with no lock held and returns the spec of a
-    /// new instance). Returns what the job ended with and whether it ran on
-    /// an instance that already existed.
+    /// has (`spawn` builds the new instance's state; it runs under the
+    /// lanes' lock, so jobs arriving together fill one new instance rather
+    /// than each starting its own). Returns what the job ended with and
+    /// whether it ran on an instance that already existed.
     pub(crate) async fn run(
         self: &Arc<Self>,
         job: WitJob,
@@ -145,24 +146,16 @@ impl Lanes {
             timeout,
             reply,
         });
-        let existing = self.hand_to_existing(submission, concurrent, reuse);
-        let reused = match existing {
-            Ok(()) => true,
-            Err(submission) => {
-                let spec = match spawn() {
-                    Ok(spec) => spec,
-                    Err(message) => {
-                        return (
-                            Finished::Ended {
-                                message,
-                                backtrace: None,
-                            },
-                            false,
-                        );
-                    }
-                };
-                self.start_lane(spec, submission);
-                false
+        let reused = match self.hand_over(submission, concurrent, reuse, spawn) {
+            Ok(reused) => reused,
+            Err(message) => {
+                return (
+                    Finished::Ended {
+                        message,
+                        backtrace: None,
+                    },
+                    false,
+                );
             }
         };
         let finished = finished.await.unwrap_or(Finished::Ended {
@@ -172,32 +165,35 @@ impl Lanes {
         (finished, reused)
     }
 
-    /// Hands `submission` to the first open lane with room, or gives it back.
-    fn hand_to_existing(
-        &self,
-        submission: Box<Submission>,
+    /// Hands `submission` to the first open lane with room, or to a new
+    /// one; whether the lane existed.
+    fn hand_over(
+        self: &Arc<Self>,
+        mut submission: Box<Submission>,
         concurrent: usize,
         reuse: u32,
-    ) -> Result<(), Box<Submission>> {
+        spawn: impl FnOnce() -> Result<LaneSpec, String>,
+    ) -> Result<bool, String> {
         let mut lanes = self.lock();
         lanes.retain(|lane| !lane.counts.closed.load(Ordering::Acquire));
-        let Some(lane) = lanes.iter().find(|lane| {
+        let room = |lane: &&Arc<Lane>| {
             lane.counts.load.load(Ordering::Acquire) < concurrent && lane.counts.taken.load(Ordering::Acquire) < reuse
-        }) else {
-            return Err(submission);
         };
-        let counts = &lane.counts;
-        counts.load.fetch_add(1, Ordering::AcqRel);
-        counts.taken.fetch_add(1, Ordering::AcqRel);
-        lane.intake.send(submission).map_err(|refused| {
-            counts.load.fetch_sub(1, Ordering::AcqRel);
-            counts.closed.store(true, Ordering::Release);
-            refused.0
-        })
-    }
-
-    /// Starts a lane for `spec` with `first` as its first job.
-    fn start_lane(self: &Arc<Self>, spec: LaneSpec, first: Box<Submission>) {
+        if let Some(lane) = lanes.iter().find(room) {
+            let counts = &lane.counts;
+            counts.load.fetch_add(1, Ordering::AcqRel);
+            counts.taken.fetch_add(1, Ordering::AcqRel);
+            match lane.intake.send(submission) {
+                Ok(()) => return Ok(true),
+                // The lane ended meanwhile: start another.
+                Err(refused) => {
+                    counts.load.fetch_sub(1, Ordering::AcqRel);
+                    counts.closed.store(true, Ordering::Release);
+                    submission = refused.0;
+                }
+            }
+        }
+        let spec = spawn()?;
         let (intake, jobs) = mpsc::unbounded_channel();
         let counts = Arc::new(LaneCounts {
             load: AtomicUsize::new(1),
@@ -205,16 +201,18 @@ impl Lanes {
             closed: AtomicBool::new(false),
         });
         // The intake cannot be closed yet: the receiver is right here.
-        let _ = intake.send(first);
-        self.lock().push(Arc::new(Lane {
+        let _ = intake.send(submission);
+        lanes.push(Arc::new(Lane {
             intake,
             counts: counts.clone(),
         }));
+        drop(lanes);
         let lanes = Arc::downgrade(self);
         tokio::spawn(async move {
             drive(spec, jobs, &counts, &lanes).await;
             counts.closed.store(true, Ordering::Release);
         });
+        Ok(false)
     }
 }
 

@@ -6,12 +6,16 @@
 - ["count"]: logs "seen: N", N the jobs this instance has started;
 - ["trap", url]: awaits GET url, then aborts (a wasm trap);
 - ["spin"]: loops forever (for timeouts);
-- ["log-flood", n]: logs n lines.
+- ["log-flood", n]: logs n lines;
+- ["sql", db, statement, *params]: awaits the query, logs "<jid> rows <rows>",
+  or "<jid> sql <kind>" when it fails;
+- ["execute", db, statement, *params]: awaits it, logs "<jid> affected <n>".
 """
 
 import os
 
-from wasmjobs_guest import Dead, Retry, WitWorld, http, job, log  # noqa: F401 (WitWorld is the component's export)
+from wasmjobs_guest import Dead, Retry, WitWorld, http, job, log, sql  # noqa: F401 (WitWorld is the component's export)
+from wasmjobs_guest.sql import SqlError
 
 # Module state, shared by the jobs of one instance.
 _seen = 0
@@ -37,6 +41,15 @@ async def perform(info, mode, *rest):
     elif mode == "spin":
         while True:
             pass
+    elif mode == "sql":
+        try:
+            result = await sql.query(rest[0], rest[1], *rest[2:])
+            log.info(f"{info.jid} rows {result.rows}")
+        except SqlError as error:
+            log.info(f"{info.jid} sql {error.kind}")
+    elif mode == "execute":
+        affected = await sql.execute(rest[0], rest[1], *rest[2:])
+        log.info(f"{info.jid} affected {affected}")
     elif mode == "log-flood":
         for i in range(rest[0]):
             log.info(f"line {i} of {info.jid}")
