@@ -474,3 +474,67 @@ fn wasmjobs_build_refuses_concurrent_where_the_toolchain_or_sdk_cannot_build_the
         assert!(printed(&build).contains(says), "{language}: {}", printed(&build));
     }
 }
+
+/// The `seen: N` a job logged.
+fn seen(job: &Execution) -> String {
+    assert_eq!(job.outcome, Outcome::Success, "{:?}", messages(job));
+    messages(job)[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_plugin_gets_new_instances_and_the_old_ones_go_with_the_old_version() {
+    let executor = executor(4);
+    let dir = chaos_with("concurrent = 4");
+    let old = catalog(dir.path(), &executor);
+    let alive = executor.instances().concurrent();
+    assert_eq!(
+        seen(&run(&executor, &old, "AsyncChaosJob", r#"["count"]"#).await),
+        "seen: 1"
+    );
+    assert_eq!(
+        seen(&run(&executor, &old, "AsyncChaosJob", r#"["count"]"#).await),
+        "seen: 2"
+    );
+    let manifest = dir.path().join("py-async-chaos/wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}# a new version\n")).expect("edit");
+    let (new, _) = old.rescan(&dir.path().join("py-async-chaos"), &executor, &cache());
+    let job = run(&executor, &new, "AsyncChaosJob", r#"["count"]"#).await;
+    assert_eq!(seen(&job), "seen: 1", "the new version starts its own instance");
+    assert_eq!(job.plugin_version, new.get("AsyncChaosJob").expect("plugin").version);
+    assert_eq!(executor.instances().concurrent(), alive + 2);
+    // Dropping the old version closes its instances' intake: they end now,
+    // not after their idle timeout (10 s).
+    drop(old);
+    wait_for("the old version's instance to end", Duration::from_secs(5), || {
+        executor.instances().concurrent() == alive + 1
+    })
+    .await;
+    assert_eq!(
+        seen(&run(&executor, &new, "AsyncChaosJob", r#"["count"]"#).await),
+        "seen: 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_ends_after_its_idle_timeout() {
+    let executor = executor(4);
+    let dir = chaos_with("concurrent = 4\nidle_timeout = \"200ms\"");
+    let chaos = catalog(dir.path(), &executor);
+    let alive = executor.instances().concurrent();
+    assert_eq!(
+        seen(&run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await),
+        "seen: 1"
+    );
+    assert_eq!(executor.instances().concurrent(), alive + 1);
+    wait_for("the idle instance to end", Duration::from_secs(10), || {
+        executor.instances().concurrent() == alive
+    })
+    .await;
+    assert!(chaos.get("AsyncChaosJob").expect("plugin").lanes.is_empty());
+    assert_eq!(
+        seen(&run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await),
+        "seen: 1",
+        "a new instance"
+    );
+}

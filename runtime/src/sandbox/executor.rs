@@ -327,13 +327,7 @@ impl Executor {
 
         let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
-        let http = HttpPolicy::new(
-            self.http.clone(),
-            plugin.http_pools.clone(),
-            plugin.http_allow.clone(),
-            plugin.http_stats.clone(),
-            sink.clone(),
-        );
+        let http = self.http_policy(plugin, &sink);
         let (mut store, exports, served) = match warm {
             Some(mut warm) => {
                 let disk = plugin.disk.as_ref();
@@ -403,6 +397,17 @@ impl Executor {
 }
 
 impl Executor {
+    /// An HTTP policy for one job (or instance) of `plugin`, logging to `sink`.
+    fn http_policy(&self, plugin: &Plugin, sink: &LogSink) -> HttpPolicy {
+        HttpPolicy::new(
+            self.http.clone(),
+            plugin.http_pools.clone(),
+            plugin.http_allow.clone(),
+            plugin.http_stats.clone(),
+            sink.clone(),
+        )
+    }
+
     /// Runs `job` on one of `plugin`'s concurrent instances
     /// ([`super::concurrent`]), starting one if none has room.
     async fn execute_concurrent(
@@ -418,13 +423,7 @@ impl Executor {
         let scope = JobScope {
             serial: 0,
             log: sink.clone(),
-            http: HttpPolicy::new(
-                self.http.clone(),
-                plugin.http_pools.clone(),
-                plugin.http_allow.clone(),
-                plugin.http_stats.clone(),
-                sink.clone(),
-            ),
+            http: self.http_policy(plugin, &sink),
             sql: SqlView::new(self.databases.clone(), &plugin.manifest),
         };
         let spawn = || {
@@ -438,13 +437,7 @@ impl Executor {
                 version: plugin.version.clone(),
             };
             let instance_sink = LogSink::new(labels, false, plugin.manifest.limits.log.unwrap_or_default());
-            let http = HttpPolicy::new(
-                self.http.clone(),
-                plugin.http_pools.clone(),
-                plugin.http_allow.clone(),
-                plugin.http_stats.clone(),
-                instance_sink.clone(),
-            );
+            let http = self.http_policy(plugin, &instance_sink);
             let state = JobState::new(&plugin.manifest, instance_sink, memory, http, &self.databases)
                 .map_err(|err| format!("cannot prepare the sandbox: {err:#}"))?;
             self.instances.created.fetch_add(1, Ordering::Relaxed);
