@@ -27,6 +27,7 @@ fn the_example_plugins_all_load() {
             "JsNoopJob",
             "NoopJob",
             "PgSleepJob",
+            "PyAsyncHttpGetJob",
             "PyHttpGetJob",
             "PyNoopJob",
             "PyReportJob",
