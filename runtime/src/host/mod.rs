@@ -7,7 +7,9 @@
 //! into `tracing`, [`sql`] reaches the runner's databases the manifest
 //! grants, [`disk`] holds the read-write preopens to the plugin's
 //! `limits.disk`. [`link`] assembles them into the one [`Linker`] shared by
-//! every plugin.
+//! every plugin of the `plugin` world; [`link_concurrent`] does the same
+//! for the `async-plugin` world, whose HTTP, SQL and log imports find
+//! their job from the calling task (`scoped`).
 //!
 //! Nothing is granted by default: no preopens, no environment variables, no
 //! databases, no sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.

@@ -8,7 +8,9 @@
 //! trap, a runaway loop or a memory bomb ends that job only. A plugin may
 //! opt into warm instances that serve several jobs one after another
 //! ([`warm`]): then its own jobs share its module state, still never
-//! another plugin's, and a trap or timeout still ends that instance.
+//! another plugin's, and a trap or timeout still ends that instance. A
+//! plugin built for the `async-plugin` world may run several of its jobs
+//! at once in one instance ([`concurrent`]), each with its own host state.
 
 pub mod concurrent;
 pub mod engine;
