@@ -220,8 +220,16 @@ impl Lanes {
 /// cleans up after the loop ended abnormally.
 #[derive(Default)]
 struct Running {
-    /// By job number: reply, jid, deadline, timeout.
-    jobs: HashMap<u64, (oneshot::Sender<Finished>, String, Instant, Duration)>,
+    /// By job number in the instance.
+    jobs: HashMap<u64, Pending>,
+}
+
+/// A job started in the instance and not finished.
+struct Pending {
+    reply: oneshot::Sender<Finished>,
+    jid: String,
+    deadline: Instant,
+    timeout: Duration,
 }
 
 /// Runs one instance until it retires or fails.
@@ -298,7 +306,7 @@ async fn drive(
                             }
                         };
                         let task = call.task();
-                        lock(&running).jobs.insert(id, (reply, jid, deadline, timeout));
+                        lock(&running).jobs.insert(id, Pending { reply, jid, deadline, timeout });
                         calls.push(async move { (id, task, perform.finish_call_concurrent(accessor, call).await) });
                     }
                     Some((id, task, result)) = calls.next() => {
@@ -315,14 +323,14 @@ async fn drive(
                                 Err(err) => {
                                     let message = describe_trap(&err, state);
                                     let backtrace = err.downcast_ref::<WasmBacktrace>().map(|bt| bt.to_string());
-                                    let jid = lock(&running).jobs.get(&id).map(|job| job.1.clone()).unwrap_or_default();
+                                    let jid = lock(&running).jobs.get(&id).map(|job| job.jid.clone()).unwrap_or_default();
                                     let failure = format!("the instance stopped because job {jid} failed: {message}");
                                     (Finished::Ended { message, backtrace }, Some(failure))
                                 }
                             }
                         });
-                        if let Some((reply, ..)) = lock(&running).jobs.remove(&id) {
-                            let _ = reply.send(finished);
+                        if let Some(pending) = lock(&running).jobs.remove(&id) {
+                            let _ = pending.reply.send(finished);
                         }
                         lane.load.fetch_sub(1, Ordering::AcqRel);
                         if failure.is_some() {
@@ -369,7 +377,7 @@ async fn overdue(running: &Mutex<Running>) -> String {
         let earliest = lock(running)
             .jobs
             .values()
-            .map(|(_, jid, deadline, _)| (*deadline, jid.clone()))
+            .map(|job| (job.deadline, job.jid.clone()))
             .min_by_key(|(deadline, _)| *deadline);
         match earliest {
             Some((deadline, jid)) if deadline <= now => return jid,
@@ -413,7 +421,16 @@ fn close(lane: &LaneCounts, lanes: &std::sync::Weak<Lanes>) {
 /// with "timed out", the others with `message`.
 fn fail_all(running: &Mutex<Running>, jobs: &mut mpsc::UnboundedReceiver<Box<Submission>>, message: &str) {
     let now = Instant::now();
-    for (_, (reply, _, deadline, timeout)) in lock(running).jobs.drain() {
+    for (
+        _,
+        Pending {
+            reply,
+            deadline,
+            timeout,
+            ..
+        },
+    ) in lock(running).jobs.drain()
+    {
         let message = match deadline <= now {
             true => format!("timed out after {timeout:?}"),
             false => format!("{message}; this job shared the instance and is retried"),
