@@ -24,7 +24,7 @@ use crate::host::log::Source;
 use crate::sandbox::JobState;
 use crate::sandbox::state::JobScope;
 
-use super::sql::{Output, SqlView};
+use super::sql::SqlView;
 
 /// The `async-plugin` imports' view of the store: the whole [`JobState`],
 /// from which each call takes its own job's [`JobScope`].
@@ -78,13 +78,7 @@ impl<T> async_sql::HostWithStore<T> for Scoped {
         statement: String,
         params: Vec<Value>,
     ) -> Result<Rows, SqlError> {
-        match sql_view(accessor)?.run(&db, statement, params, true).await? {
-            Output::Rows(rows) => Ok(rows),
-            Output::Affected(_) => Ok(Rows {
-                columns: Vec::new(),
-                rows: Vec::new(),
-            }),
-        }
+        sql_view(accessor)?.rows(&db, statement, params).await
     }
 
     async fn execute(
@@ -93,10 +87,7 @@ impl<T> async_sql::HostWithStore<T> for Scoped {
         statement: String,
         params: Vec<Value>,
     ) -> Result<u64, SqlError> {
-        match sql_view(accessor)?.run(&db, statement, params, false).await? {
-            Output::Affected(count) => Ok(count),
-            Output::Rows(rows) => Ok(rows.rows.len() as u64),
-        }
+        sql_view(accessor)?.affected(&db, statement, params).await
     }
 }
 

@@ -228,13 +228,7 @@ impl SqlView {
         })
     }
 
-    pub(crate) async fn run(
-        &self,
-        db: &str,
-        statement: String,
-        params: Vec<Value>,
-        want_rows: bool,
-    ) -> Result<Output, SqlError> {
+    async fn run(&self, db: &str, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
         let database = self.database(db)?;
         check_statement(&statement)?;
         let read_only = self.read_only.iter().any(|g| g == db);
@@ -288,9 +282,11 @@ pub(crate) enum Output {
     Affected(u64),
 }
 
-impl Host for SqlView {
-    async fn query(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<Rows, SqlError> {
-        match self.run(&db, statement, params, true).await? {
+impl SqlView {
+    /// `query`: the statement's rows (none for a statement that returns
+    /// none). Shared by the `sql` import and the `async-sql` one.
+    pub(crate) async fn rows(&self, db: &str, statement: String, params: Vec<Value>) -> Result<Rows, SqlError> {
+        match self.run(db, statement, params, true).await? {
             Output::Rows(rows) => Ok(rows),
             Output::Affected(_) => Ok(Rows {
                 columns: Vec::new(),
@@ -299,11 +295,22 @@ impl Host for SqlView {
         }
     }
 
-    async fn execute(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<u64, SqlError> {
-        match self.run(&db, statement, params, false).await? {
+    /// `execute`: how many rows the statement affected (or returned).
+    pub(crate) async fn affected(&self, db: &str, statement: String, params: Vec<Value>) -> Result<u64, SqlError> {
+        match self.run(db, statement, params, false).await? {
             Output::Affected(count) => Ok(count),
             Output::Rows(rows) => Ok(rows.rows.len() as u64),
         }
+    }
+}
+
+impl Host for SqlView {
+    async fn query(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<Rows, SqlError> {
+        self.rows(&db, statement, params).await
+    }
+
+    async fn execute(&mut self, db: String, statement: String, params: Vec<Value>) -> Result<u64, SqlError> {
+        self.affected(&db, statement, params).await
     }
 }
 
