@@ -43,7 +43,7 @@ fn job_task<T>(access: &mut Access<'_, T, Scoped>) -> Option<GuestTaskId> {
 /// The calling job's scope, if the call comes from a job's task.
 fn scope<'a, T>(access: &'a mut Access<'_, T, Scoped>) -> Option<&'a mut JobScope> {
     let task = job_task(access)?;
-    access.get().scopes.get_mut(&task)
+    access.get().scopes.get_mut(&task).map(|(_, scope)| scope)
 }
 
 const NO_JOB: &str = "this call does not belong to a running job";

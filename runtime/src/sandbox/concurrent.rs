@@ -287,14 +287,13 @@ async fn drive(
                             continue;
                         };
                         taken += 1;
-                        let Submission { job, mut scope, deadline, timeout, reply } = *submission;
+                        let Submission { job, scope, deadline, timeout, reply } = *submission;
                         let jid = job.jid.clone();
                         let id = next_id;
                         next_id += 1;
-                        scope.serial = id;
                         let started = accessor.with(|mut access| {
                             let call = perform.start_call_concurrent(&mut access, (job,))?;
-                            access.get().scopes.insert(call.task(), scope);
+                            access.get().scopes.insert(call.task(), (id, scope));
                             Ok::<_, wasmtime::Error>(call)
                         });
                         let call = match started {
@@ -313,7 +312,7 @@ async fn drive(
                         let (finished, failure) = accessor.with(|mut access| {
                             let state = access.get();
                             // Only its own: a new job may hold the task id already.
-                            if state.scopes.get(&task).is_some_and(|scope| scope.serial == id) {
+                            if state.scopes.get(&task).is_some_and(|(serial, _)| *serial == id) {
                                 state.scopes.remove(&task);
                             }
                             match result {

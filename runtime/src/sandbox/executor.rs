@@ -419,9 +419,9 @@ impl Executor {
         started: Instant,
     ) -> Execution {
         let policy = plugin.manifest.instances;
+        let (concurrent, reuse) = (policy.concurrent.unwrap_or(1).max(1) as usize, policy.reuse.max(1));
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
         let scope = JobScope {
-            serial: 0,
             log: sink.clone(),
             http: self.http_policy(plugin, &sink),
             sql: SqlView::new(self.databases.clone(), &plugin.manifest),
@@ -445,22 +445,15 @@ impl Executor {
                 counters: self.instances.clone(),
                 pre: pre.clone(),
                 state: state.with_disk(plugin.disk.as_ref()),
-                concurrent: policy.concurrent.unwrap_or(1).max(1) as usize,
-                reuse: policy.reuse.max(1),
+                concurrent,
+                reuse,
                 idle_timeout: policy.idle_timeout,
             })
         };
         let _counted = Counted::new(&self.instances.concurrent_jobs);
         let (finished, reused) = plugin
             .lanes
-            .run(
-                job.to_wit(),
-                scope,
-                timeout,
-                policy.concurrent.unwrap_or(1).max(1) as usize,
-                policy.reuse.max(1),
-                spawn,
-            )
+            .run(job.to_wit(), scope, timeout, concurrent, reuse, spawn)
             .await;
         if reused {
             self.instances.reused.fetch_add(1, Ordering::Relaxed);

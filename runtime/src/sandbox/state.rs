@@ -43,9 +43,12 @@ pub struct JobState {
     pub(crate) log: LogSink,
     pub(crate) sql: SqlView,
     pub(crate) limiter: MemoryLimiter,
-    /// The jobs running in a concurrent instance, by their `perform` task
-    /// (empty for an instance that runs one job at a time).
-    pub(crate) scopes: HashMap<GuestTaskId, JobScope>,
+    /// The jobs running in a concurrent instance, by their `perform` task,
+    /// each with its number in the instance (empty for an instance that
+    /// runs one job at a time). A finished job's task id is reused by a new
+    /// job, sometimes before the old job's end is handled: the number tells
+    /// whose scope an entry is, so only that job's is removed.
+    pub(crate) scopes: HashMap<GuestTaskId, (u64, JobScope)>,
     /// The job's share of its plugin's disk budget. Last, so it is dropped
     /// after the table has closed the job's files.
     disk: Option<Arc<JobDisk>>,
@@ -162,10 +165,6 @@ impl WasiHttpView for JobState {
 /// (its `jid` on every line, its own budget), its HTTP policy (counters,
 /// open-request slots) and its SQL view.
 pub(crate) struct JobScope {
-    /// The job's number in its instance: a finished job's task id is
-    /// reused by a new job, sometimes before the old job's end is handled,
-    /// and only the scope of that very job may then be removed.
-    pub(crate) serial: u64,
     pub(crate) log: LogSink,
     pub(crate) http: HttpPolicy,
     pub(crate) sql: SqlView,
