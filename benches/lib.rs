@@ -384,15 +384,7 @@ pub async fn drain_in_processes(
     redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
     let mut runners = Vec::with_capacity(processes);
     for _ in 0..processes {
-        let mut runner = RunnerProcess::start(
-            bin,
-            &redis.url(),
-            plugins,
-            extra,
-            "warn,wasmjobs::runner::launcher=info",
-        )?;
-        runner.wait_for_log(" running")?;
-        runners.push(runner);
+        runners.push(start_running(bin, redis, plugins, extra)?);
     }
     let rss_start_kb = runners.iter().map(|r| rss_kb(r.pid())).sum();
     let cpu_start: Vec<u64> = runners.iter().map(|r| cpu_ticks(r.pid())).collect();
@@ -422,6 +414,20 @@ pub async fn drain_in_processes(
     })
 }
 
+/// Starts `bin run` on `plugins` with `extra` flags (the launcher's lines
+/// logged, the rest at warn) and waits until it is running.
+fn start_running(bin: &Path, redis: &TestRedis, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
+    let mut runner = RunnerProcess::start(
+        bin,
+        &redis.url(),
+        plugins,
+        extra,
+        "warn,wasmjobs::runner::launcher=info",
+    )?;
+    runner.wait_for_log(" running")?;
+    Ok(runner)
+}
+
 /// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
 /// `extra` flags until all are processed, and checks that none failed.
 pub async fn drain(
@@ -436,14 +442,7 @@ pub async fn drain(
     let mut conn = redis.conn().await;
     redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
     push_jobs(&mut conn, class, n, args).await?;
-    let mut runner = RunnerProcess::start(
-        bin,
-        &redis.url(),
-        plugins,
-        extra,
-        "warn,wasmjobs::runner::launcher=info",
-    )?;
-    runner.wait_for_log(" running")?;
+    let runner = start_running(bin, redis, plugins, extra)?;
     let rss_start_kb = rss_kb(runner.pid());
     let cpu_start = cpu_ticks(runner.pid());
     let wall = wait_for_processed(&mut conn, n, Duration::from_secs(600), &runner).await?;
