@@ -3,7 +3,9 @@
 //! The terminal's answer to "is anything stuck?", without the Web UI: the
 //! same numbers as Sidekiq's dashboard, read the way Sidekiq reads them (so
 //! it works on a plain Sidekiq deployment too). `--json` for scripts,
-//! `--watch` to keep it on screen like `top`.
+//! `--watch` to keep it on screen like `top`. Plugins with cluster limits
+//! get a table of their own ([`crate::redis::limits`]; `limits` in the
+//! JSON), left out when no limit key exists.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -15,6 +17,7 @@ use clap::Args;
 
 use super::{Cli, RedisArgs};
 use crate::redis::api::{self, Stats};
+use crate::redis::limits::{LimitStats, limit_stats};
 use crate::redis::now_f64;
 
 /// Clears the terminal and homes the cursor, for `--watch`.
@@ -40,11 +43,21 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     let result = async {
         loop {
             let stats = api::stats(&mut conn).await?;
+            let limits = limit_stats(&mut conn).await?;
+            let json = || -> Result<serde_json::Value> {
+                let mut json = serde_json::to_value(&stats).context("cannot serialise the stats")?;
+                json["limits"] = serde_json::to_value(&limits).context("cannot serialise the stats")?;
+                Ok(json)
+            };
             let text = match (args.json, args.watch) {
-                (true, None) => serde_json::to_string_pretty(&stats).context("cannot serialise the stats")? + "\n",
-                (true, Some(_)) => serde_json::to_string(&stats).context("cannot serialise the stats")? + "\n",
-                (false, None) => render(&stats, &redis.location, now_f64()),
-                (false, Some(_)) => format!("{CLEAR}{}", render(&stats, &redis.location, now_f64())),
+                (true, None) => serde_json::to_string_pretty(&json()?).context("cannot serialise the stats")? + "\n",
+                (true, Some(_)) => serde_json::to_string(&json()?).context("cannot serialise the stats")? + "\n",
+                (false, None) => render(&stats, &redis.location, now_f64()) + &render_limits(&limits),
+                (false, Some(_)) => format!(
+                    "{CLEAR}{}{}",
+                    render(&stats, &redis.location, now_f64()),
+                    render_limits(&limits)
+                ),
             };
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes()).context("cannot write to stdout")?;
@@ -147,6 +160,36 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
     out
 }
 
+/// The cluster limits table (empty when no plugin has limit keys).
+fn render_limits(limits: &LimitStats) -> String {
+    let mut out = String::new();
+    if limits.plugins.is_empty() {
+        return out;
+    }
+    let width = limits.plugins.iter().map(|p| p.plugin.len()).max().unwrap_or(0).max(6);
+    let _ = writeln!(
+        out,
+        "\n{:<width$}  {:>8}  {:>8}  {:>10}  {:>7}  {:>15}",
+        "LIMITS", "STARTS", "KEYS", "KEY STARTS", "LEASES", "OVERRATED R/C"
+    );
+    for p in &limits.plugins {
+        let overrated = format!("{}/{}", p.overrated_rate, p.overrated_concurrency);
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>8}  {:>8}  {:>10}  {:>7}  {overrated:>15}",
+            p.plugin, p.starts, p.keys, p.key_starts, p.leases
+        );
+    }
+    if limits.truncated {
+        let _ = writeln!(
+            out,
+            "(partial: more than {} limit keys)",
+            crate::redis::limits::MAX_KEYS
+        );
+    }
+    out
+}
+
 /// A duration for people: `4.2s`, `3m 05s`, `2h 10m`, `3d 4h`.
 fn age(secs: f64) -> String {
     let secs = secs.max(0.0);
@@ -165,6 +208,28 @@ fn age(secs: f64) -> String {
 mod tests {
     use super::*;
     use crate::redis::api::{ProcessInfo, QueueStats};
+
+    #[test]
+    fn the_limits_table_shows_each_plugin() {
+        assert_eq!(render_limits(&LimitStats::default()), "");
+        let text = render_limits(&LimitStats {
+            plugins: vec![crate::redis::limits::PluginLimits {
+                plugin: "mailer".into(),
+                starts: 42,
+                keys: 3,
+                key_starts: 9,
+                leases: 2,
+                overrated_rate: 5,
+                overrated_concurrency: 7,
+            }],
+            truncated: true,
+        });
+        assert!(
+            text.contains("mailer        42         3           9        2              5/7"),
+            "{text}"
+        );
+        assert!(text.contains("partial"), "{text}");
+    }
 
     #[test]
     fn ages_read_naturally() {

@@ -189,6 +189,19 @@ pub fn prometheus(metrics: &Metrics) -> String {
     ] {
         let _ = writeln!(out, "wasmjobs_plugin_reloads_total{{outcome=\"{outcome}\"}} {count}");
     }
+    family(
+        &mut out,
+        "wasmjobs_limit_rescheduled_total",
+        "counter",
+        "Jobs rescheduled without running because a cluster limit refused them, by plugin and reason (rate, concurrency, unavailable).",
+    );
+    for (plugin, reason, count) in metrics.limited.snapshot() {
+        let _ = writeln!(
+            out,
+            "wasmjobs_limit_rescheduled_total{{plugin=\"{}\",reason=\"{reason}\"}} {count}",
+            escape(&plugin)
+        );
+    }
     out
 }
 

@@ -4,6 +4,7 @@
 //! | module | role |
 //! |---|---|
 //! | (this) [`Metrics`] | per class × plugin version: outcome counts and HDR histograms of queue latency and execution time |
+//! | [`limited`] | jobs rescheduled by a cluster limit, per plugin and reason |
 //! | [`process`] | per process: RSS now and peak, %CPU sampled every second, and the gauges the runner reports |
 //! | [`exposition`] | the Prometheus text format (`/metrics`) and the JSON document (`/stats`) |
 //! | [`server`] | the HTTP endpoint of `wasmjobs run --metrics-addr` |
@@ -14,6 +15,7 @@
 //! within noise with recording on or off; see `docs/observability.md`).
 
 pub mod exposition;
+pub mod limited;
 pub mod process;
 pub mod server;
 
@@ -191,6 +193,8 @@ pub struct Metrics {
     enabled: bool,
     /// Gauges of the process (RSS, CPU, in flight, reloads...).
     pub process: ProcessGauges,
+    /// Jobs rescheduled by cluster limits, per plugin and reason.
+    pub limited: limited::LimitedCounts,
 }
 
 thread_local! {
@@ -209,6 +213,7 @@ impl Metrics {
             shards,
             enabled,
             process: ProcessGauges::default(),
+            limited: limited::LimitedCounts::default(),
         }
     }
 

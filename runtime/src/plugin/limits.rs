@@ -17,6 +17,9 @@
 //!   (1 MiB, 10,000 lines).
 //!
 //! Unset keys fall back to the runner's settings.
+//!
+//! `rate` and `[limits.per_key]` are cluster-wide limits, every process
+//! together; they are parsed in [`super::cluster_limits`].
 
 use std::ops::Range;
 use std::time::Duration;
@@ -25,6 +28,7 @@ use anyhow::{Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::cluster_limits::{self, ClusterLimits, RawPerKey};
 use crate::host::log::LogBudget;
 use crate::sandbox::engine::parse_size;
 
@@ -54,6 +58,8 @@ pub(super) struct RawLimits {
     fuel: Option<Spanned<i64>>,
     log: Option<RawLogBudget>,
     disk: Option<Spanned<String>>,
+    rate: Option<Spanned<String>>,
+    per_key: Option<Spanned<RawPerKey>>,
 }
 
 /// `limits.log = { bytes = "1MiB", lines = 10000 }`.
@@ -83,6 +89,11 @@ impl RawLogBudget {
 }
 
 impl RawLimits {
+    /// The cluster-wide limits (`rate`, `[limits.per_key]`), validated.
+    pub(super) fn cluster(&self, at: &dyn Fn(Range<usize>) -> String) -> Result<ClusterLimits> {
+        cluster_limits::resolve(self.rate.as_ref(), self.per_key.as_ref(), at)
+    }
+
     /// Validates; `at` turns a span into `file:line` for messages.
     pub(super) fn resolve(&self, at: &dyn Fn(Range<usize>) -> String) -> Result<PluginLimits> {
         let memory = match &self.memory {

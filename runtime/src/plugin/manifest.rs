@@ -28,6 +28,12 @@
 //! concurrency = 10   # most jobs of this plugin in flight in the process
 //! fuel = 1_000_000_000   # instructions-ish per job; needs `--fuel` on the runner
 //! log = { bytes = "1MiB", lines = 10000 }   # per job; lines past it are dropped
+//! rate = "100/s"     # job starts, every process together (cluster_limits)
+//!
+//! [limits.per_key]   # per value at `key` in the job, every process together
+//! key = "args.0"
+//! rate = "10/min"
+//! concurrency = 2    # jobs of one key value running at once, cluster-wide
 //!
 //! [instances]        # see `instances`: fresh instance per job unless `reuse` > 1
 //! reuse = 1000       # jobs one instance serves, one after another
@@ -54,6 +60,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::cluster_limits::ClusterLimits;
 use super::instances::{InstancePolicy, RawInstances};
 use super::limits::{PluginLimits, RawLimits};
 use crate::host::files::Handles;
@@ -82,6 +89,9 @@ pub struct Manifest {
     pub env: Vec<String>,
     /// Limits that override the runner's defaults.
     pub limits: PluginLimits,
+    /// Cluster-wide limits (`limits.rate`, `[limits.per_key]`), enforced
+    /// in Redis across every process.
+    pub cluster_limits: ClusterLimits,
     /// Whether instances serve one job or several (`[instances]`).
     pub instances: InstancePolicy,
     /// Names of the runner's databases the guest may use (`sql = [...]`).
@@ -337,6 +347,10 @@ impl Manifest {
             Some(limits) => limits.resolve(&at)?,
             None => PluginLimits::default(),
         };
+        let cluster_limits = match &raw.limits {
+            Some(limits) => limits.cluster(&at)?,
+            None => ClusterLimits::default(),
+        };
         let instances = match &raw.instances {
             Some(instances) => instances.resolve(&at)?,
             None => InstancePolicy::default(),
@@ -351,6 +365,7 @@ impl Manifest {
             http_allow,
             env,
             limits,
+            cluster_limits,
             instances,
             sql,
             sql_read_only,
@@ -615,6 +630,40 @@ outside = true
             .unwrap_err()
             .to_string();
         assert!(err.contains("listed twice"), "{err}");
+    }
+
+    #[test]
+    fn cluster_limits_parse_beside_the_process_ones() {
+        let m = parse(
+            "component = \"x.wasm\"\nclasses = [\"A\"]\n[limits]\nconcurrency = 3\nrate = \"100/s\"\n[limits.per_key]\nkey = \"args.0.user_id\"\nrate = \"10/min\"\nconcurrency = 2\n",
+        )
+        .unwrap();
+        assert_eq!(m.limits.concurrency, Some(3));
+        assert_eq!(
+            m.cluster_limits.rate.map(|r| (r.count, r.period.as_secs())),
+            Some((100, 1))
+        );
+        let per_key = m.cluster_limits.per_key.as_ref().unwrap();
+        assert_eq!(per_key.key.segments(), ["args", "0", "user_id"]);
+        assert_eq!(per_key.concurrency, Some(2));
+        assert!(
+            !parse("component = \"x.wasm\"\nclasses = [\"A\"]\n")
+                .unwrap()
+                .cluster_limits
+                .any()
+        );
+        let err = parse("component = \"x.wasm\"\nclasses = [\"A\"]\n[limits]\nrate = \"100/day\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/p/x/wasmjobs.toml:4: limits.rate"), "{err}");
+        let err =
+            parse("component = \"x.wasm\"\nclasses = [\"A\"]\n[limits.per_key]\nkey = \"args.0\"\nconcurrency = 0\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.starts_with("/p/x/wasmjobs.toml:5: limits.per_key.concurrency"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,12 +10,14 @@
 pub mod cache;
 mod caps;
 pub mod catalog;
+pub mod cluster_limits;
 pub mod instances;
 pub mod limits;
 pub mod manifest;
 
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
+pub use cluster_limits::ClusterLimits;
 pub use instances::InstancePolicy;
 pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};

@@ -58,3 +58,30 @@ pub fn workers(identity: &str) -> String {
 pub fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
+
+/// Prefix of every cluster-limit key (`runner::limiter`, `docs/limits.md`).
+pub const LIMIT_PREFIX: &str = "wasmjobs:limit:";
+
+/// ZSET, the sliding-window log of a plugin's starts (`limits.rate`):
+/// member `identity:n`, score the start time in Redis ms.
+pub fn limit_rate(plugin: &str) -> String {
+    format!("{LIMIT_PREFIX}{plugin}:rate")
+}
+
+/// ZSET, the sliding-window log of one key value's starts
+/// (`limits.per_key.rate`); `bucket` is a hash of the value, or `none`.
+pub fn limit_key_rate(plugin: &str, bucket: &str) -> String {
+    format!("{LIMIT_PREFIX}{plugin}:key:{bucket}:rate")
+}
+
+/// ZSET of one key value's concurrency leases
+/// (`limits.per_key.concurrency`): member `identity:n`, score the lease's
+/// expiry in Redis ms.
+pub fn limit_key_leases(plugin: &str, bucket: &str) -> String {
+    format!("{LIMIT_PREFIX}{plugin}:key:{bucket}:leases")
+}
+
+/// HASH of a plugin's jobs refused by its limits: `rate`, `concurrency` → count.
+pub fn limit_overrated(plugin: &str) -> String {
+    format!("{LIMIT_PREFIX}{plugin}:overrated")
+}

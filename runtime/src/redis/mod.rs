@@ -11,6 +11,7 @@
 //! - [`embedded`]: the private `redis-server` used when no URL is given.
 //! - [`client`]: the write side for producers (`push`, `push_bulk`, scheduling).
 //! - [`api`]: the read side (`wasmjobs stats`).
+//! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
 //! component uses for ordinary commands: the fetch's Lua script (which pops
@@ -23,6 +24,7 @@ pub(crate) mod api;
 pub mod client;
 pub(crate) mod embedded;
 pub(crate) mod keys;
+pub mod limits;
 pub mod payload;
 
 use std::path::Path;

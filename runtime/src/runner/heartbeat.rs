@@ -6,7 +6,9 @@
 //! flight (also under Sidekiq 6's `:workers` name), and pops one command from
 //! the `-signals` list the Web UI's Quiet/Stop buttons push to. A process
 //! whose hash expired is dead as far as everyone else is concerned; its
-//! in-progress jobs are then recovered ([`super::orphans`]).
+//! in-progress jobs are then recovered ([`super::orphans`]). The same
+//! transaction renews the cluster concurrency leases the process holds
+//! ([`super::limiter`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::inflight::InFlightTable;
+use super::limiter::Limiter;
 use super::reloader::LiveCatalog;
 use super::source::JobSource;
 use crate::metrics::Metrics;
@@ -107,6 +110,8 @@ pub struct Heartbeat {
     catalog: LiveCatalog,
     quiet: CancellationToken,
     metrics: Option<Arc<Metrics>>,
+    /// Whose concurrency leases each beat renews.
+    limiter: Option<Arc<Limiter>>,
     /// The round trip of the previous beat's transaction, µs (Sidekiq's
     /// `rtt_us`), written with the next beat: one round trip per beat
     /// instead of a separate `PING`, since every wake-up of an idle
@@ -148,6 +153,7 @@ impl Heartbeat {
             catalog,
             quiet,
             metrics: None,
+            limiter: None,
             rtt_us: AtomicU64::new(0),
         }
     }
@@ -155,6 +161,12 @@ impl Heartbeat {
     /// Reports each measured Redis round trip to `metrics` as well.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Renews the concurrency leases `limiter` holds with each beat.
+    pub(crate) fn with_limiter(mut self, limiter: Arc<Limiter>) -> Self {
+        self.limiter = Some(limiter);
         self
     }
 
@@ -218,6 +230,9 @@ impl Heartbeat {
             .ignore();
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
         self.source.register(&mut pipe);
+        if let Some(limiter) = &self.limiter {
+            limiter.renew(&mut pipe);
+        }
         pipe.cmd("RPOP").arg(keys::signals(id));
         let started = Instant::now();
         // Anyone can push into the signals list: read bytes, not text.

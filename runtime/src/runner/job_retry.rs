@@ -52,12 +52,27 @@ pub enum Write {
     },
     /// Failed with `retry: false` (or exhausted with `dead: false`): gone.
     Drop,
+    /// Not run: over a cluster limit (`runner::limiter`), back to the
+    /// `schedule` set until `at`. Not a failure and not processed; the
+    /// payload counts it (`overrated`), its `retry_count` is untouched.
+    Reschedule {
+        /// When.
+        at: f64,
+        /// The payload with `overrated` counted.
+        payload: String,
+    },
 }
 
 impl Write {
     /// Whether the job failed (Sidekiq's `stat:failed`).
     pub fn is_failure(&self) -> bool {
         matches!(self, Write::Retry { .. } | Write::Dead { .. } | Write::Drop)
+    }
+
+    /// Whether the job ran, or was decided (Sidekiq's `stat:processed`):
+    /// all but a reschedule.
+    pub fn is_processed(&self) -> bool {
+        !matches!(self, Write::Reschedule { .. })
     }
 }
 

@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use super::fetched::Fetched;
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
+use super::limiter::Limiter;
 use super::manager::Manager;
 use super::outcome::{self, Counters};
 use super::processor::Processor;
@@ -82,10 +83,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         metrics.clone(),
         options.concurrency as usize * 2,
     );
+    let limiter = Limiter::new(redis.clone(), &identity.identity);
     let processor = Processor {
         executor: executor.clone(),
         catalog: catalog.clone(),
         metrics: metrics.clone(),
+        limiter: limiter.clone(),
     };
     let manager = Manager::new(Arc::new(processor), options.concurrency, completions, inflight.clone());
 
@@ -107,7 +110,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             quiet: quiet.clone(),
         },
     )
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.clone())
+    .with_limiter(limiter);
     heartbeat.beat().await.context("writing the first heartbeat")?;
     match source.recover_orphans().await {
         Ok(0) => {}
@@ -186,6 +190,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         dead: counters.dead.load(Ordering::Relaxed),
         discarded: counters.discarded.load(Ordering::Relaxed),
         requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
+        rescheduled: counters.rescheduled.load(Ordering::Relaxed),
         ..RunSummary::default()
     }
     .with_clock(&clock)

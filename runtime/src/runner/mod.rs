@@ -12,6 +12,7 @@
 //! | [`inflight`] | the jobs held and not yet recorded |
 //! | [`processor`] | one job: dispatch to its plugin, run it in the sandbox, decide |
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
+//! | [`limiter`] | cluster-wide rate and concurrency limits in Redis; a job over one is rescheduled |
 //! | [`outcome`] | the writer: batches what units hand over, has the source record them |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
@@ -30,6 +31,7 @@ pub mod heartbeat;
 pub(crate) mod inflight;
 pub(crate) mod job_retry;
 pub(crate) mod launcher;
+pub(crate) mod limiter;
 pub(crate) mod manager;
 pub(crate) mod monitor;
 pub mod os_limits;

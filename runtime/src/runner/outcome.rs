@@ -54,6 +54,9 @@ pub struct Counters {
     pub discarded: AtomicU64,
     /// Jobs stopped at a shutdown deadline and sent back to their queues.
     pub requeued: AtomicU64,
+    /// Jobs over a cluster limit, sent back to `schedule` without running
+    /// (not processed, not failed).
+    pub rescheduled: AtomicU64,
 }
 
 impl Counters {
@@ -65,7 +68,7 @@ impl Counters {
             })
         };
         let count = |f: fn(&Write) -> bool| writes().filter(|w| f(w)).count() as u64;
-        self.processed.fetch_add(writes().count() as u64, Ordering::Relaxed);
+        self.processed.fetch_add(count(Write::is_processed), Ordering::Relaxed);
         self.requeued
             .fetch_add((batch.len() - writes().count()) as u64, Ordering::Relaxed);
         self.failed.fetch_add(count(Write::is_failure), Ordering::Relaxed);
@@ -75,6 +78,8 @@ impl Counters {
             .fetch_add(count(|w| matches!(w, Write::Dead { .. })), Ordering::Relaxed);
         self.discarded
             .fetch_add(count(|w| matches!(w, Write::Discard)), Ordering::Relaxed);
+        self.rescheduled
+            .fetch_add(count(|w| matches!(w, Write::Reschedule { .. })), Ordering::Relaxed);
     }
 }
 

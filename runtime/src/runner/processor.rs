@@ -5,6 +5,11 @@
 //! removed while a new version is on its way) is retried with backoff, so
 //! it runs once a plugin for it appears ([`job_retry::unserved`]).
 //!
+//! A plugin with cluster limits (`limits.rate`, `[limits.per_key]`) has
+//! each job admitted by the [`Limiter`] after its per-process slot and
+//! before it runs; a refused job is rescheduled at once (giving up its
+//! slots), and a plugin without them costs no Redis call.
+//!
 //! Metrics are per class only for classes a plugin serves (a bounded set):
 //! unserved classes are counted together as `(unserved)`, unparseable
 //! payloads (including class names over [`crate::job::MAX_CLASS_LEN`] bytes)
@@ -18,6 +23,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::job_retry::{self, Write};
+use super::limiter::{Admission, Limiter, policy};
 use super::reloader::LiveCatalog;
 use super::unit::TypedJob;
 use crate::job::Outcome;
@@ -38,6 +44,8 @@ pub(crate) struct Processor {
     pub(crate) executor: Arc<Executor>,
     pub(crate) catalog: LiveCatalog,
     pub(crate) metrics: Arc<Metrics>,
+    /// Cluster-wide limits, for plugins that have some.
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 impl Perform for Processor {
@@ -45,7 +53,7 @@ impl Perform for Processor {
         // The catalog as it is when the job starts: a reload from now on
         // does not change the version it runs on.
         let catalog = self.catalog.load_full();
-        async move { process(&self.executor, &catalog, &self.metrics, job, slots).await }.boxed()
+        async move { process(self, &catalog, job, slots).await }.boxed()
     }
 }
 
@@ -60,13 +68,13 @@ pub(crate) struct Slots<'a> {
 }
 
 /// Runs `typed` and decides what to write for it.
-async fn process(
-    executor: &Executor,
-    catalog: &Catalog,
-    metrics: &Metrics,
-    typed: &TypedJob,
-    slots: Slots<'_>,
-) -> Write {
+async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slots: Slots<'_>) -> Write {
+    let Processor {
+        executor,
+        metrics,
+        limiter,
+        ..
+    } = processor;
     let (job, enqueued_at) = match &typed.parsed {
         Ok((job, enqueued_at)) => (job, *enqueued_at),
         Err(error) => {
@@ -75,7 +83,7 @@ async fn process(
             return write;
         }
     };
-    let queue_latency = (enqueued_at > 0.0).then(|| Duration::from_secs_f64((now_f64() - enqueued_at).max(0.0)));
+    let mut queue_latency = (enqueued_at > 0.0).then(|| Duration::from_secs_f64((now_f64() - enqueued_at).max(0.0)));
     if tracing::enabled!(tracing::Level::DEBUG)
         && let Some(waited) = queue_latency
     {
@@ -100,7 +108,34 @@ async fn process(
         Ok(slot) => slot,
         Err(outcome) => return decide(typed, outcome, &plugin),
     };
+    let mut lease = None;
+    if plugin.manifest.cluster_limits.any() {
+        let payload = match typed.payload() {
+            Ok(payload) => payload,
+            Err(error) => return typed.malformed(&error, now_f64()),
+        };
+        match limiter.admit(&plugin, &payload).await {
+            Admission::Run {
+                lease: taken,
+                first_enqueued_at,
+            } => {
+                lease = taken;
+                if let Some(first) = first_enqueued_at {
+                    queue_latency = Some(Duration::from_secs_f64((now_f64() - first).max(0.0)));
+                }
+            }
+            Admission::Refused { write, refusal } => {
+                tracing::debug!(jid = %job.jid, class = %job.class, reason = refusal.label(), "over a cluster limit: rescheduled");
+                metrics.limited.add(&plugin.name, refusal.label());
+                if !matches!(write, Write::Reschedule { .. }) {
+                    record(metrics, &job.class, &plugin.version, &write, None, None);
+                }
+                return write;
+            }
+        }
+    }
     let execution = executor.execute(&plugin, job, &ExecOptions::default()).await;
+    drop(lease);
     let write = decide(typed, execution.outcome, &plugin);
     record(
         metrics,
@@ -133,6 +168,8 @@ fn record(
         Write::Retry { .. } => Counted::Retry,
         Write::Dead { .. } => Counted::Dead,
         Write::Drop => Counted::Drop,
+        // Not run: counted apart (`Metrics::limited`).
+        Write::Reschedule { .. } => return,
     };
     metrics.record(&JobRecord {
         class,
@@ -171,6 +208,9 @@ fn decide(typed: &TypedJob, outcome: Outcome, plugin: &Plugin) -> Write {
         Outcome::Discard(_) => Write::Discard,
         failed => match typed.payload() {
             Ok(mut payload) => {
+                // Its wait for a limit is over: a retry's queue latency
+                // counts from its own enqueue.
+                payload.remove(policy::FIRST_ENQUEUED_AT);
                 payload.set(
                     job_retry::ERROR_PLUGIN,
                     serde_json::Value::String(format!("{}@{}", plugin.name, plugin.version)),

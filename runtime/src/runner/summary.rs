@@ -37,6 +37,9 @@ pub struct RunSummary {
     pub discarded: u64,
     /// Jobs pushed back to their queue at shutdown.
     pub requeued: u64,
+    /// Jobs over a cluster limit, rescheduled without running
+    /// (`docs/limits.md`; not in `processed`).
+    pub rescheduled: u64,
     /// Start-up: from the process's start until it began fetching jobs
     /// (connect, load and compile plugins, register), seconds.
     #[serde(rename = "startup_secs", serialize_with = "secs")]
@@ -185,6 +188,9 @@ impl RunSummary {
             "failed {} (retry {}, dead {}), discarded {}, requeued {}",
             self.failed, self.retried, self.dead, self.discarded, self.requeued
         );
+        if self.rescheduled > 0 {
+            let _ = writeln!(out, "rescheduled {} (over a cluster limit, not run)", self.rescheduled);
+        }
         if self.classes.is_empty() {
             return out;
         }

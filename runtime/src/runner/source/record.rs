@@ -2,8 +2,9 @@
 //!
 //! One `MULTI` per batch: each job leaves the in-progress list (reliable)
 //! together with its outcome — the `retry` entry, the dead-set entry (the
-//! one bury, which trims), or its return to the front of its queue — and
-//! the `stat:*` counters with their daily keys. All land or none does, so a
+//! one bury, which trims), its `schedule` entry when a cluster limit
+//! rescheduled it, or its return to the front of its queue — and the
+//! `stat:*` counters with their daily keys (a reschedule counts in neither). All land or none does, so a
 //! failed write can simply be retried.
 
 use super::dead::DeadSet;
@@ -52,7 +53,9 @@ pub(super) fn transaction(
             }
             Finish::Outcome(write) => write,
         };
-        processed += 1;
+        if write.is_processed() {
+            processed += 1;
+        }
         if let Some(list) = held_in {
             pipe.cmd("LREM").arg(list).arg(-1).arg(&job.raw).ignore();
         }
@@ -63,6 +66,9 @@ pub(super) fn transaction(
                 pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();
             }
             Write::Dead { payload } => buried.push(payload.as_str()),
+            Write::Reschedule { at, payload } => {
+                pipe.cmd("ZADD").arg(keys::SCHEDULE).arg(*at).arg(payload).ignore();
+            }
         }
         if write.is_failure() {
             failed += 1;

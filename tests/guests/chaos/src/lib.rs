@@ -35,6 +35,7 @@
 //! | `["http-hold", n, authority, path]` | send `n` GETs one after another, keeping every response with its body unread; log `hold: ok=A failed=B` and, after a failure, `hold error: <the first error>` |
 //! | `["fail-times", n]` | retry error while the job has been retried fewer than `n` times, then succeed |
 //! | `["slow-append", file, line, ms]` | sleep `ms`, then append `line\n` to `/data/<file>` (one write) |
+//! | `["span", file, key, ms]` | append `start <key> <jid> <epoch ms>` to `/data/<file>`, sleep `ms`, append `end <key> <jid> <epoch ms>` (one write each; for overlap and rate checks) |
 //! | `["marked-append", file, line, ms]` | as `slow-append`, the line prefixed with this build's [`MARKER`] and a space |
 //! | `["sql", db, statement, params?]` | `sql::query`; log `columns: [..]`, one `row: [..]` per row, `rows: N` |
 //! | `["sql-exec", db, statement, params?]` | `sql::execute`; log `affected: N` |
@@ -136,6 +137,28 @@ impl Job for ChaosJob {
                 std::io::Write::write_all(&mut out, line.as_bytes())
                     .map_err(|error| JobError::retry(format!("append to /data/{file}: {error}")))?;
                 Ok(())
+            }
+            "span" => {
+                let (file, key) = (args.str(1)?, args.str(2)?);
+                if file.contains('/') || file.contains("..") {
+                    return Err(JobError::dead(format!("bad file name {file:?}")));
+                }
+                let path = format!("/data/{file}");
+                let mark = |what: &str| -> Result<(), JobError> {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis());
+                    let mut out = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(|error| JobError::retry(format!("open {path}: {error}")))?;
+                    std::io::Write::write_all(&mut out, format!("{what} {key} {} {now}\n", job.jid).as_bytes())
+                        .map_err(|error| JobError::retry(format!("append to {path}: {error}")))
+                };
+                mark("start")?;
+                std::thread::sleep(Duration::from_millis(args.u64(3)?));
+                mark("end")
             }
             "rename" => {
                 let (from, to) = (args.str(1)?, args.str(2)?);

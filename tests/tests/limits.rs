@@ -1,0 +1,378 @@
+//! Cluster-wide rate and concurrency limits (`docs/limits.md`) end to end:
+//! one real redis-server, three real `wasmjobs run` processes sharing it,
+//! and the chaos guest's `span` mode, which appends `start KEY JID MS` and
+//! `end KEY JID MS` (wall-clock ms) to a file every process writes to, so
+//! the test sees when each job really ran.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use wasmjobs_e2e::cli::wasmjobs_in;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, lines, plugins, push};
+
+/// One job run as the guest saw it.
+#[derive(Debug, Clone)]
+struct Span {
+    key: String,
+    jid: String,
+    start: u64,
+    end: Option<u64>,
+}
+
+/// The spans recorded in `file`, in start order.
+fn spans(file: &Path) -> Vec<Span> {
+    let mut spans: Vec<Span> = Vec::new();
+    let mut open: HashMap<String, usize> = HashMap::new();
+    for line in lines(file) {
+        let parts: Vec<&str> = line.split(' ').collect();
+        let [what, key, jid, ms] = parts[..] else {
+            panic!("bad span line {line:?}")
+        };
+        let ms: u64 = ms.parse().expect("ms");
+        match what {
+            "start" => {
+                open.insert(jid.to_owned(), spans.len());
+                spans.push(Span {
+                    key: key.to_owned(),
+                    jid: jid.to_owned(),
+                    start: ms,
+                    end: None,
+                });
+            }
+            "end" => {
+                let index = open.remove(jid).unwrap_or_else(|| panic!("end without start: {line}"));
+                spans[index].end = Some(ms);
+            }
+            other => panic!("bad span line {other:?}"),
+        }
+    }
+    spans.sort_by_key(|s| s.start);
+    spans
+}
+
+/// Most spans running at one instant (an end at the same ms as a start
+/// does not overlap it).
+fn max_overlap<'a>(spans: impl Iterator<Item = &'a Span>) -> usize {
+    let mut events: Vec<(u64, i32)> = Vec::new();
+    for span in spans {
+        events.push((span.start, 1));
+        events.push((span.end.unwrap_or(u64::MAX), -1));
+    }
+    events.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, delta) in events {
+        now += delta;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// A plugins directory with the chaos guest and `limits` appended to its manifest.
+fn chaos_with(limits: &str) -> tempfile::TempDir {
+    let dir = plugins(&[], &["chaos"]);
+    let manifest = dir.path().join("chaos/wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n{limits}\n")).expect("manifest");
+    dir
+}
+
+/// Waits until `file` shows `n` finished jobs (distinct jids).
+async fn wait_ended(file: &Path, n: usize, timeout: Duration, runners: &[Runner]) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ended = spans(file)
+            .iter()
+            .filter(|s| s.end.is_some())
+            .map(|s| s.jid.clone())
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if ended >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {ended} of {n} jobs ended in {timeout:?}:\n{}",
+            runners.iter().map(Runner::log).collect::<Vec<_>>().join("\n----\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of the Prometheus sample `name{labels}` (exact label text), 0 if absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Three runners on `dir`, each with its metrics endpoint.
+fn three_runners(redis: &TestRedis, dir: &Path, extra: &[&str]) -> (Vec<Runner>, Vec<String>) {
+    let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    let mut runners: Vec<Runner> = addrs
+        .iter()
+        .map(|addr| {
+            let mut args = vec!["--poll-interval", "0.1", "--metrics-addr", addr];
+            args.extend_from_slice(extra);
+            Runner::start(&redis.url(), dir, &args)
+        })
+        .collect();
+    for runner in &mut runners {
+        runner.wait_running();
+    }
+    (runners, addrs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_for_every_sliding_second_across_three_processes() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = chaos_with("[limits]\nrate = \"50/s\"");
+    let file = dir.path().join("chaos/data/rate.log");
+    let (mut runners, addrs) = three_runners(&redis, dir.path(), &["--concurrency", "20"]);
+
+    let pushed = Instant::now();
+    let jids = push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..500).map(|_| json!(["span", "rate.log", "r", 0])).collect(),
+    )
+    .await;
+    wait_ended(&file, 500, Duration::from_secs(180), &runners).await;
+    let took = pushed.elapsed();
+
+    let spans = spans(&file);
+    let ran: std::collections::HashSet<&str> = spans.iter().map(|s| s.jid.as_str()).collect();
+    assert!(jids.iter().all(|j| ran.contains(j.as_str())), "every job ran");
+    assert!(
+        took >= Duration::from_millis(9_500),
+        "500 jobs at 50/s took only {took:?}"
+    );
+    let starts: Vec<u64> = spans.iter().map(|s| s.start).collect();
+    let busiest = starts
+        .iter()
+        .map(|&from| starts.iter().filter(|&&t| t >= from && t < from + 1_000).count())
+        .max()
+        .unwrap_or(0);
+    eprintln!("500 jobs at 50/s over 3 processes: {took:?}; busiest second: {busiest} starts");
+    assert!(busiest <= 55, "{busiest} jobs started within one second");
+    assert!(
+        starts[starts.len() - 1] - starts[0] >= 9_000,
+        "the 500 starts spread over only {} ms",
+        starts[starts.len() - 1] - starts[0]
+    );
+
+    // Refusals are rescheduled, not failures; Redis, /metrics and `stats` agree.
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    let overrated: u64 = conn.hget("wasmjobs:limit:chaos:overrated", "rate").await.expect("HGET");
+    assert!(overrated > 0, "some jobs must have been over the limit");
+    let mut counted = 0.0;
+    let mut waited_long = 0.0;
+    for addr in &addrs {
+        let metrics = http_get(addr, "/metrics");
+        counted += sample(
+            &metrics,
+            "wasmjobs_limit_rescheduled_total{plugin=\"chaos\",reason=\"rate\"}",
+        );
+        let series = |le: &str| {
+            sample(
+                &metrics,
+                &format!(
+                    "wasmjobs_job_queue_latency_seconds_bucket{{class=\"ChaosJob\",version=\"{}\",le=\"{le}\"}}",
+                    version(&metrics)
+                ),
+            )
+        };
+        waited_long += series("+Inf") - series("5");
+    }
+    assert_eq!(counted as u64, overrated, "each refusal is counted once");
+    assert!(
+        waited_long >= 1.0,
+        "the last jobs waited ≥ 9 s since their enqueue: the queue latency must show it"
+    );
+    let stats = wasmjobs_in(
+        dir.path(),
+        &["stats", "--redis", &redis.url(), "--json"],
+        &[] as &[(&str, &str)],
+        Duration::from_secs(30),
+    );
+    assert!(stats.status.success());
+    let stats: Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    let chaos = &stats["limits"]["plugins"][0];
+    assert_eq!(chaos["plugin"], "chaos", "{stats}");
+    assert_eq!(chaos["overrated_rate"].as_u64(), Some(overrated), "{stats}");
+    for runner in &mut runners {
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
+}
+
+/// The plugin version in a runner's metrics (one version loaded).
+fn version(metrics: &str) -> String {
+    let at = metrics
+        .find("class=\"ChaosJob\",version=\"")
+        .expect("ChaosJob in /metrics")
+        + "class=\"ChaosJob\",version=\"".len();
+    metrics[at..].split('"').next().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_concurrency_holds_across_three_processes_and_spares_other_keys() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = chaos_with("[limits.per_key]\nkey = \"args.2\"\nconcurrency = 2");
+    let file = dir.path().join("chaos/data/conc.log");
+    let (mut runners, _) = three_runners(&redis, dir.path(), &["--concurrency", "10"]);
+
+    let mut jobs = Vec::new();
+    for i in 0..12 {
+        jobs.push(json!(["span", "conc.log", "a", 300]));
+        if i % 2 == 0 {
+            jobs.push(json!(["span", "conc.log", "b", 300]));
+            jobs.push(json!(["span", "conc.log", "c", 300]));
+        }
+    }
+    push(&mut conn, "ChaosJob", "default", jobs).await;
+    wait_ended(&file, 24, Duration::from_secs(120), &runners).await;
+
+    let spans = spans(&file);
+    let by_key: BTreeMap<&str, Vec<&Span>> = spans.iter().fold(BTreeMap::new(), |mut map, s| {
+        map.entry(s.key.as_str()).or_insert_with(Vec::new).push(s);
+        map
+    });
+    for (key, spans) in &by_key {
+        let most = max_overlap(spans.iter().copied());
+        assert!(most <= 2, "{most} jobs of key {key} ran at once: {spans:?}");
+    }
+    assert_eq!(max_overlap(by_key["a"].iter().copied()), 2, "key a used its 2 slots");
+    let together = max_overlap(spans.iter());
+    assert!(
+        together >= 4,
+        "other keys ran beside key a (at most {together} at once)"
+    );
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+
+    // Every lease is released when its job ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let keys: Vec<String> = conn.keys("wasmjobs:limit:chaos:key:*:leases").await.expect("KEYS");
+        let mut held = 0u64;
+        for key in &keys {
+            held += conn.zcard::<_, u64>(key).await.expect("ZCARD");
+        }
+        if held == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{held} leases still held after every job ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for runner in &mut runners {
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_process_frees_its_leases_within_its_heartbeat_expiry() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = chaos_with("[limits.per_key]\nkey = \"args.2\"\nconcurrency = 2");
+    let file = dir.path().join("chaos/data/kill.log");
+
+    // A takes both slots of key k with jobs that would run for ten minutes
+    // (and, with two slots of its own, no other job).
+    let mut holder = Runner::start(
+        &redis.url(),
+        dir.path(),
+        &["--concurrency", "2", "--poll-interval", "0.1"],
+    );
+    holder.wait_running();
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![json!(["span", "kill.log", "k", 600_000]); 2],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while spans(&file).len() < 2 {
+        assert!(Instant::now() < deadline, "{}", holder.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leases: Vec<String> = conn.keys("wasmjobs:limit:chaos:key:*:leases").await.expect("KEYS");
+    assert_eq!(leases.len(), 1);
+    assert_eq!(conn.zcard::<_, u64>(&leases[0]).await.expect("ZCARD"), 2);
+
+    // Two more processes; A's jobs, once recovered, are buried (so they
+    // do not take the key again), and the short ones wait for key k.
+    let mut others: Vec<Runner> = (0..2)
+        .map(|_| {
+            Runner::start(
+                &redis.url(),
+                dir.path(),
+                &["--concurrency", "5", "--poll-interval", "0.1", "--max-recoveries", "0"],
+            )
+        })
+        .collect();
+    for runner in &mut others {
+        runner.wait_running();
+    }
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![json!(["span", "kill.log", "k", 50]); 3],
+    )
+    .await;
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![json!(["span", "kill.log", "other", 50]); 2],
+    )
+    .await;
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+    };
+    holder.signal("KILL");
+    holder.wait(Duration::from_secs(10));
+    let killed_at = now_ms();
+
+    // Other keys are not held up.
+    wait_ended(&file, 2, Duration::from_secs(10), &others).await;
+    // Key k's jobs run once A's leases expire.
+    wait_ended(&file, 5, Duration::from_secs(90), &others).await;
+    let spans = spans(&file);
+    let short_k: Vec<&Span> = spans.iter().filter(|s| s.key == "k" && s.end.is_some()).collect();
+    assert_eq!(short_k.len(), 3, "{spans:?}");
+    let first = short_k.iter().map(|s| s.start).min().unwrap_or(0);
+    let heartbeat_expiry = 60_000;
+    eprintln!(
+        "key k ran again {} ms after its holder was killed",
+        first as i64 - killed_at as i64
+    );
+    assert!(
+        first <= killed_at + heartbeat_expiry + 10_000,
+        "key k stayed locked {} ms after its holder died",
+        first.saturating_sub(killed_at)
+    );
+    // Renewed every 10 s for 30 s: the leases outlive the kill by ≥ 20 s.
+    assert!(
+        first >= killed_at + 15_000,
+        "key k ran {} ms after the kill, while its leases were still valid",
+        first as i64 - killed_at as i64
+    );
+    assert!(max_overlap(spans.iter().filter(|s| s.key == "k" && s.end.is_some())) <= 2);
+    for runner in &mut others {
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
+}
