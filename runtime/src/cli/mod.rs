@@ -63,7 +63,7 @@ pub enum Command {
     Plugins(plugins::PluginsArgs),
     /// Push jobs into Redis, in Sidekiq's format.
     Enqueue(enqueue::EnqueueArgs),
-    /// Show queues, counters and live processes (of wasmjobs or Sidekiq).
+    /// Show queues, counters, live processes (of wasmjobs or Sidekiq) and cluster limits.
     Stats(stats::StatsArgs),
     /// Create a plugin directory ready to build: rust, python or js.
     New(new::NewArgs),
