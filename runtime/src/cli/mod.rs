@@ -3,6 +3,9 @@
 //! - `wasmjobs run --plugins DIR`: the job runner ([`run`]).
 //! - `wasmjobs enqueue CLASS [ARGS_JSON]` / `wasmjobs stats`: push jobs and
 //!   read the state, Sidekiq-compatible ([`enqueue`], [`stats`]).
+//! - `wasmjobs cancel JID...`, `wasmjobs pause|resume QUEUE...`: stop jobs
+//!   wherever they are, stop and start fetching from queues, in every
+//!   process ([`cancel`], [`pause`]).
 //! - `wasmjobs exec --plugins DIR CLASS [ARGS_JSON]`: run one job through
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
@@ -15,9 +18,11 @@
 //! 2 on a usage or setup error.
 
 pub mod build;
+pub mod cancel;
 pub mod enqueue;
 pub mod exec;
 pub mod new;
+pub mod pause;
 pub mod plugins;
 pub mod run;
 mod sdk;
@@ -65,6 +70,12 @@ pub enum Command {
     Enqueue(enqueue::EnqueueArgs),
     /// Show queues, counters and live processes (of wasmjobs or Sidekiq).
     Stats(stats::StatsArgs),
+    /// Cancel jobs: take them out of their queue, schedule or retry set, or stop them where they run.
+    Cancel(cancel::CancelArgs),
+    /// Stop fetching from queues in every process (no queue: list the paused ones).
+    Pause(pause::PauseArgs),
+    /// Start fetching from paused queues again.
+    Resume(pause::PauseArgs),
     /// Create a plugin directory ready to build: rust, python or js.
     New(new::NewArgs),
     /// Build a plugin directory's component (installing its toolchain on first use).
@@ -158,7 +169,12 @@ pub fn main() -> ExitCode {
         Command::Exec(_) => "warn,wasmjobs::compile=info,wasmjobs::guest=off,wasmjobs::sandbox=error",
         Command::Run(_) => "info",
         Command::Plugins(_) | Command::Build(_) => "warn,wasmjobs::compile=info",
-        Command::Enqueue(_) | Command::Stats(_) | Command::New(_) => "warn",
+        Command::Enqueue(_)
+        | Command::Stats(_)
+        | Command::New(_)
+        | Command::Cancel(_)
+        | Command::Pause(_)
+        | Command::Resume(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -169,6 +185,9 @@ pub fn main() -> ExitCode {
         Command::Plugins(args) => plugins::run(&cli, args),
         Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
         Command::Stats(args) => runtime().and_then(|rt| rt.block_on(stats::run(&cli, args))),
+        Command::Cancel(args) => runtime().and_then(|rt| rt.block_on(cancel::run(&cli, args))),
+        Command::Pause(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, true))),
+        Command::Resume(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, false))),
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(&cli, args),
     };

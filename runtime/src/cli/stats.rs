@@ -90,6 +90,16 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
         "enqueued {}   scheduled {}   retry {}   dead {}",
         stats.enqueued, stats.scheduled, stats.retries, stats.dead
     );
+    let _ = writeln!(
+        out,
+        "cancelled {} ({} kept)   paused queues: {}",
+        stats.control.cancelled,
+        stats.control.cancelled_kept,
+        match stats.control.paused.is_empty() {
+            true => "none".to_owned(),
+            false => stats.control.paused.join(", "),
+        }
+    );
 
     out.push('\n');
     if stats.queues.is_empty() {
@@ -103,7 +113,12 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
             } else {
                 age(queue.latency_secs)
             };
-            let _ = writeln!(out, "{:<width$}  {:>10}  {:>9}", queue.name, queue.size, latency);
+            let paused = if queue.paused { "  paused" } else { "" };
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>10}  {:>9}{paused}",
+                queue.name, queue.size, latency
+            );
         }
     }
 
@@ -185,11 +200,25 @@ mod tests {
             retries: 4,
             dead: 5,
             enqueued: 7,
-            queues: vec![QueueStats {
-                name: "default".into(),
-                size: 7,
-                latency_secs: 12.5,
-            }],
+            queues: vec![
+                QueueStats {
+                    name: "default".into(),
+                    size: 7,
+                    latency_secs: 12.5,
+                    paused: false,
+                },
+                QueueStats {
+                    name: "low".into(),
+                    size: 0,
+                    latency_secs: 0.0,
+                    paused: true,
+                },
+            ],
+            control: crate::redis::api::ControlStats {
+                paused: vec!["low".into()],
+                cancelled: 3,
+                cancelled_kept: 2,
+            },
             processes: vec![ProcessInfo {
                 identity: "host:1:abc".into(),
                 hostname: "host".into(),
@@ -212,6 +241,8 @@ mod tests {
         assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
         assert!(text.contains("default           7      12.5s"), "{text}");
+        assert!(text.contains("low               0          -  paused"), "{text}");
+        assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");
         assert!(
             text.contains("host:1:abc  app       3/10       2.0  no      5.0s ago"),
             "{text}"

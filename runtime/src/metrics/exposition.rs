@@ -30,7 +30,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
         "Jobs finished, by class, plugin version and outcome.",
     );
     for ((class, version), stats) in &snapshot {
-        let success = stats.processed - stats.failed - stats.discarded;
+        let success = stats.processed - stats.failed - stats.discarded - stats.cancelled;
         let dropped = stats.failed - stats.retried - stats.dead;
         for (outcome, count) in [
             ("success", success),
@@ -38,6 +38,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
             ("dead", stats.dead),
             ("discard", stats.discarded),
             ("drop", dropped),
+            ("cancelled", stats.cancelled),
         ] {
             let _ = writeln!(
                 out,
@@ -174,6 +175,12 @@ pub fn prometheus(metrics: &Metrics) -> String {
         "wasmjobs_outcomes_pending",
         "Job outcomes decided but not yet written to Redis.",
         p.outcomes_pending as f64,
+    );
+    gauge(
+        &mut out,
+        "wasmjobs_queues_paused",
+        "Queues this process serves that are paused (wasmjobs pause; Sidekiq Pro's paused set).",
+        p.paused_queues as f64,
     );
     family(
         &mut out,

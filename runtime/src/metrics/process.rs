@@ -65,6 +65,8 @@ pub struct ProcessGauges {
     /// Job outcomes decided but not written to Redis yet (the batch being
     /// written and those queued behind it).
     pub outcomes_pending: AtomicU64,
+    /// Queues of this process that are paused now.
+    pub paused_queues: AtomicU64,
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -98,6 +100,8 @@ pub struct ProcessSnapshot {
     pub outcome_write_failures: u64,
     /// Job outcomes not written to Redis yet.
     pub outcomes_pending: u64,
+    /// Queues of this process paused now.
+    pub paused_queues: u64,
 }
 
 /// Warm instances idle now, and instance counters since start.
@@ -155,6 +159,7 @@ impl ProcessGauges {
             started_at: get(&self.started_at_ms) as f64 / 1000.0,
             outcome_write_failures: get(&self.outcome_write_failures),
             outcomes_pending: get(&self.outcomes_pending),
+            paused_queues: get(&self.paused_queues),
         }
     }
 

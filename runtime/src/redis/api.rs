@@ -36,6 +36,19 @@ pub struct Stats {
     pub queues: Vec<QueueStats>,
     /// Live processes (with a heartbeat), by identity.
     pub processes: Vec<ProcessInfo>,
+    /// Control: paused queues and cancelled jobs.
+    pub control: ControlStats,
+}
+
+/// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ControlStats {
+    /// Queues in the `paused` set (Sidekiq Pro's), sorted.
+    pub paused: Vec<String>,
+    /// Jobs cancelled in all.
+    pub cancelled: u64,
+    /// Cancelled jobs kept in the cancelled set.
+    pub cancelled_kept: u64,
 }
 
 /// One queue.
@@ -47,6 +60,8 @@ pub struct QueueStats {
     pub size: u64,
     /// Seconds the oldest waiting job has waited (0 when empty).
     pub latency_secs: f64,
+    /// Whether it is paused (no process fetches from it).
+    pub paused: bool,
 }
 
 /// One live worker process, from its heartbeat hash.
@@ -128,6 +143,7 @@ where
     let mut replies = replies.into_iter();
     let mut next = || replies.next().unwrap_or(Value::Nil);
 
+    let control = control_stats(conn).await?;
     let now = now_f64();
     let mut queues = Vec::with_capacity(queue_names.len());
     for name in queue_names {
@@ -141,6 +157,7 @@ where
             .and_then(|payload| payload.time("enqueued_at"));
         let latency_secs = enqueued_at.map_or(0.0, |at| (now - at).max(0.0));
         queues.push(QueueStats {
+            paused: control.paused.contains(&name),
             name,
             size,
             latency_secs,
@@ -177,6 +194,28 @@ where
         enqueued: queues.iter().map(|q| q.size).sum(),
         queues,
         processes,
+        control,
+    })
+}
+
+/// Paused queues and the cancelled counters, one round trip.
+async fn control_stats<C>(conn: &mut C) -> Result<ControlStats>
+where
+    C: ConnectionLike + Send,
+{
+    let (paused, cancelled, cancelled_kept): (Vec<Vec<u8>>, Option<Vec<u8>>, u64) = redis::pipe()
+        .smembers(keys::PAUSED)
+        .get(keys::STAT_CANCELLED)
+        .zcard(keys::CANCELLED)
+        .query_async(conn)
+        .await
+        .context("cannot read paused queues and cancelled jobs from Redis")?;
+    let mut paused: Vec<String> = paused.into_iter().map(lossy).collect();
+    paused.sort();
+    Ok(ControlStats {
+        paused,
+        cancelled: counter(cancelled),
+        cancelled_kept,
     })
 }
 

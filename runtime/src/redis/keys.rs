@@ -58,3 +58,29 @@ pub fn workers(identity: &str) -> String {
 pub fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
+
+/// SET of paused queue names, bare (Sidekiq Pro's `paused`; Sidekiq's own
+/// `Stats#queue_summaries` reads it).
+pub const PAUSED: &str = "paused";
+/// Pub/sub channel on which `wasmjobs cancel`, `pause` and `resume` tell
+/// every running process at once.
+pub const CONTROL_CHANNEL: &str = "wasmjobs:control";
+/// ZSET of cancelled jobs (score: cancel time), each payload with
+/// `cancelled_at` and `cancelled_by`; capped like the dead set.
+pub const CANCELLED: &str = "wasmjobs:cancelled";
+/// Jobs cancelled in all.
+pub const STAT_CANCELLED: &str = "wasmjobs:stat:cancelled";
+/// Seconds a cancel request (`cancelled-<jid>`) is kept: the Sidekiq wiki's day.
+pub const CANCEL_TTL_SECS: i64 = 86_400;
+
+/// A cancel request for `jid`, as the Sidekiq wiki's FAQ writes it (any
+/// value; wasmjobs writes who and when as JSON).
+pub fn cancel_request(jid: &str) -> String {
+    format!("cancelled-{jid}")
+}
+
+/// The iteration state of `jid` (Sidekiq ≥ 7.3.3), whose `cancelled` field
+/// `Sidekiq::Client#cancel!` sets.
+pub fn iteration(jid: &str) -> String {
+    format!("it-{jid}")
+}

@@ -21,6 +21,7 @@
 
 pub(crate) mod api;
 pub mod client;
+pub mod control;
 pub(crate) mod embedded;
 pub(crate) mod keys;
 pub mod payload;
@@ -90,6 +91,14 @@ impl Redis {
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
+            .with_context(|| format!("cannot connect to Redis at {}", self.location))
+    }
+
+    /// A connection of its own for pub/sub (the control channel).
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub> {
+        tokio::time::timeout(RESPONSE_TIMEOUT, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out connecting to Redis at {}", self.location))?
             .with_context(|| format!("cannot connect to Redis at {}", self.location))
     }
 

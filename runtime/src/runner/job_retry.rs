@@ -52,6 +52,12 @@ pub enum Write {
     },
     /// Failed with `retry: false` (or exhausted with `dead: false`): gone.
     Drop,
+    /// Cancelled (`wasmjobs cancel`): not retried; into the cancelled set
+    /// with who cancelled it and when.
+    Cancelled {
+        /// The payload with `cancelled_at`, `cancelled_by`, `cancelled_from`.
+        payload: String,
+    },
 }
 
 impl Write {

@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::cancel::Cancels;
 use super::fetched::Fetched;
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
@@ -38,9 +39,10 @@ use super::outcome::{self, Counters};
 use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
+use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
-use super::{RunOptions, RunSummary, fetch, monitor, os_limits};
+use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
 use crate::plugin::Catalog;
@@ -63,6 +65,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let catalog = reloader::live(catalog);
     let metrics = Arc::new(Metrics::new(options.metrics));
     let identity = Identity::current();
+    let paused = Paused::new(options.queues.names(), Some(metrics.clone()));
+    if let Err(err) = paused.refresh(&redis).await {
+        tracing::warn!("{err:#}; fetching from every queue until the paused set can be read");
+    }
     let source = source::open(
         redis.clone(),
         Settings {
@@ -72,6 +78,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             max_recoveries: options.max_recoveries,
             dead: options.dead,
         },
+        paused.clone(),
     );
     let counters = Arc::new(Counters::default());
     let inflight = Arc::new(InFlightTable::default());
@@ -87,7 +94,14 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         catalog: catalog.clone(),
         metrics: metrics.clone(),
     };
-    let manager = Manager::new(Arc::new(processor), options.concurrency, completions, inflight.clone());
+    let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
+    let manager = Manager::new(
+        Arc::new(processor),
+        options.concurrency,
+        completions,
+        inflight.clone(),
+        cancels.clone(),
+    );
 
     let done = CancellationToken::new();
     let stop = done.child_token();
@@ -132,6 +146,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     );
     tasks.spawn(release_unserved(poller, served));
     tasks.spawn(source::recover_orphans_periodically(source.clone(), stop.clone()));
+    tasks.spawn(paused.clone().run(redis.clone(), stop.clone()));
+    tasks.spawn(cancels.clone().run(stop.clone()));
+    tasks.spawn(control::listen(redis.clone(), cancels, paused.clone(), stop.clone()));
     let (commands_tx, mut commands) = mpsc::channel(4);
     let heartbeat = Arc::new(heartbeat);
     tasks.spawn(heartbeat.clone().run(commands_tx, done.clone()));

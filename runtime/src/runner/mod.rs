@@ -13,6 +13,8 @@
 //! | [`processor`] | one job: dispatch to its plugin, run it in the sandbox, decide |
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
 //! | [`outcome`] | the writer: batches what units hand over, has the source record them |
+//! | [`cancel`] | cancelled jobs: found at fetch, by message or by sweep; stopped where they are |
+//! | [`control`] | the control channel: cancels and pauses announced to every process |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
@@ -24,6 +26,8 @@
 //! → `processor` → sandbox → `job_retry` → `unit` → `outcome` → `source`
 //! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
+pub(crate) mod cancel;
+pub(crate) mod control;
 mod fetch;
 pub(crate) mod fetched;
 pub mod heartbeat;

@@ -54,6 +54,8 @@ pub struct Counters {
     pub discarded: AtomicU64,
     /// Jobs stopped at a shutdown deadline and sent back to their queues.
     pub requeued: AtomicU64,
+    /// Jobs cancelled (`wasmjobs cancel`) before or while they ran.
+    pub cancelled: AtomicU64,
 }
 
 impl Counters {
@@ -75,6 +77,8 @@ impl Counters {
             .fetch_add(count(|w| matches!(w, Write::Dead { .. })), Ordering::Relaxed);
         self.discarded
             .fetch_add(count(|w| matches!(w, Write::Discard)), Ordering::Relaxed);
+        self.cancelled
+            .fetch_add(count(|w| matches!(w, Write::Cancelled { .. })), Ordering::Relaxed);
     }
 }
 

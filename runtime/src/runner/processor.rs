@@ -17,20 +17,28 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::cancel::Registration;
 use super::job_retry::{self, Write};
 use super::reloader::LiveCatalog;
 use super::unit::TypedJob;
 use crate::job::Outcome;
 use crate::metrics::{Counted, JobRecord, Metrics};
 use crate::plugin::{Catalog, Plugin};
+use crate::redis::control::CancelRequest;
 use crate::redis::now_f64;
 use crate::sandbox::{ExecOptions, Executor};
 
 /// What the manager runs for each job: the processor, or a test double in
 /// unit tests of the runner core.
 pub(crate) trait Perform: Send + Sync {
-    /// Runs `job` and decides what to write for it.
-    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write>;
+    /// Runs `job` and decides what to write for it; stops it (and writes
+    /// it as cancelled) if `cancel` says so, before or while it runs.
+    fn perform<'a>(
+        &'a self,
+        job: &'a TypedJob,
+        slots: Slots<'a>,
+        cancel: Option<&'a Registration>,
+    ) -> BoxFuture<'a, Write>;
 }
 
 /// Runs jobs on the plugins of the live catalog.
@@ -41,11 +49,44 @@ pub(crate) struct Processor {
 }
 
 impl Perform for Processor {
-    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write> {
+    fn perform<'a>(
+        &'a self,
+        job: &'a TypedJob,
+        slots: Slots<'a>,
+        cancel: Option<&'a Registration>,
+    ) -> BoxFuture<'a, Write> {
         // The catalog as it is when the job starts: a reload from now on
         // does not change the version it runs on.
         let catalog = self.catalog.load_full();
-        async move { process(&self.executor, &catalog, &self.metrics, job, slots).await }.boxed()
+        async move {
+            let Some(cancel) = cancel else {
+                return process(&self.executor, &catalog, &self.metrics, job, slots).await;
+            };
+            cancel.check_at_start(&job.fetched.cancel).await;
+            let started = std::time::Instant::now();
+            if cancel.requested().is_none() {
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => {}
+                    write = process(&self.executor, &catalog, &self.metrics, job, slots) => return write,
+                }
+            }
+            // Cancelled: the job's future (its store, instance, HTTP
+            // requests and SQL statements) is gone by now.
+            let request = cancel.requested().cloned().unwrap_or_else(|| CancelRequest {
+                by: "unknown".into(),
+                at: now_f64(),
+            });
+            let (class, version) = match (&job.parsed, catalog.get(job.class())) {
+                (Ok((parsed, _)), Some(plugin)) => (parsed.class.as_str(), plugin.version.as_str()),
+                _ => (UNSERVED, ""),
+            };
+            let write = cancel.write(&job.fetched.raw, &request);
+            tracing::info!(jid = %job.jid(), class = %class, by = %request.by, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
+            record(&self.metrics, class, version, &write, None, Some(started.elapsed()));
+            write
+        }
+        .boxed()
     }
 }
 
@@ -133,6 +174,7 @@ fn record(
         Write::Retry { .. } => Counted::Retry,
         Write::Dead { .. } => Counted::Dead,
         Write::Drop => Counted::Drop,
+        Write::Cancelled { .. } => Counted::Cancelled,
     };
     metrics.record(&JobRecord {
         class,

@@ -3,7 +3,7 @@
 //! One `MULTI` per batch: each job leaves the in-progress list (reliable)
 //! together with its outcome — the `retry` entry, the dead-set entry (the
 //! one bury, which trims), or its return to the front of its queue — and
-//! the `stat:*` counters with their daily keys. All land or none does, so a
+//! the cancelled-set entry, and the `stat:*` counters with their daily keys. All land or none does, so a
 //! failed write can simply be retried.
 
 use super::dead::DeadSet;
@@ -63,6 +63,7 @@ pub(super) fn transaction(
                 pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();
             }
             Write::Dead { payload } => buried.push(payload.as_str()),
+            Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
         }
         if write.is_failure() {
             failed += 1;
