@@ -202,6 +202,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         retried: counters.retried.load(Ordering::Relaxed),
         dead: counters.dead.load(Ordering::Relaxed),
         discarded: counters.discarded.load(Ordering::Relaxed),
+        cancelled: counters.cancelled.load(Ordering::Relaxed),
         requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
         ..RunSummary::default()
     }

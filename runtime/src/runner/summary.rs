@@ -35,6 +35,8 @@ pub struct RunSummary {
     pub dead: u64,
     /// Jobs discarded by their guest.
     pub discarded: u64,
+    /// Jobs cancelled before or while they ran.
+    pub cancelled: u64,
     /// Jobs pushed back to their queue at shutdown.
     pub requeued: u64,
     /// Start-up: from the process's start until it began fetching jobs
@@ -182,8 +184,8 @@ impl RunSummary {
         }
         let _ = writeln!(
             out,
-            "failed {} (retry {}, dead {}), discarded {}, requeued {}",
-            self.failed, self.retried, self.dead, self.discarded, self.requeued
+            "failed {} (retry {}, dead {}), discarded {}, cancelled {}, requeued {}",
+            self.failed, self.retried, self.dead, self.discarded, self.cancelled, self.requeued
         );
         if self.classes.is_empty() {
             return out;
