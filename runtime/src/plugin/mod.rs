@@ -13,9 +13,11 @@ pub mod catalog;
 pub mod instances;
 pub mod limits;
 pub mod manifest;
+pub mod schedule;
 
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
 pub use instances::InstancePolicy;
 pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};
+pub use schedule::Schedule;

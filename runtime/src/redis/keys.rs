@@ -58,3 +58,12 @@ pub fn workers(identity: &str) -> String {
 pub fn signals(identity: &str) -> String {
     format!("{identity}-signals")
 }
+
+/// SET of the cron schedules' hash keys (sidekiq-cron 2.x, namespace
+/// `default`); see `redis::cron`.
+pub const CRON_JOBS: &str = "cron_jobs:default";
+
+/// The HASH of the cron schedule `name` (sidekiq-cron 2.x).
+pub fn cron_job(name: &str) -> String {
+    format!("cron_job:default:{name}")
+}
