@@ -263,8 +263,16 @@ impl CronPoller {
                 && let Some(tick) = tracked.expr.latest_at_or_before(from.floor() as i64)
             {
                 let entry = tracked.entry.clone();
-                if self.claim(&entry, tick, true).await? == Claim::Enqueued {
-                    tracing::info!(schedule = %entry.name, tick = %cron::iso8601(tick), "cron: caught up on a missed tick");
+                match self.claim(&entry, tick, true).await {
+                    Ok(Claim::Enqueued) => {
+                        tracing::info!(schedule = %entry.name, tick = %cron::iso8601(tick), "cron: caught up on a missed tick")
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        // Seen as new again at the next try, so the catch-up is not lost.
+                        self.tracked.remove(&key);
+                        return Err(err);
+                    }
                 }
             }
         }
