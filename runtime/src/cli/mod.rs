@@ -10,6 +10,8 @@
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
 //!   and why any plugin was refused ([`plugins`]).
+//! - `wasmjobs schedule`: the cron schedules in Redis and their next run
+//!   ([`schedule`]).
 //! - `wasmjobs new rust|python|js DIR` / `wasmjobs build DIR`: a first
 //!   plugin from a template, built with the pinned toolchain, from
 //!   anywhere ([`new`], [`build`]).
@@ -25,6 +27,7 @@ pub mod new;
 pub mod pause;
 pub mod plugins;
 pub mod run;
+pub mod schedule;
 mod sdk;
 pub mod stats;
 
@@ -80,6 +83,8 @@ pub enum Command {
     New(new::NewArgs),
     /// Build a plugin directory's component (installing its toolchain on first use).
     Build(build::BuildArgs),
+    /// List the cron schedules in Redis (plugins' and sidekiq-cron's) with their next run.
+    Schedule(schedule::ScheduleArgs),
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -174,7 +179,8 @@ pub fn main() -> ExitCode {
         | Command::New(_)
         | Command::Cancel(_)
         | Command::Pause(_)
-        | Command::Resume(_) => "warn",
+        | Command::Resume(_)
+        | Command::Schedule(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -190,6 +196,7 @@ pub fn main() -> ExitCode {
         Command::Resume(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, false))),
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(&cli, args),
+        Command::Schedule(args) => runtime().and_then(|rt| rt.block_on(schedule::run(&cli, args))),
     };
     match result {
         Ok(code) => code,

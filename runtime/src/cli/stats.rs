@@ -40,11 +40,20 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     let result = async {
         loop {
             let stats = api::stats(&mut conn).await?;
+            let schedules = Schedules::read(&mut conn).await?;
+            let json = WithSchedules {
+                stats: &stats,
+                schedules,
+            };
             let text = match (args.json, args.watch) {
-                (true, None) => serde_json::to_string_pretty(&stats).context("cannot serialise the stats")? + "\n",
-                (true, Some(_)) => serde_json::to_string(&stats).context("cannot serialise the stats")? + "\n",
-                (false, None) => render(&stats, &redis.location, now_f64()),
-                (false, Some(_)) => format!("{CLEAR}{}", render(&stats, &redis.location, now_f64())),
+                (true, None) => serde_json::to_string_pretty(&json).context("cannot serialise the stats")? + "\n",
+                (true, Some(_)) => serde_json::to_string(&json).context("cannot serialise the stats")? + "\n",
+                (false, None) => render(&stats, &redis.location, now_f64()) + &schedules.render(),
+                (false, Some(_)) => format!(
+                    "{CLEAR}{}{}",
+                    render(&stats, &redis.location, now_f64()),
+                    schedules.render()
+                ),
             };
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes()).context("cannot write to stdout")?;
@@ -65,6 +74,47 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     .await;
     redis.close().await?;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// The stats document plus the cron schedules (`--json`).
+#[derive(serde::Serialize)]
+struct WithSchedules<'a> {
+    #[serde(flatten)]
+    stats: &'a Stats,
+    schedules: Schedules,
+}
+
+/// How many cron schedules Redis holds (`wasmjobs schedule` lists them).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Schedules {
+    /// Every schedule in `cron_jobs:default`.
+    total: usize,
+    /// Of those, enabled.
+    enabled: usize,
+    /// Of those, declared by wasmjobs plugins.
+    from_plugins: usize,
+}
+
+impl Schedules {
+    async fn read(conn: &mut redis::aio::ConnectionManager) -> Result<Self> {
+        let listing = crate::redis::cron::list(conn).await?;
+        let entries = &listing.entries;
+        Ok(Self {
+            total: entries.len(),
+            enabled: entries.iter().filter(|e| e.enabled).count(),
+            from_plugins: entries.iter().filter(|e| e.plugin.is_some()).count(),
+        })
+    }
+
+    fn render(&self) -> String {
+        match self.total {
+            0 => "\nno cron schedules\n".to_owned(),
+            total => format!(
+                "\ncron schedules {total}   enabled {}   from plugins {}   (wasmjobs schedule lists them)\n",
+                self.enabled, self.from_plugins
+            ),
+        }
+    }
 }
 
 /// `--watch`: a positive number of seconds.

@@ -196,6 +196,15 @@ pub fn prometheus(metrics: &Metrics) -> String {
     ] {
         let _ = writeln!(out, "wasmjobs_plugin_reloads_total{{outcome=\"{outcome}\"}} {count}");
     }
+    family(
+        &mut out,
+        "wasmjobs_cron_ticks_total",
+        "counter",
+        "Cron ticks this process tried to claim: enqueued here, or lost to another process.",
+    );
+    for (outcome, count) in [("enqueued", p.cron.enqueued), ("lost", p.cron.lost)] {
+        let _ = writeln!(out, "wasmjobs_cron_ticks_total{{outcome=\"{outcome}\"}} {count}");
+    }
     out
 }
 

@@ -67,6 +67,10 @@ pub struct ProcessGauges {
     pub outcomes_pending: AtomicU64,
     /// Queues of this process that are paused now.
     pub paused_queues: AtomicU64,
+    /// Cron ticks this process claimed and enqueued.
+    pub cron_enqueued: AtomicU64,
+    /// Cron ticks another process (or sidekiq-cron) claimed first.
+    pub cron_lost: AtomicU64,
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -102,6 +106,17 @@ pub struct ProcessSnapshot {
     pub outcomes_pending: u64,
     /// Queues of this process paused now.
     pub paused_queues: u64,
+    /// Cron ticks claimed by this process, by outcome.
+    pub cron: CronTicks,
+}
+
+/// Cron ticks this process tried to claim, by outcome.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct CronTicks {
+    /// Claimed and enqueued here.
+    pub enqueued: u64,
+    /// Claimed first by another process.
+    pub lost: u64,
 }
 
 /// Warm instances idle now, and instance counters since start.
@@ -160,6 +175,10 @@ impl ProcessGauges {
             outcome_write_failures: get(&self.outcome_write_failures),
             outcomes_pending: get(&self.outcomes_pending),
             paused_queues: get(&self.paused_queues),
+            cron: CronTicks {
+                enqueued: get(&self.cron_enqueued),
+                lost: get(&self.cron_lost),
+            },
         }
     }
 

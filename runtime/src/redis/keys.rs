@@ -84,3 +84,12 @@ pub fn cancel_request(jid: &str) -> String {
 pub fn iteration(jid: &str) -> String {
     format!("it-{jid}")
 }
+
+/// SET of the cron schedules' hash keys (sidekiq-cron 2.x, namespace
+/// `default`); see `redis::cron`.
+pub const CRON_JOBS: &str = "cron_jobs:default";
+
+/// The HASH of the cron schedule `name` (sidekiq-cron 2.x).
+pub fn cron_job(name: &str) -> String {
+    format!("cron_job:default:{name}")
+}

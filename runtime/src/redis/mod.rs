@@ -11,6 +11,7 @@
 //! - [`embedded`]: the private `redis-server` used when no URL is given.
 //! - [`client`]: the write side for producers (`push`, `push_bulk`, scheduling).
 //! - [`api`]: the read side (`wasmjobs stats`).
+//! - [`cron`]: cron schedules in sidekiq-cron's format: register, list, claim a tick.
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
 //! component uses for ordinary commands: the fetch's Lua script (which pops
@@ -22,6 +23,7 @@
 pub(crate) mod api;
 pub mod client;
 pub mod control;
+pub mod cron;
 pub(crate) mod embedded;
 pub(crate) mod keys;
 pub mod payload;

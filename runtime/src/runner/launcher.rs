@@ -4,11 +4,11 @@
 //! Start: connect to Redis (or start the embedded server), load the plugins
 //! (compiling off the async threads), open the job source, write the first
 //! heartbeat (which registers the process), recover orphans, then start the
-//! outcome writer, the fetch loop, the scheduled poller, orphan recovery,
-//! the reloader, the monitor and the heartbeat.
+//! outcome writer, the fetch loop, the scheduled poller, the cron poller,
+//! orphan recovery, the reloader, the monitor and the heartbeat.
 //!
 //! Shutdown is a tree of cancellation tokens: `done` (heartbeat, monitor)
-//! → `stop` (poller, reloader, orphan recovery) → `quiet` (the fetch loop).
+//! → `stop` (pollers, reloader, orphan recovery) → `quiet` (the fetch loop).
 //! SIGTSTP (or TSTP from the Web UI) cancels `quiet` only; "quiet" is
 //! logged once the fetch loop has stopped. SIGTERM, SIGINT, TERM from the
 //! Web UI or `--exit-when-empty` run [`shut_down`]: quiet, wait up to the
@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::cancel::Cancels;
+use super::cron::{CronPoller, PluginSchedules};
 use super::fetched::Fetched;
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
@@ -133,6 +134,17 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let poller = Arc::new(Poller::new(redis.clone(), options.poll_interval, options.dead));
     tasks.spawn(poller.clone().run(stop.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
+    let (schedules_tx, schedules) = mpsc::unbounded_channel();
+    let loaded = catalog
+        .load()
+        .plugins()
+        .iter()
+        .map(|plugin| PluginSchedules::Loaded {
+            plugin: plugin.name.clone(),
+            schedules: plugin.manifest.schedules.clone(),
+        })
+        .collect();
+    tasks.spawn(CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone()));
     tasks.spawn(
         Reloader::new(
             options.plugins.clone(),
@@ -141,6 +153,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             catalog.clone(),
         )
         .on_new_classes(served_tx)
+        .on_schedules(schedules_tx)
         .with_metrics(metrics.clone())
         .run(stop.clone()),
     );

@@ -16,6 +16,7 @@
 //! | [`cancel`] | cancelled jobs: found at fetch, by message or by sweep; stopped where they are |
 //! | [`control`] | the control channel: cancels and pauses announced to every process |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
+//! | [`cron`] | enqueue each tick of the cron schedules exactly once across processes |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
 //! | [`monitor`] | the process sampler, the `/metrics` endpoint, the `--exit-when-empty` check |
@@ -28,6 +29,7 @@
 
 pub(crate) mod cancel;
 pub(crate) mod control;
+pub(crate) mod cron;
 mod fetch;
 pub(crate) mod fetched;
 pub mod heartbeat;
