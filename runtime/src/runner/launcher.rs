@@ -86,6 +86,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         executor: executor.clone(),
         catalog: catalog.clone(),
         metrics: metrics.clone(),
+        redis: redis.clone(),
     };
     let manager = Manager::new(Arc::new(processor), options.concurrency, completions, inflight.clone());
 
