@@ -17,7 +17,8 @@
 //!   anywhere ([`new`], [`build`]).
 //!
 //! Exit status: 0 on success, 1 when a job failed or a plugin is broken,
-//! 2 on a usage or setup error.
+//! 2 on a usage or setup error, 3 when `enqueue` refused a duplicate of a
+//! unique job.
 
 pub mod build;
 pub mod cancel;

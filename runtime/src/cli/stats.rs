@@ -150,6 +150,10 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
             false => stats.control.paused.join(", "),
         }
     );
+    if stats.unique_locks > 0 {
+        let more = if stats.unique_locks_exact { "" } else { "+" };
+        let _ = writeln!(out, "unique locks {}{more}", stats.unique_locks);
+    }
 
     out.push('\n');
     if stats.queues.is_empty() {
@@ -285,11 +289,14 @@ mod tests {
                 version: None,
                 plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
             }],
+            unique_locks: 2,
+            unique_locks_exact: false,
         };
         let text = render(&stats, "redis://x", 100.0);
         assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
         assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
+        assert!(text.contains("unique locks 2+"), "{text}");
         assert!(text.contains("default           7      12.5s"), "{text}");
         assert!(text.contains("low               0          -  paused"), "{text}");
         assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");

@@ -184,6 +184,13 @@ pub fn prometheus(metrics: &Metrics) -> String {
     );
     family(
         &mut out,
+        "wasmjobs_unique_locks_released_total",
+        "counter",
+        "Unique-job locks released by this process: jobs carrying one that ended for good, or started with unique_until start (a lock already expired or taken by a newer job is left alone but counted).",
+    );
+    let _ = writeln!(out, "wasmjobs_unique_locks_released_total {}", p.unique_locks_released);
+    family(
+        &mut out,
         "wasmjobs_plugin_reloads_total",
         "counter",
         "Hot reloads of plugins, by outcome.",

@@ -71,6 +71,8 @@ pub struct ProcessGauges {
     pub cron_enqueued: AtomicU64,
     /// Cron ticks another process (or sidekiq-cron) claimed first.
     pub cron_lost: AtomicU64,
+    /// Unique-job locks this process released (see `docs/unique-jobs.md`).
+    pub unique_locks_released: AtomicU64,
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -108,6 +110,8 @@ pub struct ProcessSnapshot {
     pub paused_queues: u64,
     /// Cron ticks claimed by this process, by outcome.
     pub cron: CronTicks,
+    /// Unique-job locks released.
+    pub unique_locks_released: u64,
 }
 
 /// Cron ticks this process tried to claim, by outcome.
@@ -179,6 +183,7 @@ impl ProcessGauges {
                 enqueued: get(&self.cron_enqueued),
                 lost: get(&self.cron_lost),
             },
+            unique_locks_released: get(&self.unique_locks_released),
         }
     }
 

@@ -2,8 +2,9 @@
 //!
 //! `wasmjobs stats` reads only Sidekiq's own keys, the way Sidekiq reads
 //! them, so it describes a plain Sidekiq deployment as well as a wasmjobs
-//! one (the one wasmjobs-only number, `discarded`, is then 0). Two
-//! pipelined round trips whatever the number of queues and processes.
+//! one (the wasmjobs-only numbers, `discarded` and `unique_locks`, are then
+//! 0). Two pipelined round trips whatever the number of queues and
+//! processes, plus a bounded `SCAN` counting the unique-job locks.
 
 use anyhow::{Context, Result};
 use redis::Value;
@@ -38,6 +39,11 @@ pub struct Stats {
     pub processes: Vec<ProcessInfo>,
     /// Control: paused queues and cancelled jobs.
     pub control: ControlStats,
+    /// Unique-job locks held now (`wasmjobs:unique:*`, counted by a
+    /// bounded SCAN: a lower bound when `unique_locks_exact` is false).
+    pub unique_locks: u64,
+    /// Whether the SCAN finished ([`MAX_SCANNED_KEYS`]).
+    pub unique_locks_exact: bool,
 }
 
 /// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
@@ -50,6 +56,10 @@ pub struct ControlStats {
     /// Cancelled jobs kept in the cancelled set.
     pub cancelled_kept: u64,
 }
+
+/// Most keys the count of unique locks looks at (`SCAN … COUNT 1000`, so
+/// at most 100 round trips); past it the count is a lower bound.
+pub const MAX_SCANNED_KEYS: u64 = 100_000;
 
 /// One queue.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -184,6 +194,7 @@ where
             .context("cannot prune processes without a heartbeat")?;
     }
 
+    let (unique_locks, unique_locks_exact) = super::unique::count_locks(conn, MAX_SCANNED_KEYS).await?;
     Ok(Stats {
         processed: counter(processed),
         failed: counter(failed),
@@ -195,6 +206,8 @@ where
         queues,
         processes,
         control,
+        unique_locks,
+        unique_locks_exact,
     })
 }
 

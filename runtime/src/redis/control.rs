@@ -238,11 +238,15 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
     Ok(Found::Running(running))
 }
 
-/// Records `raw` as cancelled (the set, trimmed, and the counter).
+/// Records `raw` as cancelled (the set, trimmed, and the counter) and
+/// releases its unique lock, if it holds one: it is gone for good.
 async fn record<C: ConnectionLike + Send>(conn: &mut C, raw: &str, request: &CancelRequest, from: &str) -> Result<()> {
     let mut pipe = redis::pipe();
     pipe.atomic();
     stage_cancelled(&mut pipe, &cancelled_payload(raw, request, from), request.at);
+    if let Some((lock, _)) = super::unique::Lock::from_payload(raw) {
+        lock.stage_release(&mut pipe);
+    }
     pipe.exec_async(conn).await.context("cannot record the cancelled job")
 }
 

@@ -3,10 +3,9 @@
 //! Sidekiq's own keys keep Sidekiq's names (so its clients, API and Web UI
 //! see our state); keys only wasmjobs uses live under `wasmjobs:`.
 
-/// SET of known queue names.
-pub const QUEUES: &str = "queues";
-/// ZSET of jobs to run later (score: epoch seconds).
-pub const SCHEDULE: &str = "schedule";
+// The producer's keys (queues, schedule, unique locks) are the client
+// crate's, written once.
+pub use wasmjobs_client::keys::{QUEUES, SCHEDULE, queue};
 /// ZSET of failed jobs awaiting a retry (score: retry time).
 pub const RETRY: &str = "retry";
 /// ZSET of jobs out of retries (score: death time).
@@ -28,11 +27,6 @@ pub const ORIGINS: &str = "wasmjobs:origins";
 pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 /// Heartbeat keys expire after this many seconds without a beat.
 pub const HEARTBEAT_TTL_SECS: i64 = 60;
-
-/// The pending list of `queue`.
-pub fn queue(queue: &str) -> String {
-    format!("queue:{queue}")
-}
 
 /// A daily stat key, e.g. `stat:processed:2026-11-30`.
 pub fn daily(stat: &str, date: &str) -> String {

@@ -94,6 +94,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         executor: executor.clone(),
         catalog: catalog.clone(),
         metrics: metrics.clone(),
+        redis: redis.clone(),
     };
     let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
     let manager = Manager::new(

@@ -142,6 +142,8 @@ impl Writer {
                 );
             }
             self.counters.add(&batch);
+            let released = super::source::unique::released(&batch);
+            gauges.unique_locks_released.fetch_add(released, Ordering::Relaxed);
             self.inflight.remove(batch.iter().map(|c| c.id));
             batch.clear();
             gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! One job, from its unit of work to a decision: find the
-//! plugin for its class (dispatch), run it in the sandbox, and apply the
-//! retry policy. Never fails: a malformed payload goes to the dead set with
+//! plugin for its class (dispatch), run it in the sandbox (releasing a
+//! `unique_until: "start"` lock just before), and apply the retry policy. Never fails: a malformed payload goes to the dead set with
 //! a clear `error_message`; a class no plugin serves (not deployed yet, or
 //! removed while a new version is on its way) is retried with backoff, so
 //! it runs once a plugin for it appears ([`job_retry::unserved`]).
@@ -11,6 +11,7 @@
 //! as `(malformed)`.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -20,12 +21,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::cancel::Registration;
 use super::job_retry::{self, Write};
 use super::reloader::LiveCatalog;
+use super::source::unique;
 use super::unit::TypedJob;
 use crate::job::Outcome;
 use crate::metrics::{Counted, JobRecord, Metrics};
 use crate::plugin::{Catalog, Plugin};
 use crate::redis::control::CancelRequest;
-use crate::redis::now_f64;
+use crate::redis::{Redis, now_f64};
 use crate::sandbox::{ExecOptions, Executor};
 
 /// What the manager runs for each job: the processor, or a test double in
@@ -46,6 +48,8 @@ pub(crate) struct Processor {
     pub(crate) executor: Arc<Executor>,
     pub(crate) catalog: LiveCatalog,
     pub(crate) metrics: Arc<Metrics>,
+    /// For releasing `unique_until: "start"` locks as jobs start.
+    pub(crate) redis: Redis,
 }
 
 impl Perform for Processor {
@@ -60,7 +64,7 @@ impl Perform for Processor {
         let catalog = self.catalog.load_full();
         async move {
             let Some(cancel) = cancel else {
-                return process(&self.executor, &catalog, &self.metrics, job, slots).await;
+                return process(self, &catalog, job, slots).await;
             };
             cancel.check_at_start(&job.fetched.cancel).await;
             let started = std::time::Instant::now();
@@ -68,7 +72,7 @@ impl Perform for Processor {
                 tokio::select! {
                     biased;
                     () = cancel.cancelled() => {}
-                    write = process(&self.executor, &catalog, &self.metrics, job, slots) => return write,
+                    write = process(self, &catalog, job, slots) => return write,
                 }
             }
             // Cancelled: the job's future (its store, instance, HTTP
@@ -101,13 +105,8 @@ pub(crate) struct Slots<'a> {
 }
 
 /// Runs `typed` and decides what to write for it.
-async fn process(
-    executor: &Executor,
-    catalog: &Catalog,
-    metrics: &Metrics,
-    typed: &TypedJob,
-    slots: Slots<'_>,
-) -> Write {
+async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slots: Slots<'_>) -> Write {
+    let metrics = &*processor.metrics;
     let (job, enqueued_at) = match &typed.parsed {
         Ok((job, enqueued_at)) => (job, *enqueued_at),
         Err(error) => {
@@ -141,7 +140,10 @@ async fn process(
         Ok(slot) => slot,
         Err(outcome) => return decide(typed, outcome, &plugin),
     };
-    let execution = executor.execute(&plugin, job, &ExecOptions::default()).await;
+    if unique::release_at_start(&processor.redis, &typed.fetched.raw, &job.jid).await {
+        metrics.process.unique_locks_released.fetch_add(1, Ordering::Relaxed);
+    }
+    let execution = processor.executor.execute(&plugin, job, &ExecOptions::default()).await;
     let write = decide(typed, execution.outcome, &plugin);
     record(
         metrics,

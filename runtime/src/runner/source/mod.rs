@@ -33,6 +33,7 @@ pub(crate) mod reliable;
 mod requeue;
 mod scripts;
 mod take;
+pub(crate) mod unique;
 mod waiters;
 
 use std::collections::HashSet;

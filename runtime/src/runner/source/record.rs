@@ -3,11 +3,14 @@
 //! One `MULTI` per batch: each job leaves the in-progress list (reliable)
 //! together with its outcome — the `retry` entry, the dead-set entry (the
 //! one bury, which trims), or its return to the front of its queue — and
-//! the cancelled-set entry, and the `stat:*` counters with their daily keys. All land or none does, so a
-//! failed write can simply be retried.
+//! the cancelled-set entry, the `stat:*` counters with their daily keys,
+//! and the release of the job's unique lock when it ended for good
+//! ([`unique`]). All land or none does, so a failed write can simply be
+//! retried.
 
 use super::dead::DeadSet;
 use super::requeue::Requeue;
+use super::unique;
 use crate::redis::{keys, utc_date};
 use crate::runner::fetched::{Completion, Finish};
 use crate::runner::job_retry::Write;
@@ -65,6 +68,7 @@ pub(super) fn transaction(
             Write::Dead { payload } => buried.push(payload.as_str()),
             Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
         }
+        unique::stage(&mut pipe, &job.raw, write);
         if write.is_failure() {
             failed += 1;
         }
