@@ -47,8 +47,9 @@ pub async fn fetch(
         .invoke_async(conn)
         .await
         .context("fetching jobs")?;
-    // [queue index, job, queue index, job, …]: one queue, so keep the jobs.
-    Ok(flat.into_iter().skip(1).step_by(2).collect())
+    // [queue index, job, cancel mark, …]: one queue, so keep the jobs (the
+    // script looked the cancel requests up either way, as for wasmjobs).
+    Ok(flat.into_iter().skip(1).step_by(3).collect())
 }
 
 /// Writes the outcomes `rx` hands over, in batches, until every sender is

@@ -13,15 +13,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::bindings::types as wit;
 
-/// Longest job class name accepted, in bytes. Class names key per-class
-/// state (metrics, the run summary, log fields); a payload with a longer
-/// one is refused when it is parsed, before any of that exists, and goes
-/// to the dead set.
-pub const MAX_CLASS_LEN: usize = 256;
-
-/// The queue of a job that names none (Sidekiq's), and the queue
-/// `wasmjobs run` and `wasmjobs enqueue` use unless told otherwise.
-pub const DEFAULT_QUEUE: &str = "default";
+pub use wasmjobs_client::job::{DEFAULT_QUEUE, MAX_CLASS_LEN, new_jid, preview};
 
 /// One job to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,26 +73,12 @@ pub fn validate_args(args: &str) -> Result<()> {
     Ok(())
 }
 
-/// A fresh job id: 12 random bytes as 24 hex characters, like Sidekiq's.
-pub fn new_jid() -> String {
-    hex::encode(rand::random::<[u8; 12]>())
-}
-
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// The first 200 characters of `text`, for error messages about user input.
-pub fn preview(text: &str) -> String {
-    const MAX: usize = 200;
-    match text.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
-    }
 }
 
 /// Sidekiq caps `error_message` at this many characters; a guest's error
@@ -207,21 +185,5 @@ mod tests {
         assert!(err.contains("must be a JSON array"), "{err}");
         let err = validate_args("[1,").unwrap_err().to_string();
         assert!(err.contains("not valid JSON"), "{err}");
-    }
-
-    #[test]
-    fn jids_look_like_sidekiqs() {
-        let jid = new_jid();
-        assert_eq!(jid.len(), 24);
-        assert!(jid.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
-        assert_ne!(jid, new_jid());
-    }
-
-    #[test]
-    fn preview_cuts_long_text_on_a_char_boundary() {
-        let long = "é".repeat(300);
-        let p = preview(&long);
-        assert_eq!(p.chars().count(), 201);
-        assert_eq!(preview("short"), "short");
     }
 }

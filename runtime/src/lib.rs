@@ -10,6 +10,7 @@
 //! | module | role in a job's life |
 //! |---|---|
 //! | [`job`] | the job as the host sees it, and the [`job::Outcome`] of running it |
+//! | [`cron`] | cron expressions and time zones: the ticks of `[[schedule]]` entries and sidekiq-cron schedules |
 //! | [`plugin`] | plugins on disk: manifest, compilation (with an on-disk cache), the class → plugin [`plugin::Catalog`] |
 //! | [`sandbox`] | the Wasmtime engine and the [`sandbox::Executor`]: a fresh, limited instance per job, outcome mapping |
 //! | [`host`] | the capabilities a guest may import (WASI, HTTP, logging), each behind a narrow view of the store state |
@@ -22,6 +23,7 @@
 
 pub mod bindings;
 pub mod cli;
+pub mod cron;
 pub mod host;
 pub mod job;
 pub mod metrics;

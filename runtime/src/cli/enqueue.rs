@@ -5,6 +5,13 @@
 //! take them. `--count` pushes many copies (distinct jids) in bulk, fast
 //! enough to fill a queue with a million jobs in a few seconds.
 //!
+//! `--unique-for SECS` makes the job unique (Sidekiq Enterprise's
+//! `unique_for`, `docs/unique-jobs.md`): it is pushed with its lock in one
+//! atomic step, or refused when a job with the same class, queue and args
+//! (or `--unique-key`) holds the lock; the refusal names that job and how
+//! long the lock still lives, on stderr, with exit status
+//! [`EXIT_DUPLICATE`].
+//!
 //! A job pushed where nothing fetches its queue looks lost, so after the
 //! push the command reads the live processes and says so on stderr when no
 //! process that is not quiet listens on the queue (typically: the embedded
@@ -21,10 +28,13 @@ use super::{Cli, RedisArgs};
 use crate::job::validate_args;
 use crate::redis::api::{self, ProcessInfo};
 use crate::redis::payload::Payload;
+use crate::redis::unique::{Pushed, UniqueUntil};
 use crate::redis::{Target, client, now_f64};
 
 /// Payloads built and pushed per batch, so `--count` needs little memory.
 const BATCH: u64 = 10 * client::CHUNK as u64;
+/// Exit status of an enqueue refused as a duplicate of a unique job.
+pub const EXIT_DUPLICATE: u8 = 3;
 /// The last second of year 9999: RFC 3339 has four-digit years.
 const LATEST: f64 = 253_402_300_799.0;
 
@@ -50,6 +60,20 @@ pub struct EnqueueArgs {
     /// retry), or the most retries.
     #[arg(long, value_name = "true|false|N", value_parser = parse_retry)]
     pub retry: Option<Value>,
+    /// Make the job unique for SECS seconds (Sidekiq Enterprise's
+    /// `unique_for`): not pushed while a job with the same class, queue and
+    /// args (or --unique-key) is queued, scheduled, retrying or running,
+    /// for at most SECS (after its run time, when scheduled). A refused
+    /// duplicate exits with status 3.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=wasmjobs_client::job::MAX_UNIQUE_FOR.as_secs()))]
+    pub unique_for: Option<u64>,
+    /// Unique on KEY instead of class, queue and args (needs --unique-for).
+    #[arg(long, value_name = "KEY", requires = "unique_for")]
+    pub unique_key: Option<String>,
+    /// When the unique lock is released: `success` (the default: when the
+    /// job succeeds, is discarded, dies or is dropped) or `start`.
+    #[arg(long, value_name = "start|success", requires = "unique_for")]
+    pub unique_until: Option<UniqueUntil>,
     /// The job class.
     pub class: String,
     /// The job's arguments, a JSON array.
@@ -70,8 +94,42 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
     let now = now_f64();
     let at = args.at.or(args.in_secs.map(|secs| now + secs)).filter(|at| *at > now);
 
+    if args.unique_for.is_some() && args.count > 1 {
+        bail!("--count cannot be used with --unique-for: only one of the copies could go in");
+    }
+
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let mut conn = redis.conn();
+    if let Some(secs) = args.unique_for {
+        let mut job = wasmjobs_client::Job::new(&args.class)
+            .args(Value::Array(job_args))
+            .queue(&args.queue)
+            .unique_for(Duration::from_secs(secs))
+            .unique_until(args.unique_until.unwrap_or_default());
+        if let Some(key) = &args.unique_key {
+            job = job.unique_key(key);
+        }
+        if let Some(retry) = &args.retry {
+            job = job.retry(retry.clone());
+        }
+        if let Some(at) = at {
+            job = job.at(UNIX_EPOCH + Duration::from_secs_f64(at));
+        }
+        let pushed = wasmjobs_client::Client::from_connection(conn.clone()).push(&job).await;
+        let pushed = match pushed {
+            Ok(pushed) => pushed,
+            Err(err) => {
+                redis.close().await?;
+                return Err(err);
+            }
+        };
+        if let Pushed::Duplicate { jid, ttl } = &pushed {
+            redis.close().await?;
+            eprintln!("{}", duplicate(&args.class, &args.queue, jid, *ttl));
+            return Ok(ExitCode::from(EXIT_DUPLICATE));
+        }
+        return finish(cli, args, redis, &mut conn, at, now, pushed.jid()).await;
+    }
     let mut pushed = 0;
     let mut last_jid = String::new();
     while pushed < args.count {
@@ -94,8 +152,21 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             last_jid = payload.jid().to_owned();
         }
     }
+    finish(cli, args, redis, &mut conn, at, now, &last_jid).await
+}
+
+/// After the push: warns if nothing fetches the queue, and says what was pushed.
+async fn finish(
+    cli: &Cli,
+    args: &EnqueueArgs,
+    redis: crate::redis::Redis,
+    conn: &mut redis::aio::ConnectionManager,
+    at: Option<f64>,
+    now: f64,
+    last_jid: &str,
+) -> Result<ExitCode> {
     // Best effort: the jobs are pushed whatever this finds.
-    let listening = match api::stats(&mut conn).await {
+    let listening = match api::stats(conn).await {
         Ok(stats) => stats.processes.iter().any(|p| fetches(p, &args.queue)),
         Err(err) => {
             tracing::debug!("cannot read the live processes: {err:#}");
@@ -127,6 +198,20 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
         eprintln!("{}", nobody_fetches(&args.redis.target(&cli.data_dir), &args.queue));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The message for an enqueue refused as a duplicate.
+fn duplicate(class: &str, queue: &str, jid: &str, ttl: Option<Duration>) -> String {
+    let ttl = match ttl {
+        Some(ttl) => format!(
+            "for at most {} more",
+            humantime::format_duration(Duration::from_secs(ttl.as_millis().div_ceil(1000) as u64))
+        ),
+        None => "with no expiry".to_owned(),
+    };
+    format!(
+        "not enqueued: a unique {class} job on queue {queue} is already queued, scheduled, retrying or running (jid {jid}); it holds the unique lock {ttl}"
+    )
 }
 
 /// Whether live process `p` takes jobs from `queue` (not quiet, and
@@ -235,6 +320,15 @@ mod tests {
             warning.contains("no `wasmjobs run` is using the Redis of /srv/.wasmjobs"),
             "{warning}"
         );
+    }
+
+    #[test]
+    fn a_duplicate_names_the_holder_and_the_time_left() {
+        let text = duplicate("Mailer", "mail", "abc", Some(Duration::from_millis(59_001)));
+        assert!(text.contains("not enqueued"), "{text}");
+        assert!(text.contains("(jid abc)"), "{text}");
+        assert!(text.contains("for at most 1m more"), "{text}");
+        assert!(duplicate("M", "q", "j", None).contains("with no expiry"));
     }
 
     #[test]

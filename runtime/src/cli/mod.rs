@@ -3,23 +3,32 @@
 //! - `wasmjobs run --plugins DIR`: the job runner ([`run`]).
 //! - `wasmjobs enqueue CLASS [ARGS_JSON]` / `wasmjobs stats`: push jobs and
 //!   read the state, Sidekiq-compatible ([`enqueue`], [`stats`]).
+//! - `wasmjobs cancel JID...`, `wasmjobs pause|resume QUEUE...`: stop jobs
+//!   wherever they are, stop and start fetching from queues, in every
+//!   process ([`cancel`], [`pause`]).
 //! - `wasmjobs exec --plugins DIR CLASS [ARGS_JSON]`: run one job through
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
 //!   and why any plugin was refused ([`plugins`]).
+//! - `wasmjobs schedule`: the cron schedules in Redis and their next run
+//!   ([`schedule`]).
 //! - `wasmjobs new rust|python|js DIR` / `wasmjobs build DIR`: a first
 //!   plugin from a template, built with the pinned toolchain, from
 //!   anywhere ([`new`], [`build`]).
 //!
 //! Exit status: 0 on success, 1 when a job failed or a plugin is broken,
-//! 2 on a usage or setup error.
+//! 2 on a usage or setup error, 3 when `enqueue` refused a duplicate of a
+//! unique job.
 
 pub mod build;
+pub mod cancel;
 pub mod enqueue;
 pub mod exec;
 pub mod new;
+pub mod pause;
 pub mod plugins;
 pub mod run;
+pub mod schedule;
 mod sdk;
 pub mod stats;
 
@@ -65,10 +74,18 @@ pub enum Command {
     Enqueue(enqueue::EnqueueArgs),
     /// Show queues, counters, live processes (of wasmjobs or Sidekiq) and cluster limits.
     Stats(stats::StatsArgs),
+    /// Cancel jobs: take them out of their queue, schedule or retry set, or stop them where they run.
+    Cancel(cancel::CancelArgs),
+    /// Stop fetching from queues in every process (no queue: list the paused ones).
+    Pause(pause::PauseArgs),
+    /// Start fetching from paused queues again.
+    Resume(pause::PauseArgs),
     /// Create a plugin directory ready to build: rust, python or js.
     New(new::NewArgs),
     /// Build a plugin directory's component (installing its toolchain on first use).
     Build(build::BuildArgs),
+    /// List the cron schedules in Redis (plugins' and sidekiq-cron's) with their next run.
+    Schedule(schedule::ScheduleArgs),
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -158,7 +175,13 @@ pub fn main() -> ExitCode {
         Command::Exec(_) => "warn,wasmjobs::compile=info,wasmjobs::guest=off,wasmjobs::sandbox=error",
         Command::Run(_) => "info",
         Command::Plugins(_) | Command::Build(_) => "warn,wasmjobs::compile=info",
-        Command::Enqueue(_) | Command::Stats(_) | Command::New(_) => "warn",
+        Command::Enqueue(_)
+        | Command::Stats(_)
+        | Command::New(_)
+        | Command::Cancel(_)
+        | Command::Pause(_)
+        | Command::Resume(_)
+        | Command::Schedule(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -169,8 +192,12 @@ pub fn main() -> ExitCode {
         Command::Plugins(args) => plugins::run(&cli, args),
         Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
         Command::Stats(args) => runtime().and_then(|rt| rt.block_on(stats::run(&cli, args))),
+        Command::Cancel(args) => runtime().and_then(|rt| rt.block_on(cancel::run(&cli, args))),
+        Command::Pause(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, true))),
+        Command::Resume(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, false))),
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(&cli, args),
+        Command::Schedule(args) => runtime().and_then(|rt| rt.block_on(schedule::run(&cli, args))),
     };
     match result {
         Ok(code) => code,

@@ -44,18 +44,26 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
         loop {
             let stats = api::stats(&mut conn).await?;
             let limits = limit_stats(&mut conn).await?;
+            let schedules = Schedules::read(&mut conn).await?;
             let json = || -> Result<serde_json::Value> {
-                let mut json = serde_json::to_value(&stats).context("cannot serialise the stats")?;
+                let with = WithSchedules {
+                    stats: &stats,
+                    schedules,
+                };
+                let mut json = serde_json::to_value(&with).context("cannot serialise the stats")?;
                 json["limits"] = serde_json::to_value(&limits).context("cannot serialise the stats")?;
                 Ok(json)
             };
             let text = match (args.json, args.watch) {
                 (true, None) => serde_json::to_string_pretty(&json()?).context("cannot serialise the stats")? + "\n",
                 (true, Some(_)) => serde_json::to_string(&json()?).context("cannot serialise the stats")? + "\n",
-                (false, None) => render(&stats, &redis.location, now_f64()) + &render_limits(&limits),
+                (false, None) => {
+                    render(&stats, &redis.location, now_f64()) + &schedules.render() + &render_limits(&limits)
+                }
                 (false, Some(_)) => format!(
-                    "{CLEAR}{}{}",
+                    "{CLEAR}{}{}{}",
                     render(&stats, &redis.location, now_f64()),
+                    schedules.render(),
                     render_limits(&limits)
                 ),
             };
@@ -78,6 +86,47 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     .await;
     redis.close().await?;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// The stats document plus the cron schedules (`--json`).
+#[derive(serde::Serialize)]
+struct WithSchedules<'a> {
+    #[serde(flatten)]
+    stats: &'a Stats,
+    schedules: Schedules,
+}
+
+/// How many cron schedules Redis holds (`wasmjobs schedule` lists them).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Schedules {
+    /// Every schedule in `cron_jobs:default`.
+    total: usize,
+    /// Of those, enabled.
+    enabled: usize,
+    /// Of those, declared by wasmjobs plugins.
+    from_plugins: usize,
+}
+
+impl Schedules {
+    async fn read(conn: &mut redis::aio::ConnectionManager) -> Result<Self> {
+        let listing = crate::redis::cron::list(conn).await?;
+        let entries = &listing.entries;
+        Ok(Self {
+            total: entries.len(),
+            enabled: entries.iter().filter(|e| e.enabled).count(),
+            from_plugins: entries.iter().filter(|e| e.plugin.is_some()).count(),
+        })
+    }
+
+    fn render(&self) -> String {
+        match self.total {
+            0 => "\nno cron schedules\n".to_owned(),
+            total => format!(
+                "\ncron schedules {total}   enabled {}   from plugins {}   (wasmjobs schedule lists them)\n",
+                self.enabled, self.from_plugins
+            ),
+        }
+    }
 }
 
 /// `--watch`: a positive number of seconds.
@@ -103,6 +152,20 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
         "enqueued {}   scheduled {}   retry {}   dead {}",
         stats.enqueued, stats.scheduled, stats.retries, stats.dead
     );
+    let _ = writeln!(
+        out,
+        "cancelled {} ({} kept)   paused queues: {}",
+        stats.control.cancelled,
+        stats.control.cancelled_kept,
+        match stats.control.paused.is_empty() {
+            true => "none".to_owned(),
+            false => stats.control.paused.join(", "),
+        }
+    );
+    if stats.unique_locks > 0 {
+        let more = if stats.unique_locks_exact { "" } else { "+" };
+        let _ = writeln!(out, "unique locks {}{more}", stats.unique_locks);
+    }
 
     out.push('\n');
     if stats.queues.is_empty() {
@@ -116,7 +179,12 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
             } else {
                 age(queue.latency_secs)
             };
-            let _ = writeln!(out, "{:<width$}  {:>10}  {:>9}", queue.name, queue.size, latency);
+            let paused = if queue.paused { "  paused" } else { "" };
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>10}  {:>9}{paused}",
+                queue.name, queue.size, latency
+            );
         }
     }
 
@@ -250,11 +318,25 @@ mod tests {
             retries: 4,
             dead: 5,
             enqueued: 7,
-            queues: vec![QueueStats {
-                name: "default".into(),
-                size: 7,
-                latency_secs: 12.5,
-            }],
+            queues: vec![
+                QueueStats {
+                    name: "default".into(),
+                    size: 7,
+                    latency_secs: 12.5,
+                    paused: false,
+                },
+                QueueStats {
+                    name: "low".into(),
+                    size: 0,
+                    latency_secs: 0.0,
+                    paused: true,
+                },
+            ],
+            control: crate::redis::api::ControlStats {
+                paused: vec!["low".into()],
+                cancelled: 3,
+                cancelled_kept: 2,
+            },
             processes: vec![ProcessInfo {
                 identity: "host:1:abc".into(),
                 hostname: "host".into(),
@@ -271,12 +353,17 @@ mod tests {
                 version: None,
                 plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
             }],
+            unique_locks: 2,
+            unique_locks_exact: false,
         };
         let text = render(&stats, "redis://x", 100.0);
         assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
         assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
+        assert!(text.contains("unique locks 2+"), "{text}");
         assert!(text.contains("default           7      12.5s"), "{text}");
+        assert!(text.contains("low               0          -  paused"), "{text}");
+        assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");
         assert!(
             text.contains("host:1:abc  app       3/10       2.0  no      5.0s ago"),
             "{text}"

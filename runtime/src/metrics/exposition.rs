@@ -30,7 +30,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
         "Jobs finished, by class, plugin version and outcome.",
     );
     for ((class, version), stats) in &snapshot {
-        let success = stats.processed - stats.failed - stats.discarded;
+        let success = stats.processed - stats.failed - stats.discarded - stats.cancelled;
         let dropped = stats.failed - stats.retried - stats.dead;
         for (outcome, count) in [
             ("success", success),
@@ -38,6 +38,7 @@ pub fn prometheus(metrics: &Metrics) -> String {
             ("dead", stats.dead),
             ("discard", stats.discarded),
             ("drop", dropped),
+            ("cancelled", stats.cancelled),
         ] {
             let _ = writeln!(
                 out,
@@ -175,6 +176,19 @@ pub fn prometheus(metrics: &Metrics) -> String {
         "Job outcomes decided but not yet written to Redis.",
         p.outcomes_pending as f64,
     );
+    gauge(
+        &mut out,
+        "wasmjobs_queues_paused",
+        "Queues this process serves that are paused (wasmjobs pause; Sidekiq Pro's paused set).",
+        p.paused_queues as f64,
+    );
+    family(
+        &mut out,
+        "wasmjobs_unique_locks_released_total",
+        "counter",
+        "Unique-job locks released by this process: jobs carrying one that ended for good, or started with unique_until start (a lock already expired or taken by a newer job is left alone but counted).",
+    );
+    let _ = writeln!(out, "wasmjobs_unique_locks_released_total {}", p.unique_locks_released);
     family(
         &mut out,
         "wasmjobs_plugin_reloads_total",
@@ -201,6 +215,15 @@ pub fn prometheus(metrics: &Metrics) -> String {
             "wasmjobs_limit_rescheduled_total{{plugin=\"{}\",reason=\"{reason}\"}} {count}",
             escape(&plugin)
         );
+    }
+    family(
+        &mut out,
+        "wasmjobs_cron_ticks_total",
+        "counter",
+        "Cron ticks this process tried to claim: enqueued here, or lost to another process.",
+    );
+    for (outcome, count) in [("enqueued", p.cron.enqueued), ("lost", p.cron.lost)] {
+        let _ = writeln!(out, "wasmjobs_cron_ticks_total{{outcome=\"{outcome}\"}} {count}");
     }
     out
 }

@@ -49,6 +49,8 @@ pub enum Counted {
     Discard,
     /// Failed with `retry: false`: gone.
     Drop,
+    /// Cancelled before or while it ran.
+    Cancelled,
 }
 
 /// One finished job, as recorded.
@@ -79,6 +81,8 @@ pub struct ClassStats {
     pub dead: u64,
     /// Discarded by their guest.
     pub discarded: u64,
+    /// Cancelled.
+    pub cancelled: u64,
     /// Queue latency, microseconds.
     pub queue_latency: Histogram<u64>,
     /// Sum of the queue latencies, microseconds (for Prometheus `_sum`).
@@ -97,6 +101,7 @@ impl ClassStats {
             retried: 0,
             dead: 0,
             discarded: 0,
+            cancelled: 0,
             queue_latency: histogram(),
             queue_latency_sum: 0,
             execution: histogram(),
@@ -118,6 +123,7 @@ impl ClassStats {
             }
             Counted::Drop => self.failed += 1,
             Counted::Discard => self.discarded += 1,
+            Counted::Cancelled => self.cancelled += 1,
         }
         if let Some(latency) = job.queue_latency {
             let us = micros(latency);
@@ -137,6 +143,7 @@ impl ClassStats {
         self.retried += other.retried;
         self.dead += other.dead;
         self.discarded += other.discarded;
+        self.cancelled += other.cancelled;
         // Same bounds on both sides: adding cannot fail.
         let _ = self.queue_latency.add(&other.queue_latency);
         let _ = self.execution.add(&other.execution);

@@ -65,6 +65,14 @@ pub struct ProcessGauges {
     /// Job outcomes decided but not written to Redis yet (the batch being
     /// written and those queued behind it).
     pub outcomes_pending: AtomicU64,
+    /// Queues of this process that are paused now.
+    pub paused_queues: AtomicU64,
+    /// Cron ticks this process claimed and enqueued.
+    pub cron_enqueued: AtomicU64,
+    /// Cron ticks another process (or sidekiq-cron) claimed first.
+    pub cron_lost: AtomicU64,
+    /// Unique-job locks this process released (see `docs/unique-jobs.md`).
+    pub unique_locks_released: AtomicU64,
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -98,6 +106,21 @@ pub struct ProcessSnapshot {
     pub outcome_write_failures: u64,
     /// Job outcomes not written to Redis yet.
     pub outcomes_pending: u64,
+    /// Queues of this process paused now.
+    pub paused_queues: u64,
+    /// Cron ticks claimed by this process, by outcome.
+    pub cron: CronTicks,
+    /// Unique-job locks released.
+    pub unique_locks_released: u64,
+}
+
+/// Cron ticks this process tried to claim, by outcome.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct CronTicks {
+    /// Claimed and enqueued here.
+    pub enqueued: u64,
+    /// Claimed first by another process.
+    pub lost: u64,
 }
 
 /// Warm instances idle now, and instance counters since start.
@@ -155,6 +178,12 @@ impl ProcessGauges {
             started_at: get(&self.started_at_ms) as f64 / 1000.0,
             outcome_write_failures: get(&self.outcome_write_failures),
             outcomes_pending: get(&self.outcomes_pending),
+            paused_queues: get(&self.paused_queues),
+            cron: CronTicks {
+                enqueued: get(&self.cron_enqueued),
+                lost: get(&self.cron_lost),
+            },
+            unique_locks_released: get(&self.unique_locks_released),
         }
     }
 

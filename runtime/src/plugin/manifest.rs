@@ -35,6 +35,10 @@
 //! rate = "10/min"
 //! concurrency = 2    # jobs of one key value running at once, cluster-wide
 //!
+//! [[schedule]]       # periodic jobs (see `schedule` and docs/cron.md)
+//! cron = "*/5 * * * *"
+//! class = "FileAppendJob"
+//!
 //! [instances]        # see `instances`: fresh instance per job unless `reuse` > 1
 //! reuse = 1000       # jobs one instance serves, one after another
 //! idle_timeout = "10s"
@@ -63,6 +67,7 @@ use toml::Spanned;
 use super::cluster_limits::ClusterLimits;
 use super::instances::{InstancePolicy, RawInstances};
 use super::limits::{PluginLimits, RawLimits};
+use super::schedule::{RawSchedule, Schedule};
 use crate::host::files::Handles;
 use crate::host::http::AllowList;
 
@@ -102,6 +107,9 @@ pub struct Manifest {
     /// every statement on them runs in a read-only transaction (PostgreSQL)
     /// or with `query_only` on (SQLite). The others are read-write.
     pub sql_read_only: Vec<String>,
+    /// Periodic jobs (`[[schedule]]`), validated; the runner registers
+    /// them in Redis when the plugin loads.
+    pub schedules: Vec<Schedule>,
     /// The granted directories, opened once when the plugin loaded
     /// ([`crate::host::files::check`]); empty until then, and jobs of a
     /// manifest whose grants were never opened get no preopens at all.
@@ -149,6 +157,8 @@ struct RawManifest {
     instances: Option<RawInstances>,
     #[serde(default)]
     sql: Vec<Spanned<RawSqlGrant>>,
+    #[serde(default)]
+    schedule: Vec<Spanned<RawSchedule>>,
 }
 
 /// One `sql` grant: `"main"` (read-write) or `{ name = "main", mode = "ro" }`.
@@ -355,6 +365,7 @@ impl Manifest {
             Some(instances) => instances.resolve(&at)?,
             None => InstancePolicy::default(),
         };
+        let schedules = super::schedule::resolve(&raw.schedule, &classes, &at)?;
 
         Ok(Self {
             path: path.to_path_buf(),
@@ -369,6 +380,7 @@ impl Manifest {
             instances,
             sql,
             sql_read_only,
+            schedules,
             handles: Handles::default(),
         })
     }
@@ -664,6 +676,84 @@ outside = true
             err.starts_with("/p/x/wasmjobs.toml:5: limits.per_key.concurrency"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn schedules_parse_with_defaults() {
+        let m = parse(
+            "component = \"x.wasm\"\nclasses = [\"A\", \"B\"]\n[[schedule]]\ncron = \"*/5 * * * *\"\nclass = \"A\"\n[[schedule]]\ncron = \"*/1 * * * * *\"\ntimezone = \"Europe/Berlin\"\nclass = \"B\"\nargs = [1, \"two\"]\nqueue = \"reports\"\nname = \"every-second\"\ncatch_up = true\n",
+        )
+        .unwrap();
+        let [a, b] = &m.schedules[..] else {
+            panic!("{:?}", m.schedules)
+        };
+        assert_eq!(
+            (a.name.as_str(), a.class.as_str(), a.queue.as_str()),
+            ("A", "A", "default")
+        );
+        assert!(a.args.is_empty() && !a.catch_up);
+        assert_eq!((a.cron.expression(), a.cron.zone()), ("*/5 * * * *", "UTC"));
+        assert_eq!((b.name.as_str(), b.queue.as_str()), ("every-second", "reports"));
+        assert_eq!(b.args, [serde_json::json!(1), serde_json::json!("two")]);
+        assert!(b.catch_up);
+        assert_eq!(b.cron.zone(), "Europe/Berlin");
+        assert!(
+            parse("component = \"x.wasm\"\nclasses = [\"A\"]\n")
+                .unwrap()
+                .schedules
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn bad_schedules_refuse_the_plugin_with_the_line() {
+        let base = "component = \"x.wasm\"\nclasses = [\"A\"]\n[[schedule]]\nclass = \"A\"\n";
+        for (extra, line, says) in [
+            ("cron = \"61 * * * *\"\n", ":5: schedule", "not valid"),
+            ("cron = \"* * * *\"\n", ":5: schedule", "4 fields"),
+            (
+                "cron = \"* * * * *\"\ntimezone = \"Mars/Base\"\n",
+                ":6: schedule",
+                "unknown time zone",
+            ),
+            (
+                "cron = \"* * * * *\"\nname = \"a b\"\n",
+                ":6: schedule.name",
+                "not a schedule name",
+            ),
+            (
+                "cron = \"* * * * *\"\nqueue = \"\"\n",
+                ":6: schedule.queue",
+                "not a queue name",
+            ),
+            (
+                "cron = \"* * * * *\"\nargs = {a = 1}\n",
+                ":6: schedule.args",
+                "must be an array",
+            ),
+            ("cron = \"* * * * *\"\nevery = 5\n", "line 6", "unknown field"),
+        ] {
+            let err = parse(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(line) && err.contains(says), "{extra}: {err}");
+        }
+        let err =
+            parse("component = \"x.wasm\"\nclasses = [\"A\"]\n[[schedule]]\ncron = \"* * * * *\"\nclass = \"Other\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains(":5: schedule.class") && err.contains("not one of"),
+            "{err}"
+        );
+        let twice = "[[schedule]]\ncron = \"* * * * *\"\nclass = \"A\"\n";
+        let err = parse(&format!("component = \"x.wasm\"\nclasses = [\"A\"]\n{twice}{twice}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("used twice") && err.contains("need a `name`"), "{err}");
+        let many = twice.repeat(101);
+        let err = parse(&format!("component = \"x.wasm\"\nclasses = [\"A\"]\n{many}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than 100"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! from the [`cache`]), checks that it implements the job world, that its
 //! grants are usable and within the runner's caps ([`caps`]), and pre-links it once so that each job only has to
 //! instantiate. The [`Catalog`] maps job classes to loaded plugins and keeps
-//! the reasons broken plugins were refused.
+//! the reasons broken plugins were refused. A manifest's `[[schedule]]`
+//! entries (periodic jobs) are parsed by [`schedule`].
 
 pub mod cache;
 mod caps;
@@ -14,6 +15,7 @@ pub mod cluster_limits;
 pub mod instances;
 pub mod limits;
 pub mod manifest;
+pub mod schedule;
 
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
@@ -21,3 +23,4 @@ pub use cluster_limits::ClusterLimits;
 pub use instances::InstancePolicy;
 pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};
+pub use schedule::Schedule;

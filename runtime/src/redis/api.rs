@@ -2,8 +2,9 @@
 //!
 //! `wasmjobs stats` reads only Sidekiq's own keys, the way Sidekiq reads
 //! them, so it describes a plain Sidekiq deployment as well as a wasmjobs
-//! one (the one wasmjobs-only number, `discarded`, is then 0). Two
-//! pipelined round trips whatever the number of queues and processes.
+//! one (the wasmjobs-only numbers, `discarded` and `unique_locks`, are then
+//! 0). Two pipelined round trips whatever the number of queues and
+//! processes, plus a bounded `SCAN` counting the unique-job locks.
 
 use anyhow::{Context, Result};
 use redis::Value;
@@ -36,7 +37,29 @@ pub struct Stats {
     pub queues: Vec<QueueStats>,
     /// Live processes (with a heartbeat), by identity.
     pub processes: Vec<ProcessInfo>,
+    /// Control: paused queues and cancelled jobs.
+    pub control: ControlStats,
+    /// Unique-job locks held now (`wasmjobs:unique:*`, counted by a
+    /// bounded SCAN: a lower bound when `unique_locks_exact` is false).
+    pub unique_locks: u64,
+    /// Whether the SCAN finished ([`MAX_SCANNED_KEYS`]).
+    pub unique_locks_exact: bool,
 }
+
+/// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ControlStats {
+    /// Queues in the `paused` set (Sidekiq Pro's), sorted.
+    pub paused: Vec<String>,
+    /// Jobs cancelled in all.
+    pub cancelled: u64,
+    /// Cancelled jobs kept in the cancelled set.
+    pub cancelled_kept: u64,
+}
+
+/// Most keys the count of unique locks looks at (`SCAN … COUNT 1000`, so
+/// at most 100 round trips); past it the count is a lower bound.
+pub const MAX_SCANNED_KEYS: u64 = 100_000;
 
 /// One queue.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,6 +70,8 @@ pub struct QueueStats {
     pub size: u64,
     /// Seconds the oldest waiting job has waited (0 when empty).
     pub latency_secs: f64,
+    /// Whether it is paused (no process fetches from it).
+    pub paused: bool,
 }
 
 /// One live worker process, from its heartbeat hash.
@@ -128,6 +153,7 @@ where
     let mut replies = replies.into_iter();
     let mut next = || replies.next().unwrap_or(Value::Nil);
 
+    let control = control_stats(conn).await?;
     let now = now_f64();
     let mut queues = Vec::with_capacity(queue_names.len());
     for name in queue_names {
@@ -141,6 +167,7 @@ where
             .and_then(|payload| payload.time("enqueued_at"));
         let latency_secs = enqueued_at.map_or(0.0, |at| (now - at).max(0.0));
         queues.push(QueueStats {
+            paused: control.paused.contains(&name),
             name,
             size,
             latency_secs,
@@ -167,6 +194,7 @@ where
             .context("cannot prune processes without a heartbeat")?;
     }
 
+    let (unique_locks, unique_locks_exact) = super::unique::count_locks(conn, MAX_SCANNED_KEYS).await?;
     Ok(Stats {
         processed: counter(processed),
         failed: counter(failed),
@@ -177,6 +205,30 @@ where
         enqueued: queues.iter().map(|q| q.size).sum(),
         queues,
         processes,
+        control,
+        unique_locks,
+        unique_locks_exact,
+    })
+}
+
+/// Paused queues and the cancelled counters, one round trip.
+async fn control_stats<C>(conn: &mut C) -> Result<ControlStats>
+where
+    C: ConnectionLike + Send,
+{
+    let (paused, cancelled, cancelled_kept): (Vec<Vec<u8>>, Option<Vec<u8>>, u64) = redis::pipe()
+        .smembers(keys::PAUSED)
+        .get(keys::STAT_CANCELLED)
+        .zcard(keys::CANCELLED)
+        .query_async(conn)
+        .await
+        .context("cannot read paused queues and cancelled jobs from Redis")?;
+    let mut paused: Vec<String> = paused.into_iter().map(lossy).collect();
+    paused.sort();
+    Ok(ControlStats {
+        paused,
+        cancelled: counter(cancelled),
+        cancelled_kept,
     })
 }
 

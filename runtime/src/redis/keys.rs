@@ -3,10 +3,9 @@
 //! Sidekiq's own keys keep Sidekiq's names (so its clients, API and Web UI
 //! see our state); keys only wasmjobs uses live under `wasmjobs:`.
 
-/// SET of known queue names.
-pub const QUEUES: &str = "queues";
-/// ZSET of jobs to run later (score: epoch seconds).
-pub const SCHEDULE: &str = "schedule";
+// The producer's keys (queues, schedule, unique locks) are the client
+// crate's, written once.
+pub use wasmjobs_client::keys::{QUEUES, SCHEDULE, queue};
 /// ZSET of failed jobs awaiting a retry (score: retry time).
 pub const RETRY: &str = "retry";
 /// ZSET of jobs out of retries (score: death time).
@@ -28,11 +27,6 @@ pub const ORIGINS: &str = "wasmjobs:origins";
 pub const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 /// Heartbeat keys expire after this many seconds without a beat.
 pub const HEARTBEAT_TTL_SECS: i64 = 60;
-
-/// The pending list of `queue`.
-pub fn queue(queue: &str) -> String {
-    format!("queue:{queue}")
-}
 
 /// A daily stat key, e.g. `stat:processed:2026-11-30`.
 pub fn daily(stat: &str, date: &str) -> String {
@@ -84,4 +78,39 @@ pub fn limit_key_leases(plugin: &str, bucket: &str) -> String {
 /// HASH of a plugin's jobs refused by its limits: `rate`, `concurrency` → count.
 pub fn limit_overrated(plugin: &str) -> String {
     format!("{LIMIT_PREFIX}{plugin}:overrated")
+}
+
+/// SET of paused queue names, bare (Sidekiq Pro's `paused`; Sidekiq's own
+/// `Stats#queue_summaries` reads it).
+pub const PAUSED: &str = "paused";
+/// Pub/sub channel on which `wasmjobs cancel`, `pause` and `resume` tell
+/// every running process at once.
+pub const CONTROL_CHANNEL: &str = "wasmjobs:control";
+/// ZSET of cancelled jobs (score: cancel time), each payload with
+/// `cancelled_at` and `cancelled_by`; capped like the dead set.
+pub const CANCELLED: &str = "wasmjobs:cancelled";
+/// Jobs cancelled in all.
+pub const STAT_CANCELLED: &str = "wasmjobs:stat:cancelled";
+/// Seconds a cancel request (`cancelled-<jid>`) is kept: the Sidekiq wiki's day.
+pub const CANCEL_TTL_SECS: i64 = 86_400;
+
+/// A cancel request for `jid`, as the Sidekiq wiki's FAQ writes it (any
+/// value; wasmjobs writes who and when as JSON).
+pub fn cancel_request(jid: &str) -> String {
+    format!("cancelled-{jid}")
+}
+
+/// The iteration state of `jid` (Sidekiq ≥ 7.3.3), whose `cancelled` field
+/// `Sidekiq::Client#cancel!` sets.
+pub fn iteration(jid: &str) -> String {
+    format!("it-{jid}")
+}
+
+/// SET of the cron schedules' hash keys (sidekiq-cron 2.x, namespace
+/// `default`); see `redis::cron`.
+pub const CRON_JOBS: &str = "cron_jobs:default";
+
+/// The HASH of the cron schedule `name` (sidekiq-cron 2.x).
+pub fn cron_job(name: &str) -> String {
+    format!("cron_job:default:{name}")
 }

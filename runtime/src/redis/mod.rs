@@ -7,11 +7,18 @@
 //! their own.
 //!
 //! - [`keys`]: every key name in one place.
-//! - [`payload`]: the job payload (JSON), parsed without losing unknown keys.
+//! - [`payload`]: the job payload (JSON), parsed without losing unknown keys,
+//!   and the worker's fast path over it ([`job_head`]).
 //! - [`embedded`]: the private `redis-server` used when no URL is given.
 //! - [`client`]: the write side for producers (`push`, `push_bulk`, scheduling).
+//!
+//! The producer side (payload, push, unique jobs, their keys) is the
+//! `wasmjobs-client` crate (`runtime/client/`), which Rust programs use to
+//! enqueue without linking Wasmtime; it is re-exported here under its old
+//! names.
 //! - [`api`]: the read side (`wasmjobs stats`).
 //! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
+//! - [`cron`]: cron schedules in sidekiq-cron's format: register, list, claim a tick.
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
 //! component uses for ordinary commands: the fetch's Lua script (which pops
@@ -21,15 +28,26 @@
 //! from [`Redis::dedicated`] so they never stall the shared one.
 
 pub(crate) mod api;
-pub mod client;
+pub mod control;
+pub mod cron;
 pub(crate) mod embedded;
+pub mod job_head;
 pub(crate) mod keys;
 pub mod limits;
-pub mod payload;
+
+pub use wasmjobs_client::push as client;
+pub use wasmjobs_client::{now_f64, unique};
+
+/// The job payload ([`wasmjobs_client::payload`]) and the worker's fast
+/// path over it ([`job_head`]).
+pub mod payload {
+    pub use super::job_head::{job_from_raw, to_job};
+    pub use wasmjobs_client::payload::*;
+}
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -92,6 +110,14 @@ impl Redis {
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
+            .with_context(|| format!("cannot connect to Redis at {}", self.location))
+    }
+
+    /// A connection of its own for pub/sub (the control channel).
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub> {
+        tokio::time::timeout(RESPONSE_TIMEOUT, self.client.get_async_pubsub())
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out connecting to Redis at {}", self.location))?
             .with_context(|| format!("cannot connect to Redis at {}", self.location))
     }
 
@@ -162,14 +188,6 @@ fn redact(text: &str) -> String {
     url.set_fragment(None);
     crate::redact::query_passwords(&mut url);
     url.into()
-}
-
-/// Seconds since the Unix epoch, as a float (Sidekiq ≤ 7's timestamps).
-pub fn now_f64() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// Today's date in UTC as `YYYY-MM-DD` (the suffix of Sidekiq's daily stat keys).

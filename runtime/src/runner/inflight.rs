@@ -151,10 +151,7 @@ mod tests {
     use super::*;
 
     fn job(raw: &str) -> Fetched {
-        Fetched {
-            raw: raw.into(),
-            queue: "q".into(),
-        }
+        Fetched::new(raw.into(), "q".into())
     }
 
     #[test]

@@ -61,6 +61,12 @@ pub enum Write {
         /// The payload with `overrated` counted.
         payload: String,
     },
+    /// Cancelled (`wasmjobs cancel`): not retried; into the cancelled set
+    /// with who cancelled it and when.
+    Cancelled {
+        /// The payload with `cancelled_at`, `cancelled_by`, `cancelled_from`.
+        payload: String,
+    },
 }
 
 impl Write {

@@ -4,11 +4,11 @@
 //! Start: connect to Redis (or start the embedded server), load the plugins
 //! (compiling off the async threads), open the job source, write the first
 //! heartbeat (which registers the process), recover orphans, then start the
-//! outcome writer, the fetch loop, the scheduled poller, orphan recovery,
-//! the reloader, the monitor and the heartbeat.
+//! outcome writer, the fetch loop, the scheduled poller, the cron poller,
+//! orphan recovery, the reloader, the monitor and the heartbeat.
 //!
 //! Shutdown is a tree of cancellation tokens: `done` (heartbeat, monitor)
-//! → `stop` (poller, reloader, orphan recovery) → `quiet` (the fetch loop).
+//! → `stop` (pollers, reloader, orphan recovery) → `quiet` (the fetch loop).
 //! SIGTSTP (or TSTP from the Web UI) cancels `quiet` only; "quiet" is
 //! logged once the fetch loop has stopped. SIGTERM, SIGINT, TERM from the
 //! Web UI or `--exit-when-empty` run [`shut_down`]: quiet, wait up to the
@@ -30,6 +30,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::cancel::Cancels;
+use super::cron::{CronPoller, PluginSchedules};
 use super::fetched::Fetched;
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
@@ -39,9 +41,10 @@ use super::outcome::{self, Counters};
 use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
+use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
-use super::{RunOptions, RunSummary, fetch, monitor, os_limits};
+use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
 use crate::plugin::Catalog;
@@ -64,6 +67,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let catalog = reloader::live(catalog);
     let metrics = Arc::new(Metrics::new(options.metrics));
     let identity = Identity::current();
+    let paused = Paused::new(options.queues.names(), Some(metrics.clone()));
+    if let Err(err) = paused.refresh(&redis).await {
+        tracing::warn!("{err:#}; fetching from every queue until the paused set can be read");
+    }
     let source = source::open(
         redis.clone(),
         Settings {
@@ -73,6 +80,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             max_recoveries: options.max_recoveries,
             dead: options.dead,
         },
+        paused.clone(),
     );
     let counters = Arc::new(Counters::default());
     let inflight = Arc::new(InFlightTable::default());
@@ -89,8 +97,16 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         catalog: catalog.clone(),
         metrics: metrics.clone(),
         limiter: limiter.clone(),
+        redis: redis.clone(),
     };
-    let manager = Manager::new(Arc::new(processor), options.concurrency, completions, inflight.clone());
+    let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
+    let manager = Manager::new(
+        Arc::new(processor),
+        options.concurrency,
+        completions,
+        inflight.clone(),
+        cancels.clone(),
+    );
 
     let done = CancellationToken::new();
     let stop = done.child_token();
@@ -123,6 +139,17 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let poller = Arc::new(Poller::new(redis.clone(), options.poll_interval, options.dead));
     tasks.spawn(poller.clone().run(stop.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
+    let (schedules_tx, schedules) = mpsc::unbounded_channel();
+    let loaded = catalog
+        .load()
+        .plugins()
+        .iter()
+        .map(|plugin| PluginSchedules::Loaded {
+            plugin: plugin.name.clone(),
+            schedules: plugin.manifest.schedules.clone(),
+        })
+        .collect();
+    tasks.spawn(CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone()));
     tasks.spawn(
         Reloader::new(
             options.plugins.clone(),
@@ -131,11 +158,15 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             catalog.clone(),
         )
         .on_new_classes(served_tx)
+        .on_schedules(schedules_tx)
         .with_metrics(metrics.clone())
         .run(stop.clone()),
     );
     tasks.spawn(release_unserved(poller, served));
     tasks.spawn(source::recover_orphans_periodically(source.clone(), stop.clone()));
+    tasks.spawn(paused.clone().run(redis.clone(), stop.clone()));
+    tasks.spawn(cancels.clone().run(stop.clone()));
+    tasks.spawn(control::listen(redis.clone(), cancels, paused.clone(), stop.clone()));
     let (commands_tx, mut commands) = mpsc::channel(4);
     let heartbeat = Arc::new(heartbeat);
     tasks.spawn(heartbeat.clone().run(commands_tx, done.clone()));
@@ -189,6 +220,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         retried: counters.retried.load(Ordering::Relaxed),
         dead: counters.dead.load(Ordering::Relaxed),
         discarded: counters.discarded.load(Ordering::Relaxed),
+        cancelled: counters.cancelled.load(Ordering::Relaxed),
         requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
         rescheduled: counters.rescheduled.load(Ordering::Relaxed),
         ..RunSummary::default()

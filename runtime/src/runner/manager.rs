@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::cancel::Cancels;
 use super::fetched::{CompletionSender, Fetched};
 use super::inflight::InFlightTable;
 use super::processor::{Perform, Slots};
@@ -34,6 +35,8 @@ pub(crate) struct Manager {
     jobs: TaskTracker,
     /// Cancelled at a shutdown deadline: stops every job still running.
     stop_jobs: CancellationToken,
+    /// Where running jobs are registered, so a cancel finds them.
+    cancels: Arc<Cancels>,
 }
 
 impl Manager {
@@ -44,6 +47,7 @@ impl Manager {
         concurrency: u32,
         writer: CompletionSender,
         inflight: Arc<InFlightTable>,
+        cancels: Arc<Cancels>,
     ) -> Arc<Self> {
         let concurrency = concurrency.max(1) as usize;
         Arc::new(Self {
@@ -55,6 +59,7 @@ impl Manager {
             inflight,
             jobs: TaskTracker::new(),
             stop_jobs: CancellationToken::new(),
+            cancels,
         })
     }
 
@@ -119,6 +124,12 @@ impl Manager {
         let manager = self.clone();
         self.jobs.spawn(async move {
             let unit = unit.parse();
+            let registration = unit
+                .job()
+                .parsed
+                .as_ref()
+                .ok()
+                .map(|(job, _)| manager.cancels.register(&job.jid));
             let mut runner_slot = Some(permit);
             let slots = Slots {
                 runner: &mut runner_slot,
@@ -127,7 +138,7 @@ impl Manager {
             let write = tokio::select! {
                 biased;
                 () = manager.stop_jobs.cancelled() => None,
-                write = manager.perform.perform(unit.job(), slots) => Some(write),
+                write = manager.perform.perform(unit.job(), slots, registration.as_ref()) => Some(write),
             };
             match write {
                 Some(write) => unit.finish(write).await,

@@ -14,7 +14,10 @@
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
 //! | [`limiter`] | cluster-wide rate and concurrency limits in Redis; a job over one is rescheduled |
 //! | [`outcome`] | the writer: batches what units hand over, has the source record them |
+//! | [`cancel`] | cancelled jobs: found at fetch, by message or by sweep; stopped where they are |
+//! | [`control`] | the control channel: cancels and pauses announced to every process |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
+//! | [`cron`] | enqueue each tick of the cron schedules exactly once across processes |
 //! | [`reloader`] | watch the plugins directory and swap new plugin versions in while jobs run |
 //! | [`heartbeat`] | tell Redis (and the Sidekiq Web UI) we are alive; obey its signals |
 //! | [`monitor`] | the process sampler, the `/metrics` endpoint, the `--exit-when-empty` check |
@@ -25,6 +28,9 @@
 //! → `processor` → sandbox → `job_retry` → `unit` → `outcome` → `source`
 //! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
+pub(crate) mod cancel;
+pub(crate) mod control;
+pub(crate) mod cron;
 mod fetch;
 pub(crate) mod fetched;
 pub mod heartbeat;

@@ -57,6 +57,8 @@ pub struct Counters {
     /// Jobs over a cluster limit, sent back to `schedule` without running
     /// (not processed, not failed).
     pub rescheduled: AtomicU64,
+    /// Jobs cancelled (`wasmjobs cancel`) before or while they ran.
+    pub cancelled: AtomicU64,
 }
 
 impl Counters {
@@ -80,6 +82,8 @@ impl Counters {
             .fetch_add(count(|w| matches!(w, Write::Discard)), Ordering::Relaxed);
         self.rescheduled
             .fetch_add(count(|w| matches!(w, Write::Reschedule { .. })), Ordering::Relaxed);
+        self.cancelled
+            .fetch_add(count(|w| matches!(w, Write::Cancelled { .. })), Ordering::Relaxed);
     }
 }
 
@@ -143,6 +147,8 @@ impl Writer {
                 );
             }
             self.counters.add(&batch);
+            let released = super::source::unique::released(&batch);
+            gauges.unique_locks_released.fetch_add(released, Ordering::Relaxed);
             self.inflight.remove(batch.iter().map(|c| c.id));
             batch.clear();
             gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! One job, from its unit of work to a decision: find the
-//! plugin for its class (dispatch), run it in the sandbox, and apply the
-//! retry policy. Never fails: a malformed payload goes to the dead set with
+//! plugin for its class (dispatch), run it in the sandbox (releasing a
+//! `unique_until: "start"` lock just before), and apply the retry policy. Never fails: a malformed payload goes to the dead set with
 //! a clear `error_message`; a class no plugin serves (not deployed yet, or
 //! removed while a new version is on its way) is retried with backoff, so
 //! it runs once a plugin for it appears ([`job_retry::unserved`]).
@@ -16,27 +16,37 @@
 //! as `(malformed)`.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::cancel::Registration;
 use super::job_retry::{self, Write};
 use super::limiter::{Admission, Limiter, policy};
 use super::reloader::LiveCatalog;
+use super::source::unique;
 use super::unit::TypedJob;
 use crate::job::Outcome;
 use crate::metrics::{Counted, JobRecord, Metrics};
 use crate::plugin::{Catalog, Plugin};
-use crate::redis::now_f64;
+use crate::redis::control::CancelRequest;
+use crate::redis::{Redis, now_f64};
 use crate::sandbox::{ExecOptions, Executor};
 
 /// What the manager runs for each job: the processor, or a test double in
 /// unit tests of the runner core.
 pub(crate) trait Perform: Send + Sync {
-    /// Runs `job` and decides what to write for it.
-    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write>;
+    /// Runs `job` and decides what to write for it; stops it (and writes
+    /// it as cancelled) if `cancel` says so, before or while it runs.
+    fn perform<'a>(
+        &'a self,
+        job: &'a TypedJob,
+        slots: Slots<'a>,
+        cancel: Option<&'a Registration>,
+    ) -> BoxFuture<'a, Write>;
 }
 
 /// Runs jobs on the plugins of the live catalog.
@@ -46,14 +56,49 @@ pub(crate) struct Processor {
     pub(crate) metrics: Arc<Metrics>,
     /// Cluster-wide limits, for plugins that have some.
     pub(crate) limiter: Arc<Limiter>,
+    /// For releasing `unique_until: "start"` locks as jobs start.
+    pub(crate) redis: Redis,
 }
 
 impl Perform for Processor {
-    fn perform<'a>(&'a self, job: &'a TypedJob, slots: Slots<'a>) -> BoxFuture<'a, Write> {
+    fn perform<'a>(
+        &'a self,
+        job: &'a TypedJob,
+        slots: Slots<'a>,
+        cancel: Option<&'a Registration>,
+    ) -> BoxFuture<'a, Write> {
         // The catalog as it is when the job starts: a reload from now on
         // does not change the version it runs on.
         let catalog = self.catalog.load_full();
-        async move { process(self, &catalog, job, slots).await }.boxed()
+        async move {
+            let Some(cancel) = cancel else {
+                return process(self, &catalog, job, slots).await;
+            };
+            cancel.check_at_start(&job.fetched.cancel).await;
+            let started = std::time::Instant::now();
+            if cancel.requested().is_none() {
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => {}
+                    write = process(self, &catalog, job, slots) => return write,
+                }
+            }
+            // Cancelled: the job's future (its store, instance, HTTP
+            // requests and SQL statements) is gone by now.
+            let request = cancel.requested().cloned().unwrap_or_else(|| CancelRequest {
+                by: "unknown".into(),
+                at: now_f64(),
+            });
+            let (class, version) = match (&job.parsed, catalog.get(job.class())) {
+                (Ok((parsed, _)), Some(plugin)) => (parsed.class.as_str(), plugin.version.as_str()),
+                _ => (UNSERVED, ""),
+            };
+            let write = cancel.write(&job.fetched.raw, &request);
+            tracing::info!(jid = %job.jid(), class = %class, by = %request.by, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
+            record(&self.metrics, class, version, &write, None, Some(started.elapsed()));
+            write
+        }
+        .boxed()
     }
 }
 
@@ -134,6 +179,9 @@ async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slo
             }
         }
     }
+    if unique::release_at_start(&processor.redis, &typed.fetched.raw, &job.jid).await {
+        metrics.process.unique_locks_released.fetch_add(1, Ordering::Relaxed);
+    }
     let execution = executor.execute(&plugin, job, &ExecOptions::default()).await;
     drop(lease);
     let write = decide(typed, execution.outcome, &plugin);
@@ -170,6 +218,7 @@ fn record(
         Write::Drop => Counted::Drop,
         // Not run: counted apart (`Metrics::limited`).
         Write::Reschedule { .. } => return,
+        Write::Cancelled { .. } => Counted::Cancelled,
     };
     metrics.record(&JobRecord {
         class,

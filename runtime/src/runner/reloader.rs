@@ -38,6 +38,7 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+use super::cron::PluginSchedules;
 use crate::metrics::Metrics;
 use crate::plugin::catalog::{Change, plugin_roots};
 use crate::plugin::{Catalog, CompileCache, MANIFEST_FILE};
@@ -68,6 +69,7 @@ pub struct Reloader {
     cache: CompileCache,
     live: LiveCatalog,
     served: Option<mpsc::UnboundedSender<Vec<String>>>,
+    schedules: Option<mpsc::UnboundedSender<PluginSchedules>>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -80,6 +82,7 @@ impl Reloader {
             cache,
             live,
             served: None,
+            schedules: None,
             metrics: None,
         }
     }
@@ -94,6 +97,13 @@ impl Reloader {
     /// before) to `served`, so jobs waiting for them can be released.
     pub fn on_new_classes(mut self, served: mpsc::UnboundedSender<Vec<String>>) -> Self {
         self.served = Some(served);
+        self
+    }
+
+    /// Sends each loaded or removed plugin's schedules to `schedules` (the
+    /// cron poller registers them in Redis).
+    pub(crate) fn on_schedules(mut self, schedules: mpsc::UnboundedSender<PluginSchedules>) -> Self {
+        self.schedules = Some(schedules);
         self
     }
 
@@ -355,6 +365,21 @@ impl Reloader {
             && let Some(served) = &self.served
         {
             let _ = served.send(new_classes);
+        }
+        if let Some(schedules) = &self.schedules {
+            let event = match &change {
+                Change::Added(plugin) | Change::Replaced { new: plugin, .. } => Some(PluginSchedules::Loaded {
+                    plugin: plugin.name.clone(),
+                    schedules: plugin.manifest.schedules.clone(),
+                }),
+                Change::Removed(plugin) => Some(PluginSchedules::Removed {
+                    plugin: plugin.name.clone(),
+                }),
+                Change::Unchanged | Change::Rejected { .. } => None,
+            };
+            if let Some(event) = event {
+                let _ = schedules.send(event);
+            }
         }
         None
     }

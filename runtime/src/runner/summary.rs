@@ -35,6 +35,8 @@ pub struct RunSummary {
     pub dead: u64,
     /// Jobs discarded by their guest.
     pub discarded: u64,
+    /// Jobs cancelled before or while they ran.
+    pub cancelled: u64,
     /// Jobs pushed back to their queue at shutdown.
     pub requeued: u64,
     /// Jobs over a cluster limit, rescheduled without running
@@ -185,8 +187,8 @@ impl RunSummary {
         }
         let _ = writeln!(
             out,
-            "failed {} (retry {}, dead {}), discarded {}, requeued {}",
-            self.failed, self.retried, self.dead, self.discarded, self.requeued
+            "failed {} (retry {}, dead {}), discarded {}, cancelled {}, requeued {}",
+            self.failed, self.retried, self.dead, self.discarded, self.cancelled, self.requeued
         );
         if self.rescheduled > 0 {
             let _ = writeln!(out, "rescheduled {} (over a cluster limit, not run)", self.rescheduled);

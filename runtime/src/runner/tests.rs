@@ -29,7 +29,12 @@ use crate::metrics::Metrics;
 struct Scripted;
 
 impl Perform for Scripted {
-    fn perform<'a>(&'a self, job: &'a TypedJob, _slots: Slots<'a>) -> BoxFuture<'a, Write> {
+    fn perform<'a>(
+        &'a self,
+        job: &'a TypedJob,
+        _slots: Slots<'a>,
+        _cancel: Option<&'a super::cancel::Registration>,
+    ) -> BoxFuture<'a, Write> {
         let blocks = match &job.parsed {
             Ok((job, _)) => job.class == "Block",
             Err(error) => return std::future::ready(job.malformed(error, 1.0)).boxed(),
@@ -66,7 +71,8 @@ impl Core {
         let counters = Arc::new(Counters::default());
         let metrics = Arc::new(Metrics::new(false));
         let (completions, writer) = outcome::spawn(dyn_source.clone(), counters.clone(), inflight.clone(), metrics, 16);
-        let manager = Manager::new(Arc::new(Scripted), concurrency, completions, inflight.clone());
+        let cancels = super::cancel::Cancels::new(None, "test");
+        let manager = Manager::new(Arc::new(Scripted), concurrency, completions, inflight.clone(), cancels);
         let fetching = Fetching::start(dyn_source, manager.clone(), inflight.clone(), CancellationToken::new());
         Self {
             source,

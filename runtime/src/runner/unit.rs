@@ -41,6 +41,16 @@ impl TypedJob {
         Self { fetched, parsed }
     }
 
+    /// The job's class ("" for a payload that is not a job).
+    pub(crate) fn class(&self) -> &str {
+        self.parsed.as_ref().map_or("", |(job, _)| job.class.as_str())
+    }
+
+    /// The job's jid ("" for a payload that is not a job).
+    pub(crate) fn jid(&self) -> &str {
+        self.parsed.as_ref().map_or("", |(job, _)| job.jid.as_str())
+    }
+
     /// The whole payload, to write a failure back into (the fast path read
     /// only a few fields; a failure needs all of them kept).
     pub(crate) fn payload(&self) -> Result<Payload, String> {

@@ -24,6 +24,10 @@
 //!   fault gets the trap or "timed out"; the others are retried with a
 //!   message naming what ended their instance. `limits.memory` bounds the
 //!   instance (all its jobs together), `limits.timeout` each job.
+//! - **A job whose caller stops waiting (it was cancelled) ends the
+//!   instance too**, for the same reason: its task cannot be stopped alone,
+//!   and a cancelled job must stop at once. The caller's going wakes the
+//!   watchdog; the other jobs are retried.
 //! - **Jobs of one instance share its memory**: module globals, the heap,
 //!   the guest's stdout and stderr (labelled with the plugin, not a job).
 //!   They are one plugin's jobs, as the threads of one process are; no
@@ -36,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use wasmtime::component::TypedFunc;
 use wasmtime::{Store, WasmBacktrace};
 
@@ -69,6 +73,8 @@ struct Submission {
 struct Lane {
     intake: mpsc::UnboundedSender<Box<Submission>>,
     counts: Arc<LaneCounts>,
+    /// Woken when a caller stops waiting for its job.
+    abandoned: Arc<Notify>,
 }
 
 /// What the executor and the lane's task both track.
@@ -146,8 +152,8 @@ impl Lanes {
             timeout,
             reply,
         });
-        let reused = match self.hand_over(submission, concurrent, reuse, spawn) {
-            Ok(reused) => reused,
+        let (reused, abandoned) = match self.hand_over(submission, concurrent, reuse, spawn) {
+            Ok(handed) => handed,
             Err(message) => {
                 return (
                     Finished::Ended {
@@ -158,22 +164,26 @@ impl Lanes {
                 );
             }
         };
+        // If this future is dropped before the job finished (the job was
+        // cancelled), the lane's watchdog hears of it at once.
+        let waiting = Abandon(Some(abandoned));
         let finished = finished.await.unwrap_or(Finished::Ended {
             message: "the instance running this job stopped without a result".into(),
             backtrace: None,
         });
+        waiting.disarm();
         (finished, reused)
     }
 
     /// Hands `submission` to the first open lane with room, or to a new
-    /// one; whether the lane existed.
+    /// one; whether the lane existed, and its watchdog's bell.
     fn hand_over(
         self: &Arc<Self>,
         mut submission: Box<Submission>,
         concurrent: usize,
         reuse: u32,
         spawn: impl FnOnce() -> Result<LaneSpec, String>,
-    ) -> Result<bool, String> {
+    ) -> Result<(bool, Arc<Notify>), String> {
         let mut lanes = self.lock();
         lanes.retain(|lane| !lane.counts.closed.load(Ordering::Acquire));
         let room = |lane: &&Arc<Lane>| {
@@ -184,7 +194,7 @@ impl Lanes {
             counts.load.fetch_add(1, Ordering::AcqRel);
             counts.taken.fetch_add(1, Ordering::AcqRel);
             match lane.intake.send(submission) {
-                Ok(()) => return Ok(true),
+                Ok(()) => return Ok((true, lane.abandoned.clone())),
                 // The lane ended meanwhile: start another.
                 Err(refused) => {
                     counts.load.fetch_sub(1, Ordering::AcqRel);
@@ -202,17 +212,37 @@ impl Lanes {
         });
         // The intake cannot be closed yet: the receiver is right here.
         let _ = intake.send(submission);
+        let abandoned = Arc::new(Notify::new());
         lanes.push(Arc::new(Lane {
             intake,
             counts: counts.clone(),
+            abandoned: abandoned.clone(),
         }));
         drop(lanes);
         let lanes = Arc::downgrade(self);
+        let bell = abandoned.clone();
         tokio::spawn(async move {
-            drive(spec, jobs, &counts, &lanes).await;
+            drive(spec, jobs, &counts, &lanes, &bell).await;
             counts.closed.store(true, Ordering::Release);
         });
-        Ok(false)
+        Ok((false, abandoned))
+    }
+}
+
+/// Rings the lane's bell if dropped armed: the caller stopped waiting.
+struct Abandon(Option<Arc<Notify>>);
+
+impl Abandon {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(bell) = self.0.take() {
+            bell.notify_one();
+        }
     }
 }
 
@@ -238,6 +268,7 @@ async fn drive(
     mut jobs: mpsc::UnboundedReceiver<Box<Submission>>,
     lane: &LaneCounts,
     lanes: &std::sync::Weak<Lanes>,
+    abandoned: &Notify,
 ) {
     let LaneSpec {
         counters,
@@ -345,13 +376,16 @@ async fn drive(
             }
         })
     };
-    let watchdog = overdue(&running);
+    let watchdog = overdue(&running, abandoned);
     let ended = tokio::select! {
         ended = event_loop => match ended {
             Ok(failure) => failure,
             Err(err) => Some(format!("the instance stopped: {}", describe_trap(&err, store.data()))),
         },
-        jid = watchdog => Some(format!("the instance was stopped because job {jid} ran past its timeout")),
+        (jid, stop) = watchdog => Some(match stop {
+            Stop::Timeout => format!("the instance was stopped because job {jid} ran past its timeout"),
+            Stop::Abandoned => format!("the instance was stopped because job {jid} was cancelled"),
+        }),
     };
     close(lane, lanes);
     if let Some(message) = ended {
@@ -369,23 +403,46 @@ async fn instantiate(
     instance.get_typed_func::<(WitJob,), (Result<(), JobError>,)>(&mut *store, "perform")
 }
 
-/// Resolves with the jid of the first running job past its deadline.
-async fn overdue(running: &Mutex<Running>) -> String {
+/// Why the watchdog stops an instance.
+enum Stop {
+    /// A job ran past its deadline.
+    Timeout,
+    /// A job's caller stopped waiting (it was cancelled).
+    Abandoned,
+}
+
+/// Resolves with the jid of the first running job past its deadline, or
+/// whose caller stopped waiting (checked when `abandoned` rings).
+async fn overdue(running: &Mutex<Running>, abandoned: &Notify) -> (String, Stop) {
     loop {
         let now = Instant::now();
-        let earliest = lock(running)
-            .jobs
-            .values()
-            .map(|job| (job.deadline, job.jid.clone()))
-            .min_by_key(|(deadline, _)| *deadline);
-        match earliest {
-            Some((deadline, jid)) if deadline <= now => return jid,
-            // Checked at least every 100 ms: a job that arrives later may
-            // have an earlier deadline than this one.
-            Some((deadline, _)) => {
-                tokio::time::sleep_until((deadline.min(now + Duration::from_millis(100))).into()).await
-            }
-            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        let (earliest, gone) = {
+            let running = lock(running);
+            let earliest = running
+                .jobs
+                .values()
+                .map(|job| (job.deadline, job.jid.clone()))
+                .min_by_key(|(deadline, _)| *deadline);
+            let gone = running
+                .jobs
+                .values()
+                .find(|job| job.reply.is_closed())
+                .map(|job| job.jid.clone());
+            (earliest, gone)
+        };
+        if let Some(jid) = gone {
+            return (jid, Stop::Abandoned);
+        }
+        // Checked at least every 100 ms: a job that arrives later may have
+        // an earlier deadline than this one.
+        let wake = match earliest {
+            Some((deadline, jid)) if deadline <= now => return (jid, Stop::Timeout),
+            Some((deadline, _)) => deadline.min(now + Duration::from_millis(100)),
+            None => now + Duration::from_millis(100),
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(wake.into()) => {}
+            () = abandoned.notified() => {}
         }
     }
 }

@@ -264,4 +264,48 @@ proptest! {
         }
         check(&text);
     }
+
+    /// `[[schedule]]` entries with hostile values: parsing never panics,
+    /// errors name the manifest, and what is accepted is bounded and valid.
+    #[test]
+    fn schedules_parse_or_name_the_manifest(
+        entries in prop::collection::vec((
+            prop::option::of(value(prop_oneof![
+                Just("\"*/5 * * * *\"".to_owned()),
+                Just("\"*/1 * * * * *\"".to_owned()),
+                "\"[0-9*/,LW#-]{0,4}( [0-9*/,A-Z-]{0,4}){0,7}\"",
+            ])),
+            prop::option::of(value(prop_oneof![
+                Just("\"Europe/Berlin\"".to_owned()),
+                Just("\"UTC\"".to_owned()),
+            ])),
+            prop::option::of(value(Just("\"X\"".to_owned()))),
+            prop::option::of(string_list()),
+            prop::option::of(string_value()),
+            prop::option::of(string_value()),
+            prop::option::of(value(any::<bool>().prop_map(|b| b.to_string()))),
+        ), 0..4),
+    ) {
+        let mut text = String::from("component = \"x.wasm\"\nclasses = [\"X\"]\n");
+        for (cron, timezone, class, args, queue, name, catch_up) in entries {
+            text.push_str("[[schedule]]\n");
+            text.push_str(&lines(vec![
+                ("cron", cron),
+                ("timezone", timezone),
+                ("class", class),
+                ("args", args),
+                ("queue", queue),
+                ("name", name),
+                ("catch_up", catch_up),
+            ]));
+        }
+        check(&text);
+        if let Ok(manifest) = Manifest::parse(Path::new(PATH), &text) {
+            for schedule in &manifest.schedules {
+                prop_assert!(!schedule.name.is_empty() && schedule.name.len() <= super::super::schedule::MAX_NAME_LEN);
+                prop_assert!(!schedule.queue.is_empty() && schedule.queue.len() <= super::super::schedule::MAX_QUEUE_LEN);
+                prop_assert_eq!(schedule.class.as_str(), "X");
+            }
+        }
+    }
 }

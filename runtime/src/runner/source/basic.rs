@@ -15,6 +15,7 @@ use redis::Script;
 
 use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
+use super::paused::Paused;
 use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, record, scripts, take};
@@ -30,16 +31,17 @@ pub(crate) struct Basic {
     requeue: Requeue,
     dead: Arc<DeadSet>,
     waiting: Waiting,
+    paused: Arc<Paused>,
 }
 
 impl Basic {
     /// The source for `settings` (starts its waiter, disarmed).
-    pub(crate) fn new(redis: Redis, settings: Settings) -> Self {
+    pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
         let names = settings.queues.names();
         let dead = Arc::new(DeadSet::new(settings.dead));
         let waits = vec![Wait::Pop { queues: names.clone() }];
         // Nothing is held in Redis, so a lost reply leaves nothing to find.
-        let waiting = Waiting::start(&redis, waits, dead.clone(), Arc::new(Doubt::default()));
+        let waiting = Waiting::start(&redis, waits, dead.clone(), Arc::new(Doubt::default()), paused.watch());
         Self {
             names,
             fetch: Script::new(scripts::FETCH),
@@ -48,6 +50,7 @@ impl Basic {
             settings,
             dead,
             waiting,
+            paused,
         }
     }
 }
@@ -57,12 +60,14 @@ impl JobSource for Basic {
         async move {
             let mut jobs = self.waiting.take_found(max);
             if jobs.len() < max {
+                let paused = self.paused.current();
                 let taken = take::take(
                     &self.redis,
                     &self.fetch,
                     &self.settings.queues,
                     &self.names,
                     None,
+                    &paused,
                     max - jobs.len(),
                 );
                 let taken = match taken.await {
@@ -73,9 +78,9 @@ impl JobSource for Basic {
                         Vec::new()
                     }
                 };
-                for (raw, queue) in taken {
+                for (raw, queue, cancel) in taken {
                     match String::from_utf8(raw) {
-                        Ok(raw) => jobs.push(Fetched { raw, queue }),
+                        Ok(raw) => jobs.push(Fetched { raw, queue, cancel }),
                         Err(err) => {
                             let bytes = err.as_bytes();
                             let buried = self.dead.bury_undecodable(&self.redis, Place::Nowhere, bytes, &queue);

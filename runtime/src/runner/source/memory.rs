@@ -66,7 +66,7 @@ impl MemorySource {
         while jobs.len() < max {
             let Some(raw) = state.queue.pop_front() else { break };
             state.held.push(raw.clone());
-            jobs.push(Fetched { raw, queue: "q".into() });
+            jobs.push(Fetched::new(raw, "q".into()));
         }
         jobs
     }

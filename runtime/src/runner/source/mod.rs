@@ -27,11 +27,13 @@ pub(crate) mod liveness;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod orphans;
+pub(crate) mod paused;
 mod record;
 pub(crate) mod reliable;
 mod requeue;
 mod scripts;
 mod take;
+pub(crate) mod unique;
 mod waiters;
 
 use std::collections::HashSet;
@@ -136,11 +138,11 @@ pub(crate) trait JobSource: Send + Sync {
     fn unregister(&self) -> BoxFuture<'_, ()>;
 }
 
-/// The job source for `settings`.
-pub(crate) fn open(redis: Redis, settings: Settings) -> Arc<dyn JobSource> {
+/// The job source for `settings`, leaving out the queues `paused` holds.
+pub(crate) fn open(redis: Redis, settings: Settings, paused: Arc<paused::Paused>) -> Arc<dyn JobSource> {
     match settings.mode {
-        FetchMode::Reliable => Arc::new(reliable::Reliable::new(redis, settings)),
-        FetchMode::Basic => Arc::new(basic::Basic::new(redis, settings)),
+        FetchMode::Reliable => Arc::new(reliable::Reliable::new(redis, settings, paused)),
+        FetchMode::Basic => Arc::new(basic::Basic::new(redis, settings, paused)),
     }
 }
 

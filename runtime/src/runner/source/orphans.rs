@@ -189,9 +189,14 @@ impl Recovery {
             }
         };
         tracing::warn!(jid = %entry.jid(), class = %entry.class(), queue = %queue, "recovered job sent to the dead set");
-        dead.bury(&self.redis, place, &entry.to_json(), now)
+        let buried = dead
+            .bury(&self.redis, place, &entry.to_json(), now)
             .await
             .context("burying a recovered job")?;
+        if buried {
+            // A poison pill died: its unique lock goes with it.
+            super::unique::release_dead(&self.redis, text, entry.jid()).await;
+        }
         Ok(())
     }
 }

@@ -4,11 +4,14 @@
 //! together with its outcome — the `retry` entry, the dead-set entry (the
 //! one bury, which trims), its `schedule` entry when a cluster limit
 //! rescheduled it, or its return to the front of its queue — and the
-//! `stat:*` counters with their daily keys (a reschedule counts in neither). All land or none does, so a
-//! failed write can simply be retried.
+//! cancelled-set entry, the `stat:*` counters with their daily keys (a
+//! reschedule counts in neither), and the release of the job's unique lock
+//! when it ended for good ([`unique`]). All land or none does, so a failed
+//! write can simply be retried.
 
 use super::dead::DeadSet;
 use super::requeue::Requeue;
+use super::unique;
 use crate::redis::{keys, utc_date};
 use crate::runner::fetched::{Completion, Finish};
 use crate::runner::job_retry::Write;
@@ -69,7 +72,9 @@ pub(super) fn transaction(
             Write::Reschedule { at, payload } => {
                 pipe.cmd("ZADD").arg(keys::SCHEDULE).arg(*at).arg(payload).ignore();
             }
+            Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
         }
+        unique::stage(&mut pipe, &job.raw, write);
         if write.is_failure() {
             failed += 1;
         }

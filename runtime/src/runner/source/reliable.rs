@@ -20,13 +20,14 @@ use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
 use super::liveness::Origin;
 use super::orphans::Recovery;
+use super::paused::Paused;
 use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, record, scripts, take};
 use crate::job::DEFAULT_QUEUE;
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
-use crate::runner::fetched::{Completion, Fetched};
+use crate::runner::fetched::{CancelMark, Completion, Fetched};
 
 /// The reliable job source of one process.
 pub(crate) struct Reliable {
@@ -41,11 +42,12 @@ pub(crate) struct Reliable {
     doubt: Arc<Doubt>,
     waiting: Waiting,
     recovery: Recovery,
+    paused: Arc<Paused>,
 }
 
 impl Reliable {
     /// The source for `settings` (starts its waiters, disarmed).
-    pub(crate) fn new(redis: Redis, settings: Settings) -> Self {
+    pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
         let names = settings.queues.names();
         let list = keys::inprogress(&settings.identity);
         let dead = Arc::new(DeadSet::new(settings.dead));
@@ -57,7 +59,7 @@ impl Reliable {
                 into: list.clone(),
             })
             .collect();
-        let waiting = Waiting::start(&redis, waits, dead.clone(), doubt.clone());
+        let waiting = Waiting::start(&redis, waits, dead.clone(), doubt.clone(), paused.watch());
         let origin = Origin::current();
         if origin.is_none() {
             tracing::warn!(
@@ -82,15 +84,16 @@ impl Reliable {
             doubt,
             waiting,
             recovery,
+            paused,
         }
     }
 
     /// The fetched job `raw`, if it is text; else it goes to the dead set
     /// and leaves the list. If that write fails, the entry stays and doubt
     /// is raised, so the reconcile that follows buries it.
-    async fn decode(&self, raw: Vec<u8>, queue: String) -> Option<Fetched> {
+    async fn decode(&self, raw: Vec<u8>, queue: String, cancel: CancelMark) -> Option<Fetched> {
         match String::from_utf8(raw) {
-            Ok(raw) => Some(Fetched { raw, queue }),
+            Ok(raw) => Some(Fetched { raw, queue, cancel }),
             Err(err) => {
                 let place = Place::List {
                     key: &self.list,
@@ -152,12 +155,14 @@ impl JobSource for Reliable {
         async move {
             let mut jobs = self.waiting.take_found(max);
             if jobs.len() < max {
+                let paused = self.paused.current();
                 let taken = take::take(
                     &self.redis,
                     &self.fetch,
                     &self.settings.queues,
                     &self.names,
                     Some(&self.list),
+                    &paused,
                     max - jobs.len(),
                 )
                 .await;
@@ -174,8 +179,8 @@ impl JobSource for Reliable {
                         Vec::new()
                     }
                 };
-                for (raw, queue) in taken {
-                    jobs.extend(self.decode(raw, queue).await);
+                for (raw, queue, cancel) in taken {
+                    jobs.extend(self.decode(raw, queue, cancel).await);
                 }
             }
             Ok(jobs)

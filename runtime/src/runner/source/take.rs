@@ -3,24 +3,38 @@
 //! order, moving them into the in-progress list (reliable) or popping them
 //! (basic).
 
+use std::collections::HashSet;
+
 use anyhow::{Context, Result};
 use redis::Script;
 
 use super::MAX_BATCH;
 use crate::redis::{Redis, keys};
+use crate::runner::fetched::CancelMark;
 use crate::runner::queues::Queues;
 
+/// A job taken: its bytes, its queue, and the fetch script's cancel mark.
+pub(super) type Taken = (Vec<u8>, String, CancelMark);
+
 /// Takes up to `max` jobs from `queues` (in this fetch's order), into
-/// `held_in` when given. Returns each job's bytes and queue name.
+/// `held_in` when given, leaving out the queues in `paused`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn take(
     redis: &Redis,
     script: &Script,
     queues: &Queues,
     names: &[String],
     held_in: Option<&str>,
+    paused: &HashSet<String>,
     max: usize,
-) -> Result<Vec<(Vec<u8>, String)>> {
-    let order = queues.fetch_order();
+) -> Result<Vec<Taken>> {
+    let mut order = queues.fetch_order();
+    if !paused.is_empty() {
+        order.retain(|&i| !paused.contains(&names[i]));
+        if order.is_empty() {
+            return Ok(Vec::new());
+        }
+    }
     let mut invocation = script.prepare_invoke();
     // Basic mode names no list; the script ignores KEYS[1] then.
     invocation.key(held_in.unwrap_or("wasmjobs:unused"));
@@ -34,16 +48,16 @@ pub(super) async fn take(
         .invoke_async(&mut redis.conn())
         .await
         .context("fetching jobs")?;
-    let mut jobs = Vec::with_capacity(flat.len() / 2);
+    let mut jobs = Vec::with_capacity(flat.len() / 3);
     let mut flat = flat.into_iter();
-    while let (Some(position), Some(raw)) = (flat.next(), flat.next()) {
+    while let (Some(position), Some(raw), Some(mark)) = (flat.next(), flat.next(), flat.next()) {
         let queue = std::str::from_utf8(&position)
             .ok()
             .and_then(|p| p.parse::<usize>().ok())
             .and_then(|p| order.get(p))
             .and_then(|&i| names.get(i))
             .context("the fetch script returned a bad queue index")?;
-        jobs.push((raw, queue.to_owned()));
+        jobs.push((raw, queue.to_owned(), CancelMark::from_script(&mark)));
     }
     Ok(jobs)
 }

@@ -8,6 +8,11 @@
 //! channel the source reads from first on its next fetch, so nothing is
 //! lost when the fetch loop stops waiting before a waiter returns.
 //!
+//! Waiters leave paused queues out ([`super::paused`]): a waiter whose
+//! queues are all paused sleeps until that changes, and a change ends the
+//! waits in progress (`CLIENT UNBLOCK`) so each waiter blocks again on the
+//! queues not paused.
+//!
 //! [`Waiting::stop`] ends a wait in progress at once with `CLIENT UNBLOCK`
 //! before anything is requeued at shutdown: a waiter still blocked in Redis
 //! would otherwise move a requeued job straight back into this process's
@@ -23,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
+use super::paused::PausedSet;
 use crate::redis::{Redis, keys};
 use crate::runner::fetched::Fetched;
 
@@ -33,6 +39,20 @@ pub(super) enum Wait {
     Move { queue: String, into: String },
     /// `BRPOP` over the queues (basic).
     Pop { queues: Vec<String> },
+}
+
+impl Wait {
+    /// This wait without the queues in `paused`; `None` if nothing is left.
+    fn without(&self, paused: &PausedSet) -> Option<Wait> {
+        match self {
+            Wait::Move { queue, .. } if paused.contains(queue) => None,
+            Wait::Move { .. } => Some(self.clone()),
+            Wait::Pop { queues } => {
+                let open: Vec<String> = queues.iter().filter(|q| !paused.contains(*q)).cloned().collect();
+                (!open.is_empty()).then_some(Wait::Pop { queues: open })
+            }
+        }
+    }
 }
 
 /// The waiters of one source.
@@ -53,8 +73,14 @@ impl Drop for Armed<'_> {
 }
 
 impl Waiting {
-    /// Starts one waiter per entry of `waits`, disarmed.
-    pub(super) fn start(redis: &Redis, waits: Vec<Wait>, dead: Arc<DeadSet>, doubt: Arc<Doubt>) -> Self {
+    /// Starts one waiter per entry of `waits`, disarmed, following `paused`.
+    pub(super) fn start(
+        redis: &Redis,
+        waits: Vec<Wait>,
+        dead: Arc<DeadSet>,
+        doubt: Arc<Doubt>,
+        paused: watch::Receiver<PausedSet>,
+    ) -> Self {
         let (armed, armed_rx) = watch::channel(false);
         let armed = Arc::new(armed);
         let (found_tx, found) = mpsc::channel(64);
@@ -69,10 +95,16 @@ impl Waiting {
                     client_id: client_id.clone(),
                     doubt: doubt.clone(),
                     dead: dead.clone(),
+                    paused: paused.clone(),
                 };
                 (tokio::spawn(waiter.run(armed_rx.clone(), found_tx.clone())), client_id)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let ids: Vec<Arc<AtomicI64>> = tasks.iter().map(|(_, id)| id.clone()).collect();
+        // Ends with the source (its channel closes when the found channel's
+        // receiver, here, is dropped).
+        let closed = found_tx.clone();
+        tokio::spawn(unblock_on_change(redis.clone(), paused, ids, closed));
         Self {
             redis: redis.clone(),
             armed,
@@ -149,6 +181,34 @@ impl Waiting {
     }
 }
 
+/// Unblocks every waiter whenever the paused queues change, so each blocks
+/// again on the queues not paused; ends when `found` closes.
+async fn unblock_on_change(
+    redis: Redis,
+    mut paused: watch::Receiver<PausedSet>,
+    ids: Vec<Arc<AtomicI64>>,
+    found: mpsc::Sender<Fetched>,
+) {
+    loop {
+        tokio::select! {
+            changed = paused.changed() => if changed.is_err() { return },
+            () = found.closed() => return,
+        }
+        // Twice: a waiter that read the old set just before the change
+        // may not have sent its blocking call yet when the first unblock
+        // goes out.
+        for pause in [Duration::ZERO, Duration::from_millis(100)] {
+            tokio::time::sleep(pause).await;
+            let ids = ids
+                .iter()
+                .map(|id| id.load(Ordering::Acquire))
+                .filter(|&id| id >= 0)
+                .collect();
+            unblock(redis.clone(), ids).await;
+        }
+    }
+}
+
 /// Ends the waits in progress on the connections `ids` (`CLIENT UNBLOCK`;
 /// a connection not blocked is unaffected).
 async fn unblock(redis: Redis, ids: Vec<i64>) {
@@ -175,10 +235,11 @@ struct Waiter {
     client_id: Arc<AtomicI64>,
     doubt: Arc<Doubt>,
     dead: Arc<DeadSet>,
+    paused: watch::Receiver<PausedSet>,
 }
 
 impl Waiter {
-    async fn run(self, mut armed: watch::Receiver<bool>, found: mpsc::Sender<Fetched>) {
+    async fn run(mut self, mut armed: watch::Receiver<bool>, found: mpsc::Sender<Fetched>) {
         let mut conn = None;
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -187,6 +248,17 @@ impl Waiter {
                 changed = armed.wait_for(|&a| a) => if changed.is_err() { return },
                 () = found.closed() => return,
             }
+            let paused = self.paused.borrow_and_update().clone();
+            let Some(wait) = self.wait.without(&paused) else {
+                // Every queue of this waiter is paused: sleep until that
+                // changes (or the fetch loop stops waiting).
+                tokio::select! {
+                    changed = self.paused.changed() => if changed.is_err() { return },
+                    changed = armed.wait_for(|&a| !a) => if changed.is_err() { return },
+                    () = found.closed() => return,
+                }
+                continue;
+            };
             if conn.is_none() {
                 match self.connect().await {
                     Ok(c) => conn = Some(c),
@@ -199,7 +271,7 @@ impl Waiter {
                 }
             }
             let Some(c) = conn.as_mut() else { continue };
-            match self.wait_once(c).await {
+            match self.wait_once(&wait, c).await {
                 Ok(Some(job)) => {
                     backoff = Duration::from_millis(100);
                     // Before handing it on, so this waiter does not block
@@ -252,9 +324,9 @@ impl Waiter {
         }
     }
 
-    async fn wait_once(&self, conn: &mut redis::aio::MultiplexedConnection) -> Result<Option<Fetched>> {
+    async fn wait_once(&self, wait: &Wait, conn: &mut redis::aio::MultiplexedConnection) -> Result<Option<Fetched>> {
         let timeout = super::BLOCK.as_secs_f64();
-        let (raw, queue, place_key) = match &self.wait {
+        let (raw, queue, place_key) = match wait {
             Wait::Move { queue, into } => {
                 let job: Option<Vec<u8>> = redis::cmd("BLMOVE")
                     .arg(keys::queue(queue))
@@ -282,7 +354,7 @@ impl Waiter {
             }
         };
         match String::from_utf8(raw) {
-            Ok(raw) => Ok(Some(Fetched { raw, queue })),
+            Ok(raw) => Ok(Some(Fetched::new(raw, queue))),
             Err(err) => {
                 // Reliable: if this fails, the error raises doubt and the
                 // reconcile that follows buries it.

@@ -7,18 +7,15 @@
 //! both are read, and a payload keeps its own style when we write times into
 //! it.
 //!
-//! Everything here reads bytes a Redis client wrote: the property tests in
-//! `payload/proptests.rs` check that no input panics, that the fast path
-//! ([`job_from_raw`]) and the full parse ([`Payload::parse`]) agree, and that
-//! a dead-set entry for any bytes is valid JSON that keeps them.
+//! Everything here reads bytes a Redis client wrote. The worker's fast path
+//! (the few fields a job needs to start, read without building the map)
+//! lives with the runner (`wasmjobs::redis::job_head`), whose property tests
+//! check that it and [`Payload::parse`] agree and that a dead-set entry for
+//! any bytes is valid JSON that keeps them.
 
-use std::borrow::Cow;
-
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::job::{DEFAULT_QUEUE, Job, new_jid, preview};
+use crate::job::{DEFAULT_QUEUE, new_jid, preview};
 
 pub use crate::job::MAX_CLASS_LEN;
 
@@ -183,158 +180,11 @@ impl Payload {
         self.map.insert(key.to_owned(), value);
     }
 
-    /// The job the sandbox runs.
-    pub fn to_job(&self) -> Job {
-        let args = self
-            .map
-            .get("args")
-            .map(Value::to_string)
-            .unwrap_or_else(|| "[]".into());
-        let enqueued = self
-            .time("enqueued_at")
-            .or_else(|| self.time("created_at"))
-            .unwrap_or(0.0);
-        Job {
-            jid: self.jid().to_owned(),
-            class: self.class().to_owned(),
-            queue: self.queue().to_owned(),
-            args,
-            // Retries before this run: retry_count is 0 while the first retry runs.
-            retry_count: self
-                .retry_count()
-                .map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
-            enqueued_at_ms: (enqueued * 1000.0).max(0.0) as u64,
-        }
-    }
-
     /// The payload as JSON text.
     pub fn to_json(&self) -> String {
         // Serialising a map of JSON values cannot fail.
         serde_json::to_string(&self.map).unwrap_or_default()
     }
-}
-
-/// The fields a job needs to start, borrowed from the payload text.
-#[derive(Deserialize)]
-struct Head<'a> {
-    #[serde(borrow, default)]
-    class: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    args: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    jid: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    queue: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    retry_count: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    enqueued_at: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    created_at: Option<&'a RawValue>,
-}
-
-/// A JSON document read in full, numbers included, and kept nowhere: fails
-/// on exactly the documents `serde_json::Value` cannot hold.
-struct Checked;
-
-impl<'de> Deserialize<'de> for Checked {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(CheckedVisitor)
-    }
-}
-
-struct CheckedVisitor;
-
-impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
-    type Value = Checked;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_unit<E>(self) -> Result<Checked, E> {
-        Ok(Checked)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
-        while seq.next_element::<Checked>()?.is_some() {}
-        Ok(Checked)
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
-        while map.next_entry::<Checked, Checked>()?.is_some() {}
-        Ok(Checked)
-    }
-}
-
-/// The job to run for payload text `raw`, and its enqueue time in epoch
-/// seconds (0 if unknown) — the same as `Payload::parse(raw)?.to_job()`,
-/// without building the whole map: on the hot path only the fields the
-/// sandbox needs are read, and the full payload is parsed only when a
-/// failure has to be written back.
-pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
-    let full = || {
-        Payload::parse(raw).map(|p| {
-            let enqueued = p.time("enqueued_at").or_else(|| p.time("created_at")).unwrap_or(0.0);
-            (p.to_job(), enqueued)
-        })
-    };
-    // The head skims the fields it skips (and `args`) without reading their
-    // numbers; a number the full parse cannot hold (`1e400`) would start a
-    // job whose failure could then not be written back as a retry. One
-    // allocation-free pass reads every number as the full parse would.
-    if serde_json::from_str::<Checked>(raw).is_err() {
-        return full();
-    }
-    let Ok(head) = serde_json::from_str::<Head>(raw) else {
-        return full();
-    };
-    let (Some(class), Some(args)) = (&head.class, head.args) else {
-        return full();
-    };
-    if class.is_empty() || class.len() > MAX_CLASS_LEN || !args.get().starts_with('[') {
-        return full();
-    }
-    let number = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
-    let enqueued = number(head.enqueued_at)
-        .or_else(|| number(head.created_at))
-        .and_then(|v| v.as_f64())
-        .map_or(0.0, epoch_secs);
-    let retry_count = number(head.retry_count).and_then(|v| v.as_u64());
-    let jid = head.jid.filter(|j| !j.is_empty()).map_or_else(new_jid, Cow::into_owned);
-    let queue = head
-        .queue
-        .filter(|q| !q.is_empty())
-        .map_or_else(|| DEFAULT_QUEUE.to_owned(), Cow::into_owned);
-    let job = Job {
-        jid,
-        class: class.clone().into_owned(),
-        queue,
-        args: args.get().to_owned(),
-        retry_count: retry_count.map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
-        enqueued_at_ms: (enqueued * 1000.0).max(0.0) as u64,
-    };
-    Ok((job, enqueued))
 }
 
 /// Epoch seconds from a Sidekiq timestamp in either style (float seconds,
@@ -402,9 +252,6 @@ pub fn undecodable(raw: &[u8], queue: &str, now: f64) -> Payload {
 }
 
 #[cfg(test)]
-mod proptests;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -424,7 +271,6 @@ mod tests {
             Payload::parse(r#"{"class":"X","args":[],"created_at":1764500000.5,"enqueued_at":1764500001.25}"#).unwrap();
         assert_eq!(old.time("enqueued_at"), Some(1_764_500_001.25));
         assert_eq!(old.time_style(), TimeStyle::FloatSeconds);
-        assert_eq!(old.to_job().enqueued_at_ms, 1_764_500_001_250);
 
         let mut new =
             Payload::parse(r#"{"class":"X","args":[],"created_at":1764500000500,"enqueued_at":1764500001250}"#)
@@ -475,79 +321,6 @@ mod tests {
     }
 
     #[test]
-    fn overlong_class_names_are_refused_by_both_parsers() {
-        let raw = format!(r#"{{"class":"{}","args":[]}}"#, "C".repeat(MAX_CLASS_LEN + 1));
-        let full = Payload::parse(&raw).unwrap_err();
-        assert!(full.contains("more than the 256 allowed"), "{full}");
-        assert!(full.len() < 600, "{}", full.len());
-        assert_eq!(job_from_raw(&raw).unwrap_err(), full);
-        let ok = format!(r#"{{"class":"{}","args":[]}}"#, "C".repeat(MAX_CLASS_LEN));
-        assert!(job_from_raw(&ok).is_ok());
-    }
-
-    /// Found by `proptests::structured_payloads_decode_or_explain`: a number
-    /// out of `f64`'s range passed the fast path (which only skims it) but
-    /// not the full parse, so the job ran and then could not be retried.
-    #[test]
-    fn out_of_range_numbers_are_refused_by_both_parsers() {
-        for raw in [
-            r#"{"class":"\u000b","args":[],"retry_count":1e400}"#,
-            r#"{"class":"X","args":[1e999]}"#,
-            r#"{"class":"X","args":[],"custom":{"n":-1e400}}"#,
-            r#"{"class":"X","args":[],"\ud800":1}"#,
-        ] {
-            let full = Payload::parse(raw).unwrap_err();
-            assert!(full.contains("not valid JSON"), "{full}");
-            assert_eq!(job_from_raw(raw).map(|(job, _)| job.args), Err(full), "{raw}");
-        }
-    }
-
-    #[test]
-    fn the_fast_path_reads_what_the_full_parse_reads() {
-        for raw in [
-            r#"{"class":"X","args":[1,{"a":[2]}],"jid":"j","queue":"q","retry_count":2,"enqueued_at":1764500001.25,"x":{"y":1}}"#,
-            r#"{"class":"X","args":[],"created_at":1764500000500}"#,
-            r#"{"args":["a"],"class":"Y","queue":"","retry_count":"weird"}"#,
-        ] {
-            let (fast, enqueued) = job_from_raw(raw).unwrap();
-            let full = Payload::parse(raw).unwrap();
-            let mut expected = full.to_job();
-            if full.str("jid").is_none_or(str::is_empty) || raw.contains("\"jid\":\"\"") {
-                expected.jid = fast.jid.clone();
-            }
-            assert_eq!(fast.class, expected.class);
-            assert_eq!(
-                serde_json::from_str::<Value>(&fast.args).unwrap(),
-                serde_json::from_str::<Value>(&expected.args).unwrap()
-            );
-            assert_eq!(
-                (fast.queue.as_str(), fast.retry_count, fast.enqueued_at_ms),
-                (expected.queue.as_str(), expected.retry_count, expected.enqueued_at_ms)
-            );
-            assert_eq!(
-                enqueued,
-                full.time("enqueued_at")
-                    .or_else(|| full.time("created_at"))
-                    .unwrap_or(0.0)
-            );
-        }
-        assert_eq!(job_from_raw(r#"{"class":"X","args":[],"jid":"j"}"#).unwrap().0.jid, "j");
-        for bad in [
-            "nope",
-            "[1]",
-            r#"{"args":[]}"#,
-            r#"{"class":"X","args":"1"}"#,
-            r#"{"class":"","args":[]}"#,
-        ] {
-            assert_eq!(
-                job_from_raw(bad).unwrap_err(),
-                Payload::parse(bad).unwrap_err(),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
     fn missing_jid_and_queue_get_defaults_and_retry_policy_reads() {
         let p = Payload::parse(r#"{"class":"X","args":[],"retry":false}"#).unwrap();
         assert_eq!(p.jid().len(), 24);
@@ -555,7 +328,6 @@ mod tests {
         assert_eq!(p.retry_policy(), RetryPolicy::Never);
         let p = Payload::parse(r#"{"class":"X","args":[],"retry":3,"retry_count":1}"#).unwrap();
         assert_eq!(p.retry_policy(), RetryPolicy::Max(3));
-        assert_eq!(p.to_job().retry_count, 2);
         assert_eq!(
             Payload::parse(r#"{"class":"X","args":[]}"#).unwrap().retry_policy(),
             RetryPolicy::Default

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::proptest_config::config;
+use crate::redis::payload::{malformed, undecodable};
 
 /// Any JSON value, a few levels deep, with the awkward corners: big and
 /// negative numbers, floats, unicode and escapes in strings.

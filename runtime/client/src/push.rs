@@ -7,18 +7,22 @@
 //! goes into the `schedule` sorted set instead, with no `enqueued_at` until
 //! the scheduler moves it to its queue. Bulk pushes go in chunks, one round
 //! trip each, so millions of jobs take seconds rather than minutes.
+//!
+//! These push any payload as it is; a unique job goes through
+//! [`crate::unique::push`] instead, which takes its lock in the same
+//! atomic step.
 
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 use redis::aio::ConnectionLike;
 
-use super::keys;
-use super::now_f64;
-use super::payload::Payload;
+use crate::keys;
+use crate::now_f64;
+use crate::payload::Payload;
 
 /// Jobs per round trip in bulk operations.
-pub(crate) const CHUNK: usize = 1_000;
+pub const CHUNK: usize = 1_000;
 
 /// Pushes one job now: sets `enqueued_at` (in the payload's own time style,
 /// see [`Payload::set_time`]), `SADD queues`, `LPUSH queue:Q`, in one
@@ -61,7 +65,7 @@ where
 }
 
 /// Schedules many jobs for `at`, [`CHUNK`] per `ZADD`.
-pub(crate) async fn schedule_bulk<C>(conn: &mut C, payloads: &mut [Payload], at: f64) -> Result<()>
+pub async fn schedule_bulk<C>(conn: &mut C, payloads: &mut [Payload], at: f64) -> Result<()>
 where
     C: ConnectionLike + Send,
 {

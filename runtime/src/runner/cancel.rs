@@ -1,0 +1,343 @@
+//! Cancelling jobs: a job asked to stop never starts, or stops where it is.
+//!
+//! A cancel is a request in Redis (`cancelled-<jid>`, the Sidekiq wiki's
+//! key, which `wasmjobs cancel` writes with who and when; or the
+//! `cancelled` field of `it-<jid>`, Sidekiq 7.3.3+'s `cancel!`). This
+//! process finds it four ways, so every path to a running job is covered:
+//!
+//! - **at fetch**: the fetch script marks each job it takes with the
+//!   request it found, at no extra round trip ([`CancelMark`]); a job taken
+//!   by a blocking wait, or whose payload the script read differently than
+//!   the runner, is looked up on its own before it starts;
+//! - **by message**: `wasmjobs cancel` publishes the jid on the control
+//!   channel ([`super::control`]); every process stops the job at once if it
+//!   runs it, and remembers the request for [`RECENT_FOR`] in case it is
+//!   about to start it;
+//! - **by sweep**: every [`SWEEP_EVERY`], the jobs running for longer than
+//!   that are looked up in one pipelined round trip (for a process that
+//!   missed the message, and for Sidekiq clients that only write the key);
+//! - the manager registers every job it starts here ([`Cancels::register`]).
+//!
+//! Stopping needs no help from the guest: the processor drops the job's
+//! future, which drops its Wasm store (the instance is gone at once, and
+//! its in-flight HTTP requests and SQL statements with it). The job ends
+//! as **cancelled**: not retried, recorded in the cancelled set with who
+//! cancelled it, when, and where it was (see [`crate::redis::control`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
+
+use super::fetched::{CancelFound, CancelMark};
+use super::job_retry::Write;
+use crate::redis::control::{self, CancelRequest};
+use crate::redis::{Redis, keys};
+
+/// How often running jobs are looked up.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long a cancel heard for a job not running here is remembered.
+pub(crate) const RECENT_FOR: Duration = Duration::from_secs(60);
+/// Most such cancels remembered.
+const RECENT_MAX: usize = 10_000;
+
+/// The jobs running in this process, by jid, and the cancels heard.
+pub(crate) struct Cancels {
+    /// `None` only in unit tests of the runner core.
+    redis: Option<Redis>,
+    /// Written into the record: `process <identity>`.
+    from: String,
+    inner: Mutex<Inner>,
+    next: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    running: HashMap<String, Vec<(u64, Arc<Watch>)>>,
+    recent: HashMap<String, (CancelRequest, Instant)>,
+}
+
+/// One running job's cancel state.
+struct Watch {
+    token: CancellationToken,
+    request: OnceLock<CancelRequest>,
+    started: Instant,
+}
+
+impl Watch {
+    fn cancel(&self, request: CancelRequest) {
+        if self.request.set(request).is_ok() {
+            self.token.cancel();
+        }
+    }
+}
+
+/// A job registered as running; unregistered when dropped.
+pub(crate) struct Registration {
+    cancels: Arc<Cancels>,
+    jid: String,
+    id: u64,
+    watch: Arc<Watch>,
+}
+
+impl Cancels {
+    /// The registry of the process `identity`.
+    pub(crate) fn new(redis: Option<Redis>, identity: &str) -> Arc<Self> {
+        Arc::new(Self {
+            redis,
+            from: format!("process {identity}"),
+            inner: Mutex::default(),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers the job `jid` as running here.
+    pub(crate) fn register(self: &Arc<Self>, jid: &str) -> Registration {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let watch = Arc::new(Watch {
+            token: CancellationToken::new(),
+            request: OnceLock::new(),
+            started: Instant::now(),
+        });
+        let mut inner = self.inner();
+        if let Some((request, _)) = inner.recent.get(jid) {
+            watch.cancel(request.clone());
+        }
+        inner
+            .running
+            .entry(jid.to_owned())
+            .or_default()
+            .push((id, watch.clone()));
+        drop(inner);
+        Registration {
+            cancels: self.clone(),
+            jid: jid.to_owned(),
+            id,
+            watch,
+        }
+    }
+
+    /// Cancels every running job `jid` with `request`; remembers it for a
+    /// while if none runs here. Returns whether one ran.
+    pub(crate) fn cancel(&self, jid: &str, request: CancelRequest) -> bool {
+        let mut inner = self.inner();
+        if let Some(watches) = inner.running.get(jid) {
+            for (_, watch) in watches {
+                watch.cancel(request.clone());
+            }
+            return true;
+        }
+        let now = Instant::now();
+        if inner.recent.len() >= RECENT_MAX {
+            inner.recent.retain(|_, (_, at)| now.duration_since(*at) < RECENT_FOR);
+        }
+        if inner.recent.len() < RECENT_MAX {
+            inner.recent.insert(jid.to_owned(), (request, now));
+        }
+        false
+    }
+
+    /// A cancel message for `jid`: looks the request up (who, when; and
+    /// that there is one: anyone can publish) and acts on it.
+    pub(crate) async fn heard(&self, jid: &str) {
+        match self.lookup(&[jid.to_owned()]).await {
+            Ok(found) => {
+                for (jid, request) in found {
+                    let running = self.cancel(&jid, request);
+                    tracing::debug!(jid = %jid, running, "cancel requested");
+                }
+            }
+            Err(err) => tracing::warn!(jid = %jid, "{err:#}; the next sweep will look again"),
+        }
+    }
+
+    /// Looks up the jobs running for longer than [`SWEEP_EVERY`].
+    pub(crate) async fn sweep(&self) -> Result<()> {
+        let jids: Vec<String> = {
+            let mut inner = self.inner();
+            let now = Instant::now();
+            inner.recent.retain(|_, (_, at)| now.duration_since(*at) < RECENT_FOR);
+            inner
+                .running
+                .iter()
+                .filter(|(_, watches)| {
+                    watches
+                        .iter()
+                        .any(|(_, w)| w.request.get().is_none() && now.duration_since(w.started) >= SWEEP_EVERY)
+                })
+                .map(|(jid, _)| jid.clone())
+                .collect()
+        };
+        for chunk in jids.chunks(1_000) {
+            for (jid, request) in self.lookup(chunk).await? {
+                tracing::debug!(jid = %jid, "cancel found by the sweep");
+                self.cancel(&jid, request);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sweeps every [`SWEEP_EVERY`] until `stop`.
+    pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(SWEEP_EVERY) => {}
+                () = stop.cancelled() => return,
+            }
+            match self.sweep().await {
+                Ok(()) => failing = false,
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!("{err:#}; running jobs are checked for cancels again in {SWEEP_EVERY:?}");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The cancel requests in Redis for `jids`.
+    async fn lookup(&self, jids: &[String]) -> Result<Vec<(String, CancelRequest)>> {
+        let Some(redis) = &self.redis else {
+            return Ok(Vec::new());
+        };
+        let mut pipe = redis::pipe();
+        for jid in jids {
+            pipe.cmd("GET").arg(keys::cancel_request(jid));
+            pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
+        }
+        let values: Vec<redis::Value> = pipe
+            .query_async(&mut redis.conn())
+            .await
+            .context("cannot look up cancel requests")?;
+        let text = |value: &redis::Value| match value {
+            redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            redis::Value::SimpleString(text) => Some(text.clone()),
+            // Missing, or a key of another type (someone else's): no request.
+            _ => None,
+        };
+        Ok(jids
+            .iter()
+            .zip(values.chunks(2))
+            .filter_map(|(jid, pair)| {
+                let request = match pair {
+                    [key, _] if text(key).is_some() => CancelRequest::from_value(&text(key)?, false),
+                    [_, field] => CancelRequest::from_value(&text(field)?, true),
+                    _ => return None,
+                };
+                Some((jid.clone(), request))
+            })
+            .collect())
+    }
+}
+
+impl Registration {
+    /// Before the job starts: the request found at fetch, if the fetch
+    /// looked at this very jid; else looked up now. A lookup that fails
+    /// lets the job run (the sweep looks again while it runs).
+    pub(crate) async fn check_at_start(&self, mark: &CancelMark) {
+        let request = match mark {
+            CancelMark::Checked { jid, request } if *jid == self.jid => request.as_ref().map(|found| match found {
+                CancelFound::Key(value) => CancelRequest::from_value(value, false),
+                CancelFound::Iteration(value) => CancelRequest::from_value(value, true),
+            }),
+            _ => match self.cancels.lookup(std::slice::from_ref(&self.jid)).await {
+                Ok(mut found) => found.pop().map(|(_, request)| request),
+                Err(err) => {
+                    tracing::warn!(jid = %self.jid, "{err:#}; the job runs, and is checked again while it does");
+                    None
+                }
+            },
+        };
+        if let Some(request) = request {
+            self.watch.cancel(request);
+        }
+    }
+
+    /// The request, once the job is cancelled.
+    pub(crate) fn requested(&self) -> Option<&CancelRequest> {
+        self.watch.request.get()
+    }
+
+    /// Resolves when the job is cancelled.
+    pub(crate) async fn cancelled(&self) {
+        self.watch.token.cancelled().await;
+    }
+
+    /// The write for the job `raw`, cancelled by `request`.
+    pub(crate) fn write(&self, raw: &str, request: &CancelRequest) -> Write {
+        Write::Cancelled {
+            payload: control::cancelled_payload(raw, request, &self.cancels.from),
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut inner = self.cancels.inner();
+        if let Some(watches) = inner.running.get_mut(&self.jid) {
+            watches.retain(|(id, _)| *id != self.id);
+            if watches.is_empty() {
+                inner.running.remove(&self.jid);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CancelRequest {
+        CancelRequest {
+            by: "me".into(),
+            at: 1.0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancel_stops_every_job_with_that_jid_and_only_those() {
+        let cancels = Cancels::new(None, "p");
+        let (a, b, other) = (cancels.register("j"), cancels.register("j"), cancels.register("k"));
+        assert!(cancels.cancel("j", request()));
+        a.cancelled().await;
+        b.cancelled().await;
+        assert_eq!(a.requested(), Some(&request()));
+        assert!(other.requested().is_none());
+        drop((a, b));
+        assert!(!cancels.inner().running.contains_key("j"));
+    }
+
+    #[tokio::test]
+    async fn a_cancel_heard_before_the_job_starts_is_remembered() {
+        let cancels = Cancels::new(None, "p");
+        assert!(!cancels.cancel("later", request()));
+        let job = cancels.register("later");
+        assert_eq!(job.requested(), Some(&request()));
+    }
+
+    #[tokio::test]
+    async fn the_fetch_mark_counts_only_for_the_jid_the_runner_parsed() {
+        let cancels = Cancels::new(None, "p");
+        let job = cancels.register("real");
+        let forged = CancelMark::Checked {
+            jid: "other".into(),
+            request: Some(CancelFound::Key("1".into())),
+        };
+        job.check_at_start(&forged).await;
+        assert!(job.requested().is_none());
+        let own = CancelMark::Checked {
+            jid: "real".into(),
+            request: Some(CancelFound::Iteration("5".into())),
+        };
+        job.check_at_start(&own).await;
+        assert_eq!(job.requested().map(|r| r.at), Some(5.0));
+    }
+}

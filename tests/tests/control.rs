@@ -1,0 +1,529 @@
+//! Cancel and pause, end to end: a real redis-server, several real
+//! `wasmjobs run` processes, and the real `wasmjobs cancel` / `pause` /
+//! `resume` commands run from another shell, as users do.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::json;
+use wasmjobs::redis::client;
+use wasmjobs::redis::payload::Payload;
+use wasmjobs_e2e::cli::{printed, wasmjobs_in};
+use wasmjobs_e2e::http_server::HttpServer;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
+
+/// The bound the cancel promises: from the request written to the job
+/// recorded as cancelled by the process that ran it.
+const CANCEL_WITHIN: f64 = 0.1;
+
+/// Runs `wasmjobs COMMAND --redis URL ARGS...` from another directory.
+fn wasmjobs(redis: &TestRedis, command: &str, args: &[&str]) -> Output {
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let url = redis.url();
+    let mut full = vec![command, "--redis", url.as_str()];
+    full.extend_from_slice(args);
+    wasmjobs_in(cwd.path(), &full, &[] as &[(&str, &str)], Duration::from_secs(60))
+}
+
+/// Waits until `check` holds, polling, or panics naming `what`.
+async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The cancelled set: each payload with the time it was recorded.
+async fn cancelled(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(Payload, f64)> {
+    let members: Vec<(String, f64)> = conn
+        .zrange_withscores("wasmjobs:cancelled", 0, -1)
+        .await
+        .expect("ZRANGE");
+    members
+        .into_iter()
+        .map(|(raw, score)| (Payload::parse(&raw).expect("a job payload"), score))
+        .collect()
+}
+
+/// Whether some process's work hash shows `jid` running.
+async fn running(conn: &mut redis::aio::MultiplexedConnection, jid: &str) -> bool {
+    let keys: Vec<String> = conn.keys("*:work").await.expect("KEYS");
+    for key in keys {
+        let entries: Vec<String> = conn.hvals(&key).await.expect("HVALS");
+        if entries.iter().any(|entry| entry.contains(jid)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The entry of `jid` in the cancelled set, once it is there.
+async fn cancelled_entry(conn: &mut redis::aio::MultiplexedConnection, jid: &str, timeout: Duration) -> (Payload, f64) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(entry) = cancelled(conn).await.into_iter().find(|(p, _)| p.jid() == jid) {
+            return entry;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{jid} was not recorded as cancelled in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Checks a job stopped while running: recorded by a process, with who
+/// and when, within [`CANCEL_WITHIN`] of the request; not retried, not dead.
+async fn assert_stopped_running(conn: &mut redis::aio::MultiplexedConnection, entry: &(Payload, f64), by: &str) {
+    let (payload, recorded) = entry;
+    let from = payload.str("cancelled_from").unwrap_or_default();
+    assert!(from.starts_with("process "), "{from}");
+    let who = payload.str("cancelled_by").unwrap_or_default();
+    assert!(who.contains(by), "{who}");
+    let requested = payload.time("cancelled_at").expect("cancelled_at");
+    let took = recorded - requested;
+    eprintln!("cancel took {:.1} ms from the request to the record", took * 1000.0);
+    assert!(
+        took <= CANCEL_WITHIN,
+        "the job was recorded {took:.3} s after the cancel"
+    );
+    assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0, "not retried");
+    assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0, "not dead");
+    assert_eq!(int(conn, "stat:failed").await, 0, "not a failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_job_is_stopped_from_another_shell_in_whichever_process_runs_it() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let metrics: Vec<String> = (0..2).map(|_| free_addr()).collect();
+    let mut runners: Vec<Runner> = metrics
+        .iter()
+        .map(|addr| Runner::start(&redis.url(), dir.path(), &["-c", "4", "--metrics-addr", addr]))
+        .collect();
+    runners.iter_mut().for_each(Runner::wait_running);
+
+    let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
+        .await
+        .remove(0);
+    wait_until("the job to run", Duration::from_secs(30), || {
+        let mut conn = conn.clone();
+        let jid = jid.clone();
+        async move { running(&mut conn, &jid).await }
+    })
+    .await;
+    let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
+    let text = printed(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("stopped while running"), "{text}");
+
+    let entry = cancelled_entry(&mut conn, &jid, Duration::from_secs(5)).await;
+    assert_stopped_running(&mut conn, &entry, "ops-test").await;
+    assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, 1);
+    let counted: u64 = metrics
+        .iter()
+        .map(|addr| {
+            http_get(addr, "/metrics")
+                .lines()
+                .filter(|l| {
+                    l.starts_with("wasmjobs_jobs_total{class=\"ChaosJob\"") && l.contains("outcome=\"cancelled\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum();
+    assert_eq!(counted, 1, "counted as cancelled in /metrics");
+
+    // The processes go on: the next job runs.
+    push(&mut conn, "ChaosJob", "default", vec![json!(["ok"])]).await;
+    wait_processed(&mut conn, 2, Duration::from_secs(30), || runners[0].log()).await;
+    let stats = printed(&wasmjobs(&redis, "stats", &[]));
+    assert!(stats.contains("cancelled 1 (1 kept)"), "{stats}");
+    for runner in &mut runners {
+        assert!(runner.stop().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_on_a_server_that_never_answers_is_stopped_and_its_request_aborted() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (accepted, closed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (accepted_flag, closed_flag) = (accepted.clone(), closed.clone());
+    // Reads the request, never answers, and notes when the client hangs up.
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else { return };
+        accepted_flag.store(true, Ordering::SeqCst);
+        let mut buffer = [0u8; 4096];
+        loop {
+            match stream.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        closed_flag.store(true, Ordering::SeqCst);
+    });
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4"]);
+    runner.wait_running();
+
+    let url = format!("http://{addr}/never");
+    let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["http", url])])
+        .await
+        .remove(0);
+    wait_until("the request to reach the server", Duration::from_secs(30), || {
+        let accepted = accepted.clone();
+        async move { accepted.load(Ordering::SeqCst) }
+    })
+    .await;
+    let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
+    assert!(output.status.success(), "{}", printed(&output));
+    let entry = cancelled_entry(&mut conn, &jid, Duration::from_secs(5)).await;
+    assert_stopped_running(&mut conn, &entry, "ops-test").await;
+    wait_until("the connection to be closed", Duration::from_secs(5), || {
+        let closed = closed.clone();
+        async move { closed.load(Ordering::SeqCst) }
+    })
+    .await;
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let queued = push(&mut conn, "ChaosJob", "default", vec![json!(["ok"])])
+        .await
+        .remove(0);
+    let now = wasmjobs::redis::now_f64();
+    let mut later = Payload::new("ChaosJob", vec![json!("ok")], "default", now);
+    client::schedule(&mut conn, &mut later, now + 3_600.0)
+        .await
+        .expect("schedule");
+    let mut failed = Payload::new("ChaosJob", vec![json!("ok")], "default", now);
+    failed.set("retry_count", json!(0));
+    let _: () = conn
+        .zadd("retry", failed.to_json(), now + 3_600.0)
+        .await
+        .expect("ZADD retry");
+
+    let output = wasmjobs(&redis, "cancel", &[&queued, later.jid(), failed.jid()]);
+    let text = printed(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{queued}: cancelled; taken out of queue default")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}: cancelled; taken out of the schedule", later.jid())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}: cancelled; taken out of the retry set", failed.jid())),
+        "{text}"
+    );
+    assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 0);
+    assert_eq!(conn.zcard::<_, u64>("schedule").await.expect("ZCARD"), 0);
+    assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0);
+    let mut from: Vec<(String, String)> = cancelled(&mut conn)
+        .await
+        .into_iter()
+        .map(|(p, _)| {
+            (
+                p.jid().to_owned(),
+                p.str("cancelled_from").unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    from.sort();
+    let mut expected = vec![
+        (queued.clone(), "queue default".to_owned()),
+        (later.jid().to_owned(), "schedule".to_owned()),
+        (failed.jid().to_owned(), "retry".to_owned()),
+    ];
+    expected.sort();
+    assert_eq!(from, expected);
+
+    let unknown = wasmjobs(&redis, "cancel", &["ffffffffffffffffffffffff"]);
+    assert_eq!(unknown.status.code(), Some(1), "{}", printed(&unknown));
+    assert!(printed(&unknown).contains("no such job is queued, scheduled, retrying or running"));
+    let bad = wasmjobs(&redis, "cancel", &["not a jid"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", printed(&bad));
+    assert!(printed(&bad).contains("is not a job id"), "{}", printed(&bad));
+
+    // Nothing cancelled runs: a runner started now processes only the
+    // job pushed after.
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--poll-interval", "0.05"]);
+    runner.wait_running();
+    push(&mut conn, "ChaosJob", "default", vec![json!(["ok"])]).await;
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success());
+    assert_eq!(int(&mut conn, "stat:processed").await, 1, "{}", runner.log());
+    assert_eq!(cancelled(&mut conn).await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_written_the_sidekiq_ways_are_honoured() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let now = wasmjobs::redis::now_f64();
+
+    // The wiki's key, written before the job is fetched (the fetch sees it).
+    let mut early = Payload::new("ChaosJob", vec![json!("loop")], "default", now);
+    let _: () = conn
+        .set_ex(format!("cancelled-{}", early.jid()), "1", 86_400)
+        .await
+        .expect("SETEX");
+    client::push(&mut conn, &mut early).await.expect("push");
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4"]);
+    runner.wait_running();
+    let (entry, _) = cancelled_entry(&mut conn, early.jid(), Duration::from_secs(30)).await;
+    assert!(
+        entry
+            .str("cancelled_by")
+            .unwrap_or_default()
+            .contains("cancelled-<jid>"),
+        "{entry:?}"
+    );
+
+    // The same, for a job that reaches an idle process (a blocking wait
+    // takes it, so the runner looks it up itself).
+    let mut idle = Payload::new("ChaosJob", vec![json!("loop")], "default", now);
+    let _: () = conn
+        .set_ex(format!("cancelled-{}", idle.jid()), "1", 86_400)
+        .await
+        .expect("SETEX");
+    client::push(&mut conn, &mut idle).await.expect("push");
+    cancelled_entry(&mut conn, idle.jid(), Duration::from_secs(30)).await;
+
+    // Sidekiq 7.3.3+'s `cancel!` on a job already running: found by the
+    // sweep, without a message.
+    let running_jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
+        .await
+        .remove(0);
+    wait_until("the job to run", Duration::from_secs(30), || {
+        let mut conn = conn.clone();
+        let jid = running_jid.clone();
+        async move { running(&mut conn, &jid).await }
+    })
+    .await;
+    let _: () = conn
+        .hset(format!("it-{running_jid}"), "cancelled", now as u64)
+        .await
+        .expect("HSET");
+    let (entry, _) = cancelled_entry(&mut conn, &running_jid, Duration::from_secs(10)).await;
+    assert!(
+        entry.str("cancelled_by").unwrap_or_default().contains("cancel!"),
+        "{entry:?}"
+    );
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_job_of_a_concurrent_instance_stops_it_and_retries_its_neighbours() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let server = HttpServer::start(Duration::ZERO).await;
+    let dir = plugins(&[], &["py-async-chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "10"]);
+    runner.wait_running();
+    let gate = server.url("/gate");
+    let jids = push(
+        &mut conn,
+        "AsyncChaosJob",
+        "default",
+        vec![json!(["get", gate]), json!(["get", gate])],
+    )
+    .await;
+    wait_until("both jobs to wait at the gate", Duration::from_secs(60), || {
+        let hits = server.gate_hits();
+        async move { hits >= 2 }
+    })
+    .await;
+    let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jids[0]]);
+    assert!(output.status.success(), "{}", printed(&output));
+    let (entry, recorded) = cancelled_entry(&mut conn, &jids[0], Duration::from_secs(5)).await;
+    let took = recorded - entry.time("cancelled_at").expect("cancelled_at");
+    assert!(took <= CANCEL_WITHIN, "recorded {took:.3} s after the cancel");
+    // Its neighbour shared the instance: retried, naming why.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let retried = loop {
+        let retries = wasmjobs_e2e::runner::zset(&mut conn, "retry").await;
+        if let Some(job) = retries.into_iter().find(|p| p.jid() == jids[1]) {
+            break job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the neighbour was not retried:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let message = retried.str("error_message").unwrap_or_default();
+    assert!(message.contains(&format!("job {} was cancelled", jids[0])), "{message}");
+    server.open_gate();
+    assert!(runner.stop().success());
+}
+
+/// The number of paused queues a runner's `/metrics` shows.
+fn paused_gauge(addr: &str) -> u64 {
+    http_get(addr, "/metrics")
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmjobs_queues_paused "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map_or(u64::MAX, |value| value as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_queue_stays_queued_on_every_process_until_resumed() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let server = HttpServer::start(Duration::ZERO).await;
+    let dir = plugins(&[], &["chaos"]);
+    let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    // Both fetch modes: reliable blocks with BLMOVE per queue, basic with
+    // one BRPOP over all.
+    let modes = ["reliable", "reliable", "basic"];
+    let mut runners: Vec<Runner> = metrics
+        .iter()
+        .zip(modes)
+        .map(|(addr, mode)| {
+            Runner::start(
+                &redis.url(),
+                dir.path(),
+                &["-q", "default,other", "--fetch", mode, "--metrics-addr", addr],
+            )
+        })
+        .collect();
+    runners.iter_mut().for_each(Runner::wait_running);
+
+    // A job in flight when the queue is paused finishes.
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![json!(["http", server.url("/gate")])],
+    )
+    .await;
+    wait_until("the job to reach the gate", Duration::from_secs(30), || {
+        let hits = server.gate_hits();
+        async move { hits >= 1 }
+    })
+    .await;
+
+    let output = wasmjobs(&redis, "pause", &["default"]);
+    assert!(output.status.success(), "{}", printed(&output));
+    assert!(printed(&output).contains("paused now: default"), "{}", printed(&output));
+    let asked = Instant::now();
+    for addr in &metrics {
+        wait_until("every process to see the pause", Duration::from_secs(5), || {
+            let addr = addr.clone();
+            async move {
+                tokio::task::spawn_blocking(move || paused_gauge(&addr))
+                    .await
+                    .unwrap_or(0)
+                    == 1
+            }
+        })
+        .await;
+    }
+    let seen = asked.elapsed();
+    assert!(
+        seen < Duration::from_secs(1),
+        "the pause took {seen:?} to reach every process"
+    );
+    server.open_gate();
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runners[0].log()).await;
+
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..30).map(|_| json!(["ok"])).collect(),
+    )
+    .await;
+    push(&mut conn, "ChaosJob", "other", (0..10).map(|_| json!(["ok"])).collect()).await;
+    // The other queue runs; the paused one does not, for 5 s.
+    wait_processed(&mut conn, 11, Duration::from_secs(30), || runners[0].log()).await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        assert_eq!(
+            conn.llen::<_, u64>("queue:default").await.expect("LLEN"),
+            30,
+            "a paused queue was fetched from"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(int(&mut conn, "stat:processed").await, 11);
+    let stats = printed(&wasmjobs(&redis, "stats", &[]));
+    assert!(stats.contains("paused queues: default"), "{stats}");
+
+    let output = wasmjobs(&redis, "resume", &["default"]);
+    assert!(output.status.success(), "{}", printed(&output));
+    assert!(printed(&output).contains("no queue is paused"), "{}", printed(&output));
+    wait_processed(&mut conn, 41, Duration::from_secs(30), || runners[0].log()).await;
+    for runner in &mut runners {
+        assert!(runner.stop().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_written_only_to_the_paused_set_is_seen_within_a_second() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let addr = free_addr();
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--metrics-addr", &addr]);
+    runner.wait_running();
+    // As Sidekiq Pro's `Queue#pause!` leaves it: the set, no message here.
+    let _: () = conn.sadd("paused", "default").await.expect("SADD");
+    let asked = Instant::now();
+    wait_until("the process to see the pause", Duration::from_secs(5), || {
+        let addr = addr.clone();
+        async move {
+            tokio::task::spawn_blocking(move || paused_gauge(&addr))
+                .await
+                .unwrap_or(0)
+                == 1
+        }
+    })
+    .await;
+    let seen = asked.elapsed();
+    assert!(seen <= Duration::from_millis(1_500), "seen after {seen:?}");
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..5).map(|_| json!(["ok"])).collect(),
+    )
+    .await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(2) {
+        assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 5);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _: () = conn.srem("paused", "default").await.expect("SREM");
+    wait_processed(&mut conn, 5, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success());
+}
