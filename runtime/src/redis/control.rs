@@ -293,40 +293,25 @@ fn is_job(raw: &str, jid: &str) -> bool {
 }
 
 async fn find_in_list<C: ConnectionLike + Send>(conn: &mut C, list: &str, jid: &str) -> Result<Option<String>> {
-    let mut start = 0isize;
-    loop {
-        let chunk: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(list)
-            .arg(start)
-            .arg(start + SCAN_CHUNK - 1)
-            .query_async(conn)
-            .await
-            .with_context(|| format!("cannot read {list}"))?;
-        let done = (chunk.len() as isize) < SCAN_CHUNK;
-        if let Some(raw) = chunk
-            .into_iter()
-            .filter_map(|raw| String::from_utf8(raw).ok())
-            .find(|raw| is_job(raw, jid))
-        {
-            return Ok(Some(raw));
-        }
-        if done {
-            return Ok(None);
-        }
-        start += SCAN_CHUNK;
-    }
+    find(conn, "LRANGE", list, jid).await
 }
 
 async fn find_in_zset<C: ConnectionLike + Send>(conn: &mut C, set: &str, jid: &str) -> Result<Option<String>> {
+    find(conn, "ZRANGE", set, jid).await
+}
+
+/// The entry of the list or sorted set `key` (read with `range`, by index,
+/// [`SCAN_CHUNK`] at a time) that is the job `jid`.
+async fn find<C: ConnectionLike + Send>(conn: &mut C, range: &str, key: &str, jid: &str) -> Result<Option<String>> {
     let mut start = 0isize;
     loop {
-        let chunk: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-            .arg(set)
+        let chunk: Vec<Vec<u8>> = redis::cmd(range)
+            .arg(key)
             .arg(start)
             .arg(start + SCAN_CHUNK - 1)
             .query_async(conn)
             .await
-            .with_context(|| format!("cannot read {set}"))?;
+            .with_context(|| format!("cannot read {key}"))?;
         let done = (chunk.len() as isize) < SCAN_CHUNK;
         if let Some(raw) = chunk
             .into_iter()
