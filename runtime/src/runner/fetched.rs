@@ -49,23 +49,34 @@ pub(crate) enum CancelFound {
 }
 
 impl CancelMark {
-    /// Reads the script's mark: `""`, `jid\n`, `jid\nk<value>` or
-    /// `jid\ni<value>`.
-    pub(crate) fn from_script(mark: &[u8]) -> Self {
-        let text = String::from_utf8_lossy(mark);
-        let Some((jid, rest)) = text.split_once('\n') else {
+    /// Reads the fetch script's mark for the payload `raw`: `""`, `-`,
+    /// `k<value>` or `i<value>`, about the jid [`script_jid`] finds.
+    pub(crate) fn from_script(raw: &[u8], mark: &[u8]) -> Self {
+        let Some(jid) = script_jid(raw) else {
             return CancelMark::Unchecked;
         };
-        let request = match rest.split_at_checked(1) {
+        let text = String::from_utf8_lossy(mark);
+        let request = match text.split_at_checked(1) {
+            Some(("-", "")) => None,
             Some(("k", value)) => Some(CancelFound::Key(value.to_owned())),
             Some(("i", value)) => Some(CancelFound::Iteration(value.to_owned())),
-            _ => None,
+            _ => return CancelMark::Unchecked,
         };
-        CancelMark::Checked {
-            jid: jid.to_owned(),
-            request,
-        }
+        CancelMark::Checked { jid, request }
     }
+}
+
+/// The jid the fetch script looks at: the text between the first
+/// `"jid":"` of the payload and the next `"`, at most 128 bytes (the
+/// script's own rule, byte for byte).
+pub(crate) fn script_jid(raw: &[u8]) -> Option<String> {
+    const NEEDLE: &[u8] = b"\"jid\":\"";
+    let start = raw.windows(NEEDLE.len()).position(|w| w == NEEDLE)? + NEEDLE.len();
+    let len = raw[start..].iter().position(|&b| b == b'"')?;
+    if len > 128 {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&raw[start..start + len]).into_owned())
 }
 
 /// How a unit of work ended.
@@ -75,37 +86,6 @@ pub(crate) enum Finish {
     Outcome(Write),
     /// It was stopped before it finished: back to the front of its queue.
     Requeue,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn marks_are_read_as_the_script_writes_them() {
-        assert_eq!(CancelMark::from_script(b""), CancelMark::Unchecked);
-        assert_eq!(
-            CancelMark::from_script(b"abc\n"),
-            CancelMark::Checked {
-                jid: "abc".into(),
-                request: None
-            }
-        );
-        assert_eq!(
-            CancelMark::from_script(b"abc\nk{\"by\":\"me\"}"),
-            CancelMark::Checked {
-                jid: "abc".into(),
-                request: Some(CancelFound::Key("{\"by\":\"me\"}".into()))
-            }
-        );
-        assert_eq!(
-            CancelMark::from_script(b"abc\ni1700000000"),
-            CancelMark::Checked {
-                jid: "abc".into(),
-                request: Some(CancelFound::Iteration("1700000000".into()))
-            }
-        );
-    }
 }
 
 /// One ended job, for the outcome writer.
@@ -121,3 +101,44 @@ pub(crate) struct Completion {
 
 /// The outcome writer's input.
 pub(crate) type CompletionSender = mpsc::Sender<Completion>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_are_read_as_the_script_writes_them() {
+        let raw = br#"{"class":"A","args":[{"jid":"nested"}],"jid":"real"}"#;
+        // The script looks at the first "jid":" — here one inside the args,
+        // which the runner then does not take for the job's.
+        assert_eq!(
+            CancelMark::from_script(raw, b"-"),
+            CancelMark::Checked {
+                jid: "nested".into(),
+                request: None
+            }
+        );
+        let raw = br#"{"class":"A","args":[],"jid":"abc"}"#;
+        assert_eq!(CancelMark::from_script(raw, b""), CancelMark::Unchecked);
+        assert_eq!(
+            CancelMark::from_script(raw, b"k{\"by\":\"me\"}"),
+            CancelMark::Checked {
+                jid: "abc".into(),
+                request: Some(CancelFound::Key("{\"by\":\"me\"}".into()))
+            }
+        );
+        assert_eq!(
+            CancelMark::from_script(raw, b"i1700000000"),
+            CancelMark::Checked {
+                jid: "abc".into(),
+                request: Some(CancelFound::Iteration("1700000000".into()))
+            }
+        );
+        // Spaced JSON is not read by the script: the runner looks it up.
+        assert_eq!(script_jid(br#"{"jid": "abc"}"#), None);
+        let long = format!(r#"{{"jid":"{}"}}"#, "a".repeat(129));
+        assert_eq!(script_jid(long.as_bytes()), None);
+        let longest = format!(r#"{{"jid":"{}"}}"#, "a".repeat(128));
+        assert_eq!(script_jid(longest.as_bytes()).map(|j| j.len()), Some(128));
+    }
+}

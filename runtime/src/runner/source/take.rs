@@ -57,7 +57,8 @@ pub(super) async fn take(
             .and_then(|p| order.get(p))
             .and_then(|&i| names.get(i))
             .context("the fetch script returned a bad queue index")?;
-        jobs.push((raw, queue.to_owned(), CancelMark::from_script(&mark)));
+        let mark = CancelMark::from_script(&raw, &mark);
+        jobs.push((raw, queue.to_owned(), mark));
     }
     Ok(jobs)
 }
