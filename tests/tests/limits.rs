@@ -206,6 +206,21 @@ async fn a_rate_limit_holds_for_every_sliding_second_across_three_processes() {
     let chaos = &stats["limits"]["plugins"][0];
     assert_eq!(chaos["plugin"], "chaos", "{stats}");
     assert_eq!(chaos["overrated_rate"].as_u64(), Some(overrated), "{stats}");
+    // `wasmjobs limits` shows the same table on its own.
+    let limits = wasmjobs_in(
+        dir.path(),
+        &["limits", "--redis", &redis.url(), "--json"],
+        &[] as &[(&str, &str)],
+        Duration::from_secs(30),
+    );
+    assert!(limits.status.success());
+    let limits: Value = serde_json::from_slice(&limits.stdout).expect("limits JSON");
+    assert_eq!(limits["plugins"][0]["plugin"], "chaos", "{limits}");
+    assert_eq!(
+        limits["plugins"][0]["overrated_rate"].as_u64(),
+        Some(overrated),
+        "{limits}"
+    );
     for runner in &mut runners {
         assert!(runner.stop().success(), "{}", runner.log());
     }

@@ -6,6 +6,7 @@
 //! - `wasmjobs cancel JID...`, `wasmjobs pause|resume QUEUE...`: stop jobs
 //!   wherever they are, stop and start fetching from queues, in every
 //!   process ([`cancel`], [`pause`]).
+//! - `wasmjobs limits`: what the cluster-wide limits are doing ([`limits`]).
 //! - `wasmjobs exec --plugins DIR CLASS [ARGS_JSON]`: run one job through
 //!   the executor and print its log lines, outcome and duration ([`exec`]).
 //! - `wasmjobs plugins --plugins DIR`: list what a plugins directory holds
@@ -24,6 +25,7 @@ pub mod build;
 pub mod cancel;
 pub mod enqueue;
 pub mod exec;
+pub mod limits;
 pub mod new;
 pub mod pause;
 pub mod plugins;
@@ -80,6 +82,8 @@ pub enum Command {
     Pause(pause::PauseArgs),
     /// Start fetching from paused queues again.
     Resume(pause::PauseArgs),
+    /// Show what the cluster-wide limits are doing: starts, leases, jobs rescheduled.
+    Limits(limits::LimitsArgs),
     /// Create a plugin directory ready to build: rust, python or js.
     New(new::NewArgs),
     /// Build a plugin directory's component (installing its toolchain on first use).
@@ -181,7 +185,8 @@ pub fn main() -> ExitCode {
         | Command::Cancel(_)
         | Command::Pause(_)
         | Command::Resume(_)
-        | Command::Schedule(_) => "warn",
+        | Command::Schedule(_)
+        | Command::Limits(_) => "warn",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -195,6 +200,7 @@ pub fn main() -> ExitCode {
         Command::Cancel(args) => runtime().and_then(|rt| rt.block_on(cancel::run(&cli, args))),
         Command::Pause(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, true))),
         Command::Resume(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, false))),
+        Command::Limits(args) => runtime().and_then(|rt| rt.block_on(limits::run(&cli, args))),
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(&cli, args),
         Command::Schedule(args) => runtime().and_then(|rt| rt.block_on(schedule::run(&cli, args))),

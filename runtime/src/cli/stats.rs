@@ -229,7 +229,7 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
 }
 
 /// The cluster limits table (empty when no plugin has limit keys).
-fn render_limits(limits: &LimitStats) -> String {
+pub(super) fn render_limits(limits: &LimitStats) -> String {
     let mut out = String::new();
     if limits.plugins.is_empty() {
         return out;
