@@ -21,6 +21,24 @@ use wasmjobs::sandbox::{EngineConfig, ExecOptions, Execution, Executor, Limits};
 
 pub use guests::{plugins_dir, repo_root, test_guests_dir};
 
+/// Polls `check` every 10 ms until it holds; panics with `what()` after
+/// `timeout`. The tests' one way to wait for a condition.
+pub async fn eventually<F, Fut>(timeout: Duration, what: impl Fn() -> String, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {timeout:?}: {}",
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A shared compilation cache for tests, so each component compiles once
 /// per machine rather than once per test.
 pub fn cache() -> CompileCache {

@@ -14,6 +14,7 @@ use serde_json::json;
 use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::cli::{printed, wasmjobs_in};
+use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
@@ -29,22 +30,6 @@ fn wasmjobs(redis: &TestRedis, command: &str, args: &[&str]) -> Output {
     let mut full = vec![command, "--redis", url.as_str()];
     full.extend_from_slice(args);
     wasmjobs_in(cwd.path(), &full, &[] as &[(&str, &str)], Duration::from_secs(60))
-}
-
-/// Waits until `check` holds, polling, or panics naming `what`.
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The cancelled set: each payload with the time it was recorded.
@@ -121,11 +106,15 @@ async fn a_spinning_job_is_stopped_from_another_shell_in_whichever_process_runs_
     let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
         .await
         .remove(0);
-    wait_until("the job to run", Duration::from_secs(30), || {
-        let mut conn = conn.clone();
-        let jid = jid.clone();
-        async move { running(&mut conn, &jid).await }
-    })
+    eventually(
+        Duration::from_secs(30),
+        || "the job to run".into(),
+        || {
+            let mut conn = conn.clone();
+            let jid = jid.clone();
+            async move { running(&mut conn, &jid).await }
+        },
+    )
     .await;
     let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
     let text = printed(&output);
@@ -188,19 +177,27 @@ async fn a_job_waiting_on_a_server_that_never_answers_is_stopped_and_its_request
     let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["http", url])])
         .await
         .remove(0);
-    wait_until("the request to reach the server", Duration::from_secs(30), || {
-        let accepted = accepted.clone();
-        async move { accepted.load(Ordering::SeqCst) }
-    })
+    eventually(
+        Duration::from_secs(30),
+        || "the request to reach the server".into(),
+        || {
+            let accepted = accepted.clone();
+            async move { accepted.load(Ordering::SeqCst) }
+        },
+    )
     .await;
     let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
     assert!(output.status.success(), "{}", printed(&output));
     let entry = cancelled_entry(&mut conn, &jid, Duration::from_secs(5)).await;
     assert_stopped_running(&mut conn, &entry, "ops-test").await;
-    wait_until("the connection to be closed", Duration::from_secs(5), || {
-        let closed = closed.clone();
-        async move { closed.load(Ordering::SeqCst) }
-    })
+    eventually(
+        Duration::from_secs(5),
+        || "the connection to be closed".into(),
+        || {
+            let closed = closed.clone();
+            async move { closed.load(Ordering::SeqCst) }
+        },
+    )
     .await;
     assert!(runner.stop().success());
 }
@@ -320,11 +317,15 @@ async fn cancels_written_the_sidekiq_ways_are_honoured() {
     let running_jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
         .await
         .remove(0);
-    wait_until("the job to run", Duration::from_secs(30), || {
-        let mut conn = conn.clone();
-        let jid = running_jid.clone();
-        async move { running(&mut conn, &jid).await }
-    })
+    eventually(
+        Duration::from_secs(30),
+        || "the job to run".into(),
+        || {
+            let mut conn = conn.clone();
+            let jid = running_jid.clone();
+            async move { running(&mut conn, &jid).await }
+        },
+    )
     .await;
     let _: () = conn
         .hset(format!("it-{running_jid}"), "cancelled", now as u64)
@@ -356,10 +357,14 @@ async fn cancelling_a_job_of_a_concurrent_instance_stops_it_and_retries_its_neig
         vec![json!(["get", gate]), json!(["get", gate])],
     )
     .await;
-    wait_until("both jobs to wait at the gate", Duration::from_secs(60), || {
-        let hits = server.gate_hits();
-        async move { hits >= 2 }
-    })
+    eventually(
+        Duration::from_secs(60),
+        || "both jobs to wait at the gate".into(),
+        || {
+            let hits = server.gate_hits();
+            async move { hits >= 2 }
+        },
+    )
     .await;
     let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jids[0]]);
     assert!(output.status.success(), "{}", printed(&output));
@@ -395,6 +400,37 @@ fn paused_gauge(addr: &str) -> u64 {
         .map_or(u64::MAX, |value| value as u64)
 }
 
+/// Waits until the runner at `addr` reports its one queue paused.
+async fn wait_paused(addr: &str) {
+    eventually(
+        Duration::from_secs(5),
+        || format!("{addr} to see the pause"),
+        || {
+            let addr = addr.to_owned();
+            async move {
+                tokio::task::spawn_blocking(move || paused_gauge(&addr))
+                    .await
+                    .unwrap_or(0)
+                    == 1
+            }
+        },
+    )
+    .await;
+}
+
+/// Asserts that `queue:default` holds `jobs` throughout `window`.
+async fn assert_stays_queued(conn: &mut redis::aio::MultiplexedConnection, jobs: u64, window: Duration) {
+    let watched = Instant::now();
+    while watched.elapsed() < window {
+        assert_eq!(
+            conn.llen::<_, u64>("queue:default").await.expect("LLEN"),
+            jobs,
+            "a paused queue was fetched from"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_queue_stays_queued_on_every_process_until_resumed() {
     let redis = TestRedis::start();
@@ -426,10 +462,14 @@ async fn a_paused_queue_stays_queued_on_every_process_until_resumed() {
         vec![json!(["http", server.url("/gate")])],
     )
     .await;
-    wait_until("the job to reach the gate", Duration::from_secs(30), || {
-        let hits = server.gate_hits();
-        async move { hits >= 1 }
-    })
+    eventually(
+        Duration::from_secs(30),
+        || "the job to reach the gate".into(),
+        || {
+            let hits = server.gate_hits();
+            async move { hits >= 1 }
+        },
+    )
     .await;
 
     let output = wasmjobs(&redis, "pause", &["default"]);
@@ -437,16 +477,7 @@ async fn a_paused_queue_stays_queued_on_every_process_until_resumed() {
     assert!(printed(&output).contains("paused now: default"), "{}", printed(&output));
     let asked = Instant::now();
     for addr in &metrics {
-        wait_until("every process to see the pause", Duration::from_secs(5), || {
-            let addr = addr.clone();
-            async move {
-                tokio::task::spawn_blocking(move || paused_gauge(&addr))
-                    .await
-                    .unwrap_or(0)
-                    == 1
-            }
-        })
-        .await;
+        wait_paused(addr).await;
     }
     let seen = asked.elapsed();
     assert!(
@@ -466,15 +497,7 @@ async fn a_paused_queue_stays_queued_on_every_process_until_resumed() {
     push(&mut conn, "ChaosJob", "other", (0..10).map(|_| json!(["ok"])).collect()).await;
     // The other queue runs; the paused one does not, for 5 s.
     wait_processed(&mut conn, 11, Duration::from_secs(30), || runners[0].log()).await;
-    let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(5) {
-        assert_eq!(
-            conn.llen::<_, u64>("queue:default").await.expect("LLEN"),
-            30,
-            "a paused queue was fetched from"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_stays_queued(&mut conn, 30, Duration::from_secs(5)).await;
     assert_eq!(int(&mut conn, "stat:processed").await, 11);
     let stats = printed(&wasmjobs(&redis, "stats", &[]));
     assert!(stats.contains("paused queues: default"), "{stats}");
@@ -499,16 +522,7 @@ async fn a_pause_written_only_to_the_paused_set_is_seen_within_a_second() {
     // As Sidekiq Pro's `Queue#pause!` leaves it: the set, no message here.
     let _: () = conn.sadd("paused", "default").await.expect("SADD");
     let asked = Instant::now();
-    wait_until("the process to see the pause", Duration::from_secs(5), || {
-        let addr = addr.clone();
-        async move {
-            tokio::task::spawn_blocking(move || paused_gauge(&addr))
-                .await
-                .unwrap_or(0)
-                == 1
-        }
-    })
-    .await;
+    wait_paused(&addr).await;
     let seen = asked.elapsed();
     assert!(seen <= Duration::from_millis(1_500), "seen after {seen:?}");
     push(
@@ -518,11 +532,7 @@ async fn a_pause_written_only_to_the_paused_set_is_seen_within_a_second() {
         (0..5).map(|_| json!(["ok"])).collect(),
     )
     .await;
-    let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(2) {
-        assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 5);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_stays_queued(&mut conn, 5, Duration::from_secs(2)).await;
     let _: () = conn.srem("paused", "default").await.expect("SREM");
     wait_processed(&mut conn, 5, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());

@@ -4,7 +4,6 @@
 //! restarted. Real redis-server, real `wasmjobs run` processes, real
 //! components; every wait is for a condition, with a deadline.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,25 +11,13 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
+use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, int, jobs_in_progress, plugins, push};
 
 /// The set of processes with an in-progress list.
 const OWNERS: &str = "wasmjobs:inprogress";
-
-/// Waits until `check` holds; panics with `what()` after `timeout`.
-async fn eventually<F, Fut>(timeout: Duration, what: impl Fn() -> String, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {timeout:?}: {}", what());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Every registered in-progress owner.
 async fn owners(conn: &mut MultiplexedConnection) -> Vec<String> {

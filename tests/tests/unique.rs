@@ -5,31 +5,18 @@
 //! Every wait polls for its condition with a deadline; nothing sleeps to
 //! synchronise.
 
-use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use wasmjobs_client::{Client, Job, Pushed, UniqueUntil};
 use wasmjobs_e2e::cli::{printed, wasmjobs_in};
+use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{self, Runner};
 
 const CLASS: &str = "ChaosJob";
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// Polls `check` until it holds (panics with `what` after [`DEADLINE`]).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {DEADLINE:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn client(redis: &TestRedis) -> Client<redis::aio::MultiplexedConnection> {
     Client::from_connection(redis.conn().await)
@@ -175,10 +162,14 @@ async fn a_retrying_job_keeps_its_lock_and_a_dead_one_releases_it() {
     let plugins = runner::plugins(&[], &["chaos"]);
     let mut run = Runner::start(&redis.url(), plugins.path(), &["--poll-interval", "0.05"]);
     run.wait_running();
-    eventually("the job waits in retry", || {
-        let mut conn = conn.clone();
-        async move { conn.zcard::<_, u64>("retry").await.expect("ZCARD") == 1 }
-    })
+    eventually(
+        DEADLINE,
+        || "the job waits in retry".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { conn.zcard::<_, u64>("retry").await.expect("ZCARD") == 1 }
+        },
+    )
     .await;
     assert_eq!(owner(&mut conn, &lock).await.as_deref(), Some(jid.as_str()));
     let refused = push(&redis, &job).await;
@@ -191,10 +182,14 @@ async fn a_retrying_job_keeps_its_lock_and_a_dead_one_releases_it() {
     );
 
     runner::make_retries_due(&mut conn).await;
-    eventually("the job dies", || {
-        let mut conn = conn.clone();
-        async move { conn.zcard::<_, u64>("dead").await.expect("ZCARD") == 1 }
-    })
+    eventually(
+        DEADLINE,
+        || "the job dies".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { conn.zcard::<_, u64>("dead").await.expect("ZCARD") == 1 }
+        },
+    )
     .await;
     let dead = runner::zset(&mut conn, "dead").await;
     assert_eq!(dead[0].jid(), jid);
@@ -224,11 +219,15 @@ async fn the_lock_expires_after_unique_for() {
         refused_ttl(&refused).is_some_and(|t| t <= Duration::from_secs(1)),
         "{refused:?}"
     );
-    eventually("a push goes in once the lock expired", || {
-        let redis = &redis;
-        let job = &job;
-        async move { !push(redis, job).await.is_duplicate() }
-    })
+    eventually(
+        DEADLINE,
+        || "a push goes in once the lock expired".into(),
+        || {
+            let redis = &redis;
+            let job = &job;
+            async move { !push(redis, job).await.is_duplicate() }
+        },
+    )
     .await;
     assert!(
         started.elapsed() >= Duration::from_millis(900),
@@ -306,11 +305,15 @@ async fn unique_until_start_releases_the_lock_when_the_job_starts() {
     let plugins = runner::plugins(&[], &["chaos"]);
     let mut run = Runner::start(&redis.url(), plugins.path(), &["-c", "1"]);
     run.wait_running();
-    eventually("the lock is released as the job starts", || {
-        let mut conn = conn.clone();
-        let lock = lock.clone();
-        async move { owner(&mut conn, &lock).await.is_none() }
-    })
+    eventually(
+        DEADLINE,
+        || "the lock is released as the job starts".into(),
+        || {
+            let mut conn = conn.clone();
+            let lock = lock.clone();
+            async move { owner(&mut conn, &lock).await.is_none() }
+        },
+    )
     .await;
     // Still running: nothing recorded, the job in the in-progress list.
     assert_eq!(runner::int(&mut conn, "stat:processed").await, 0, "{}", run.log());

@@ -7,7 +7,7 @@
 //! or `/metrics` without bound. And a Redis that is full (`maxmemory`
 //! with `noeviction`) must delay outcomes visibly, never lose them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::AsyncCommands;
 use serde_json::{Value, json};
@@ -26,22 +26,13 @@ fn sample(body: &str, name: &str) -> Option<f64> {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// Polls `check` every 25 ms until it returns true; panics with `what` and
-/// the runner's log after `timeout`.
-async fn until<F, Fut>(timeout: Duration, what: &str, runner: &Runner, mut check: F)
+/// [`wasmjobs_e2e::eventually`], naming `what` and showing the runner's log.
+async fn until<F, Fut>(timeout: Duration, what: &str, runner: &Runner, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}:\n{}",
-            runner.log()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wasmjobs_e2e::eventually(timeout, || format!("{what}:\n{}", runner.log()), check).await;
 }
 
 /// The dead set's entries, parsed from their bytes (each must be JSON).
