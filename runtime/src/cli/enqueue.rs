@@ -166,8 +166,8 @@ async fn finish(
     last_jid: &str,
 ) -> Result<ExitCode> {
     // Best effort: the jobs are pushed whatever this finds.
-    let listening = match api::stats(conn).await {
-        Ok(stats) => stats.processes.iter().any(|p| fetches(p, &args.queue)),
+    let listening = match api::processes(conn).await {
+        Ok(processes) => processes.iter().any(|p| fetches(p, &args.queue)),
         Err(err) => {
             tracing::debug!("cannot read the live processes: {err:#}");
             true

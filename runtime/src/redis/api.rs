@@ -1,10 +1,12 @@
 //! The read side: what Sidekiq's `api.rb` (and so its Web UI) reports.
 //!
-//! `wasmjobs stats` reads only Sidekiq's own keys, the way Sidekiq reads
-//! them, so it describes a plain Sidekiq deployment as well as a wasmjobs
-//! one (the wasmjobs-only numbers, `discarded` and `unique_locks`, are then
-//! 0). Two pipelined round trips whatever the number of queues and
-//! processes, plus a bounded `SCAN` counting the unique-job locks.
+//! `wasmjobs stats` reads Sidekiq's own keys the way Sidekiq reads them,
+//! so it describes a plain Sidekiq deployment as well as a wasmjobs one
+//! (the wasmjobs-only numbers — `discarded`, cancelled jobs, unique locks —
+//! are then 0; `paused` is Sidekiq Pro's). Three pipelined round trips
+//! whatever the number of queues and processes, plus a bounded `SCAN`
+//! counting the unique-job locks. [`processes`] reads the live processes
+//! alone, for `wasmjobs enqueue`.
 
 use anyhow::{Context, Result};
 use redis::Value;
@@ -174,6 +176,59 @@ where
         });
     }
 
+    let processes = live(conn, identities, next).await?;
+
+    let (unique_locks, unique_locks_exact) = super::unique::count_locks(conn, MAX_SCANNED_KEYS).await?;
+    Ok(Stats {
+        processed: counter(processed),
+        failed: counter(failed),
+        discarded: counter(discarded),
+        scheduled,
+        retries,
+        dead,
+        enqueued: queues.iter().map(|q| q.size).sum(),
+        queues,
+        processes,
+        control,
+        unique_locks,
+        unique_locks_exact,
+    })
+}
+
+/// The live processes alone (what `wasmjobs enqueue` checks), in two
+/// round trips, pruned as [`stats`] prunes them.
+pub async fn processes<C>(conn: &mut C) -> Result<Vec<ProcessInfo>>
+where
+    C: ConnectionLike + Send,
+{
+    let identities: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
+        .arg(keys::PROCESSES)
+        .query_async(conn)
+        .await
+        .context("cannot read the process set from Redis")?;
+    let mut identities: Vec<String> = identities.into_iter().map(lossy).collect();
+    identities.sort();
+    if identities.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for identity in &identities {
+        pipe.cmd("HMGET").arg(identity).arg(&HEARTBEAT_FIELDS[..]);
+    }
+    let replies: Vec<Value> = pipe
+        .query_async(conn)
+        .await
+        .context("cannot read heartbeats from Redis")?;
+    let mut replies = replies.into_iter();
+    live(conn, identities, || replies.next().unwrap_or(Value::Nil)).await
+}
+
+/// The processes of `identities` whose heartbeat `next` yields (one HMGET
+/// reply each, in order); the others are removed from the process set.
+async fn live<C>(conn: &mut C, identities: Vec<String>, mut next: impl FnMut() -> Value) -> Result<Vec<ProcessInfo>>
+where
+    C: ConnectionLike + Send,
+{
     let mut processes = Vec::with_capacity(identities.len());
     let mut gone = Vec::new();
     for identity in identities {
@@ -193,22 +248,7 @@ where
             .await
             .context("cannot prune processes without a heartbeat")?;
     }
-
-    let (unique_locks, unique_locks_exact) = super::unique::count_locks(conn, MAX_SCANNED_KEYS).await?;
-    Ok(Stats {
-        processed: counter(processed),
-        failed: counter(failed),
-        discarded: counter(discarded),
-        scheduled,
-        retries,
-        dead,
-        enqueued: queues.iter().map(|q| q.size).sum(),
-        queues,
-        processes,
-        control,
-        unique_locks,
-        unique_locks_exact,
-    })
+    Ok(processes)
 }
 
 /// Paused queues and the cancelled counters, one round trip.

@@ -203,7 +203,7 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
         .await
         .context("cannot read the queue names")?;
     for queue in queues {
-        if let Some(raw) = find_in_list(conn, &keys::queue(&queue), jid).await? {
+        if let Some(raw) = find(conn, "LRANGE", &keys::queue(&queue), jid).await? {
             let removed: i64 = redis::cmd("LREM")
                 .arg(keys::queue(&queue))
                 .arg(1)
@@ -218,7 +218,7 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
         }
     }
     for (set, found) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
-        if let Some(raw) = find_in_zset(conn, set, jid).await? {
+        if let Some(raw) = find(conn, "ZRANGE", set, jid).await? {
             let removed: i64 = redis::cmd("ZREM")
                 .arg(set)
                 .arg(&raw)
@@ -292,14 +292,6 @@ fn is_job(raw: &str, jid: &str) -> bool {
     raw.contains(jid) && Payload::parse(raw).is_ok_and(|payload| payload.jid() == jid)
 }
 
-async fn find_in_list<C: ConnectionLike + Send>(conn: &mut C, list: &str, jid: &str) -> Result<Option<String>> {
-    find(conn, "LRANGE", list, jid).await
-}
-
-async fn find_in_zset<C: ConnectionLike + Send>(conn: &mut C, set: &str, jid: &str) -> Result<Option<String>> {
-    find(conn, "ZRANGE", set, jid).await
-}
-
 /// The entry of the list or sorted set `key` (read with `range`, by index,
 /// [`SCAN_CHUNK`] at a time) that is the job `jid`.
 async fn find<C: ConnectionLike + Send>(conn: &mut C, range: &str, key: &str, jid: &str) -> Result<Option<String>> {
@@ -338,7 +330,7 @@ async fn running_in<C: ConnectionLike + Send>(conn: &mut C, jid: &str) -> Result
         .context("cannot read the in-progress owners")?;
     let mut running = Vec::new();
     for owner in owners {
-        if find_in_list(conn, &keys::inprogress(&owner), jid).await?.is_some() {
+        if find(conn, "LRANGE", &keys::inprogress(&owner), jid).await?.is_some() {
             running.push(owner);
         }
     }
