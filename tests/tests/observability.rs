@@ -220,3 +220,86 @@ async fn exit_when_empty_stops_after_the_last_job_with_a_matching_summary() {
     assert!(log.contains("every queue is empty"), "{log}");
     assert!(log.contains("Peak RSS") && log.contains("Exec p99"), "{log}");
 }
+
+/// `wasmjobs stats --json`, parsed.
+fn stats_json(redis_url: &str) -> Value {
+    let out = std::process::Command::new(wasmjobs_e2e::runner::wasmjobs_bin())
+        .args(["stats", "--json", "--redis", redis_url])
+        .output()
+        .expect("wasmjobs stats");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stats JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_percentiles_are_published_with_the_heartbeat_and_merged_across_processes() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop", "fib"], &["chaos"]);
+    let mut runners: Vec<Runner> = (0..2).map(|_| Runner::start(&redis.url(), dir.path(), &[])).collect();
+    for runner in &mut runners {
+        runner.wait_running();
+    }
+    push_mix(&mut conn).await;
+    wait_processed(&mut conn, 230, Duration::from_secs(60), || {
+        runners.iter().map(Runner::log).collect()
+    })
+    .await;
+
+    // While both run: each heartbeat (every 10 s) publishes what its
+    // process recorded, and `stats` merges them.
+    let url = redis.url();
+    let latency_count = |stats: &Value, class: &str| stats["latency"][class]["execution"]["count"].as_u64();
+    wasmjobs_e2e::eventually(
+        Duration::from_secs(25),
+        || format!("{:#}", stats_json(&url)["latency"]),
+        || {
+            let stats = stats_json(&url);
+            async move { latency_count(&stats, "NoopJob") == Some(200) && latency_count(&stats, "ChaosJob") == Some(20) }
+        },
+    )
+    .await;
+    for runner in &mut runners {
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
+    // Stopping publishes what is left, and nothing twice.
+    let stats = stats_json(&url);
+    let latency = &stats["latency"];
+    assert_eq!(latency_count(&stats, "NoopJob"), Some(200), "{latency:#}");
+    assert_eq!(latency_count(&stats, "ChaosJob"), Some(20), "{latency:#}");
+    assert_eq!(
+        latency["FibJob"]["execution"]["count"], 10,
+        "dead jobs ran too: {latency:#}"
+    );
+    assert_eq!(latency["NoopJob"]["queue"]["count"], 200, "{latency:#}");
+    let chaos = &latency["ChaosJob"]["execution"];
+    let p = |q: &str| chaos[q].as_f64().unwrap_or(-1.0);
+    assert!((280.0..2_000.0).contains(&p("p50")), "slept 300 ms: {chaos}");
+    assert!(p("p50") <= p("p95") && p("p95") <= p("p99"), "{chaos}");
+    let noop_p99 = latency["NoopJob"]["execution"]["p99"].as_f64().unwrap_or(f64::MAX);
+    assert!(noop_p99 < p("p50"), "noop p99 {noop_p99} vs chaos p50 {}", p("p50"));
+
+    // Bounded: one hash per minute, each expiring.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("wasmjobs:latency:*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!((1..=3).contains(&keys.len()), "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("TTL").arg(key).query_async(&mut conn).await.expect("TTL");
+        assert!((1..=7_200).contains(&ttl), "{key}: TTL {ttl}");
+    }
+
+    // The human table.
+    let out = std::process::Command::new(wasmjobs_e2e::runner::wasmjobs_bin())
+        .args(["stats", "--redis", &url])
+        .output()
+        .expect("wasmjobs stats");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("EXECUTION p50/p95/p99"), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("ChaosJob") && l.contains("ms/")),
+        "{text}"
+    );
+}

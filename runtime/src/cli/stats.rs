@@ -5,7 +5,10 @@
 //! it works on a plain Sidekiq deployment too). `--json` for scripts,
 //! `--watch` to keep it on screen like `top`. Plugins with cluster limits
 //! get a table of their own ([`crate::redis::limits`]; `limits` in the
-//! JSON), left out when no limit key exists.
+//! JSON), left out when no limit key exists. Per class, the execution
+//! time and queue latency percentiles (p50 / p95 / p99) of the last hour,
+//! every process merged, come from the histograms each heartbeat
+//! publishes ([`crate::redis::latency`]; `latency` in the JSON).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -17,6 +20,7 @@ use clap::Args;
 
 use super::{Cli, RedisArgs};
 use crate::redis::api::{self, Stats};
+use crate::redis::latency::{ClassLatency, last_hour};
 use crate::redis::limits::{LimitStats, limit_stats};
 use crate::redis::now_f64;
 
@@ -45,6 +49,7 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
             let stats = api::stats(&mut conn).await?;
             let limits = limit_stats(&mut conn).await?;
             let schedules = Schedules::read(&mut conn).await?;
+            let latency = last_hour(&mut conn, now_f64()).await?;
             let json = || -> Result<serde_json::Value> {
                 let with = WithSchedules {
                     stats: &stats,
@@ -52,17 +57,22 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
                 };
                 let mut json = serde_json::to_value(&with).context("cannot serialise the stats")?;
                 json["limits"] = serde_json::to_value(&limits).context("cannot serialise the stats")?;
+                json["latency"] = serde_json::to_value(&latency).context("cannot serialise the stats")?;
                 Ok(json)
             };
             let text = match (args.json, args.watch) {
                 (true, None) => serde_json::to_string_pretty(&json()?).context("cannot serialise the stats")? + "\n",
                 (true, Some(_)) => serde_json::to_string(&json()?).context("cannot serialise the stats")? + "\n",
                 (false, None) => {
-                    render(&stats, &redis.location, now_f64()) + &schedules.render() + &render_limits(&limits)
+                    render(&stats, &redis.location, now_f64())
+                        + &render_latency(&latency)
+                        + &schedules.render()
+                        + &render_limits(&limits)
                 }
                 (false, Some(_)) => format!(
-                    "{CLEAR}{}{}{}",
+                    "{CLEAR}{}{}{}{}",
                     render(&stats, &redis.location, now_f64()),
+                    render_latency(&latency),
                     schedules.render(),
                     render_limits(&limits)
                 ),
@@ -226,6 +236,49 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
         }
     }
     out
+}
+
+/// The per-class latency table of the last hour (empty when no process
+/// published any).
+fn render_latency(latency: &std::collections::BTreeMap<String, ClassLatency>) -> String {
+    let mut out = String::new();
+    if latency.is_empty() {
+        return out;
+    }
+    let width = latency.keys().map(|c| c.len()).max().unwrap_or(0).max(5);
+    let _ = writeln!(
+        out,
+        "\n{:<width$}  {:>8}  {:>26}  {:>26}",
+        "CLASS", "JOBS", "EXECUTION p50/p95/p99", "QUEUE LATENCY p50/p95/p99"
+    );
+    for (class, l) in latency {
+        let three = |s: &crate::metrics::published::Summary| match s.count {
+            0 => "-".to_owned(),
+            _ => format!("{}/{}/{}", ms(s.p50), ms(s.p95), ms(s.p99)),
+        };
+        let _ = writeln!(
+            out,
+            "{class:<width$}  {:>8}  {:>26}  {:>26}",
+            l.execution.count.max(l.queue.count),
+            three(&l.execution),
+            three(&l.queue)
+        );
+    }
+    out.push_str("(last hour, all processes)\n");
+    out
+}
+
+/// A duration in milliseconds, short: `0.012ms`, `4.2ms`, `1.3s`, `2.0m`.
+fn ms(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{ms:.3}ms")
+    } else if ms < 1_000.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 60_000.0 {
+        format!("{:.1}s", ms / 1_000.0)
+    } else {
+        format!("{:.1}m", ms / 60_000.0)
+    }
 }
 
 /// The cluster limits table (empty when no plugin has limit keys).

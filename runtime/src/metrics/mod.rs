@@ -5,6 +5,7 @@
 //! |---|---|
 //! | (this) [`Metrics`] | per class × plugin version: outcome counts and HDR histograms of queue latency and execution time |
 //! | [`limited`] | jobs rescheduled by a cluster limit, per plugin and reason |
+//! | [`published`] | the latency histograms each heartbeat publishes to Redis, merged cluster-wide for `stats` and `web` |
 //! | [`process`] | per process: RSS now and peak, %CPU sampled every second, and the gauges the runner reports |
 //! | [`exposition`] | the Prometheus text format (`/metrics`) and the JSON document (`/stats`) |
 //! | [`server`] | the HTTP endpoint of `wasmjobs run --metrics-addr` |
@@ -17,6 +18,7 @@
 pub mod exposition;
 pub mod limited;
 pub mod process;
+pub mod published;
 pub mod server;
 
 use std::cell::Cell;

@@ -114,3 +114,10 @@ pub const CRON_JOBS: &str = "cron_jobs:default";
 pub fn cron_job(name: &str) -> String {
     format!("cron_job:default:{name}")
 }
+
+/// The HASH of the latency histograms published in the UTC minute
+/// `minute` (seconds since the epoch ÷ 60) by every process; see
+/// `metrics::published`.
+pub fn latency(minute: u64) -> String {
+    format!("wasmjobs:latency:{minute}")
+}

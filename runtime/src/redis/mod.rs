@@ -18,6 +18,8 @@
 //! names.
 //! - [`api`]: the read side (`wasmjobs stats`).
 //! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
+//! - [`latency`]: the latency histograms every heartbeat publishes, merged
+//!   into per-class percentiles over the last hour (`stats`, `web`).
 //! - [`cron`]: cron schedules in sidekiq-cron's format: register, list, claim a tick.
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
@@ -33,6 +35,7 @@ pub mod cron;
 pub(crate) mod embedded;
 pub mod job_head;
 pub(crate) mod keys;
+pub mod latency;
 pub mod limits;
 
 pub use wasmjobs_client::push as client;

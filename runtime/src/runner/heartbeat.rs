@@ -8,8 +8,12 @@
 //! whose hash expired is dead as far as everyone else is concerned; its
 //! in-progress jobs are then recovered ([`super::orphans`]). The same
 //! transaction renews the cluster concurrency leases the process holds
-//! ([`super::limiter`]).
+//! ([`super::limiter`]) and adds the latency counts recorded since the last
+//! beat to the cluster's per-minute histograms
+//! ([`crate::metrics::published`]); the last counts are written when the
+//! process stops ([`Heartbeat::clear`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +28,8 @@ use super::limiter::Limiter;
 use super::reloader::LiveCatalog;
 use super::source::JobSource;
 use crate::metrics::Metrics;
-use crate::redis::{Redis, keys, now_f64};
+use crate::metrics::published::Published;
+use crate::redis::{Redis, keys, latency, now_f64};
 
 /// Time between beats (Sidekiq's).
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -117,6 +122,8 @@ pub struct Heartbeat {
     /// instead of a separate `PING`, since every wake-up of an idle
     /// runner costs CPU.
     rtt_us: AtomicU64,
+    /// The latency counts already published.
+    published: Published,
 }
 
 impl Heartbeat {
@@ -155,6 +162,7 @@ impl Heartbeat {
             metrics: None,
             limiter: None,
             rtt_us: AtomicU64::new(0),
+            published: Published::default(),
         }
     }
 
@@ -233,10 +241,14 @@ impl Heartbeat {
         if let Some(limiter) = &self.limiter {
             limiter.renew(&mut pipe);
         }
+        let snapshot = self.publish_latency(&mut pipe);
         pipe.cmd("RPOP").arg(keys::signals(id));
         let started = Instant::now();
         // Anyone can push into the signals list: read bytes, not text.
         let (signal,): (Option<Vec<u8>>,) = pipe.query_async(&mut conn).await.context("writing the heartbeat")?;
+        if let Some(snapshot) = snapshot {
+            self.published.commit(snapshot);
+        }
         let signal = signal.map(|s| String::from_utf8_lossy(&s).into_owned());
         let rtt_us = started.elapsed().as_micros() as u64;
         self.rtt_us.store(rtt_us, Ordering::Relaxed);
@@ -251,6 +263,16 @@ impl Heartbeat {
                 None
             }
         }))
+    }
+
+    /// Adds the latency counts recorded since the last publication to
+    /// `pipe`; returns the snapshot to commit once `pipe` succeeded (none
+    /// without metrics).
+    fn publish_latency(&self, pipe: &mut redis::Pipeline) -> Option<BTreeMap<String, crate::metrics::ClassStats>> {
+        let metrics = self.metrics.as_ref().filter(|m| m.enabled())?;
+        let (delta, snapshot) = self.published.delta(metrics);
+        latency::publish(pipe, latency::minute_of(now_f64()), &delta);
+        Some(snapshot)
     }
 
     /// The `info` field: this process's description, with the version of
@@ -269,12 +291,14 @@ impl Heartbeat {
         info
     }
 
-    /// Removes this process from Redis (on shutdown).
+    /// Removes this process from Redis (on shutdown), publishing the
+    /// latency counts recorded since the last beat.
     pub async fn clear(&self) -> Result<()> {
         let id = &self.identity.identity;
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("SREM")
+        pipe.atomic();
+        let snapshot = self.publish_latency(&mut pipe);
+        pipe.cmd("SREM")
             .arg(keys::PROCESSES)
             .arg(id)
             .ignore()
@@ -286,7 +310,11 @@ impl Heartbeat {
             .ignore();
         pipe.query_async::<()>(&mut self.redis.conn())
             .await
-            .context("removing the heartbeat")
+            .context("removing the heartbeat")?;
+        if let Some(snapshot) = snapshot {
+            self.published.commit(snapshot);
+        }
+        Ok(())
     }
 }
 
