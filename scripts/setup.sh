@@ -3,14 +3,16 @@
 # lacks. Usage: scripts/setup.sh [run|test]
 #   run  (default): redis-server, for the embedded Redis of `wasmjobs run`.
 #   test: also what the test suite uses: ruby-sidekiq (the real Sidekiq
-#         client/API for the interop tests) and postgresql (the SQL tests
-#         start their own throwaway servers with its binaries).
+#         client/API for the interop tests), postgresql (the SQL tests
+#         start their own throwaway servers with its binaries), and chromium
+#         with chromium-driver (the dashboard tests drive a headless Chromium
+#         over WebDriver with /usr/bin/chromedriver).
 # The wasm toolchain is handled by scripts/build-plugins.sh.
 set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq postgresql)
+  want+=(ruby-sidekiq postgresql chromium chromium-driver)
 fi
 
 missing=()

@@ -4,6 +4,7 @@
 //! by `scripts/build-plugins.sh`, the real executor, real HTTP, Redis and
 //! PostgreSQL servers on loopback. Nothing is mocked.
 
+pub mod browser;
 pub mod cli;
 pub mod guests;
 pub mod http_server;
