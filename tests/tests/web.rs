@@ -1,0 +1,621 @@
+//! The web dashboard in a real browser: Debian's headless Chromium, driven
+//! over WebDriver (`wasmjobs_e2e::browser`), against a real redis-server and
+//! real `wasmjobs run --web` / `wasmjobs web` processes. Plus what a browser
+//! cannot show: a POST without the CSRF token, and a bind beyond loopback
+//! without credentials.
+//!
+//! The pages are read through the selectors the dashboard promises
+//! (`#processed`, `tr.job[data-jid=…]`, `button#retry-now`, …). On a
+//! failure each test leaves screenshots and the HTML of the pages it acted
+//! on in `target/web-screenshots/`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use wasmjobs::redis::payload::Payload;
+use wasmjobs_e2e::browser::Browser;
+use wasmjobs_e2e::eventually;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed, wasmjobs_bin, zset};
+
+/// What the dashboard logs once it listens; the address follows.
+const LISTENING: &str = "wasmjobs web: listening on http://";
+/// The credentials a non-loopback dashboard takes from the environment.
+const CREDENTIALS: [&str; 3] = ["WASMJOBS_WEB_TOKEN", "WASMJOBS_WEB_USER", "WASMJOBS_WEB_PASSWORD"];
+
+/// A job's args that would run script if the dashboard rendered them as HTML.
+const SCRIPT: &str = "<script>alert(1)</script>";
+const IMG: &str = "<img src=x onerror=alert(2)>";
+
+/// The address in a log's `listening on` line, once the line is whole.
+fn listening_addr(log: &str) -> Option<String> {
+    let rest = log.split(LISTENING).nth(1)?;
+    let line = rest.split_once('\n')?.0;
+    let addr: String = line
+        .chars()
+        .take_while(|c| !c.is_whitespace() && !matches!(c, '"' | '/' | '\u{1b}'))
+        .collect();
+    (!addr.is_empty()).then_some(addr)
+}
+
+/// Where to connect for a listening address (`0.0.0.0:P` → `127.0.0.1:P`).
+fn connectable(addr: &str) -> String {
+    match addr.strip_prefix("0.0.0.0:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => addr.to_owned(),
+    }
+}
+
+/// Waits until `log()` names the address the dashboard listens on; panics
+/// with the log if `exited()` says the process ended first, or after 60 s.
+fn wait_listening(log: impl Fn() -> String, mut exited: impl FnMut() -> Option<ExitStatus>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(addr) = listening_addr(&log()) {
+            return addr;
+        }
+        if let Some(status) = exited() {
+            panic!("the dashboard exited ({status}) before listening:\n{}", log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard did not listen in 60 s:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `wasmjobs run --web 127.0.0.1:0` plus `extra`, running; returns it and
+/// the dashboard's base URL.
+fn runner_with_web(redis: &TestRedis, plugins: &Path, extra: &[&str]) -> (Runner, String) {
+    let mut args = vec!["--web", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut runner = Runner::start(&redis.url(), plugins, &args);
+    runner.wait_running();
+    let addr = wait_listening(|| runner.log(), || None);
+    (runner, format!("http://{addr}"))
+}
+
+/// A `wasmjobs web` process (the dashboard alone).
+struct Web {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Web {
+    /// Starts `wasmjobs web --redis URL --addr ADDR` with none of the
+    /// credential variables but those in `env`.
+    fn spawn(redis: &TestRedis, addr: &str, env: &[(&str, &str)]) -> Web {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("web.log");
+        let mut command = Command::new(wasmjobs_bin());
+        command
+            .args(["web", "--redis", &redis.url(), "--addr", addr])
+            .env("RUST_LOG", "info")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        for name in CREDENTIALS {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
+        let child = command.spawn().expect("start wasmjobs web");
+        Web { child, log, _dir: dir }
+    }
+
+    /// Starts it on `addr` and waits until it listens; returns it and the
+    /// address to connect to.
+    fn start(redis: &TestRedis, addr: &str, env: &[(&str, &str)]) -> (Web, String) {
+        let mut web = Web::spawn(redis, addr, env);
+        let log = web.log.clone();
+        let addr = wait_listening(
+            || std::fs::read_to_string(&log).unwrap_or_default(),
+            || web.child.try_wait().expect("try_wait"),
+        );
+        (web, connectable(&addr))
+    }
+
+    /// What it has logged.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (at most `timeout`) for it to exit.
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "wasmjobs web still running after {timeout:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP response, as a plain client sees it.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+/// One HTTP/1.0 request to `addr` with `headers` and `body`.
+fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let mut text = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    stream.write_all(text.as_bytes()).expect("send");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read");
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    Response {
+        status,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+/// A form POST from a plain client (no cookie, no token unless in `form`).
+fn post_form(addr: &str, path: &str, form: &str) -> Response {
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        form,
+    )
+}
+
+/// A number the page shows as plain digits.
+fn digits(text: &str) -> u64 {
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a plain number: {text:?}"))
+}
+
+/// The CSS selector of a job's row.
+fn row(jid: &str) -> String {
+    format!("tr.job[data-jid=\"{jid}\"]")
+}
+
+/// Whether the sorted set `key` holds the job `jid`.
+async fn in_set(conn: &mut redis::aio::MultiplexedConnection, key: &str, jid: &str) -> bool {
+    zset(conn, key).await.iter().any(|p| p.jid() == jid)
+}
+
+/// A job as it lies in the dead set after its last failure.
+fn dead_job(class: &str, args: Vec<Value>, error: &str) -> Payload {
+    let now = wasmjobs::redis::now_f64();
+    let mut job = Payload::new(class, args, "default", now - 3_600.0);
+    job.set("retry_count", json!(25));
+    job.set("error_class", json!("RuntimeError"));
+    job.set("error_message", json!(error));
+    job.set("failed_at", json!(now - 600.0));
+    job.set("retried_at", json!(now - 600.0));
+    job
+}
+
+/// Puts `job` into the sorted set `key` (scored now).
+async fn zadd(conn: &mut redis::aio::MultiplexedConnection, key: &str, job: &Payload, score: f64) {
+    let _: () = conn.zadd(key, job.to_json(), score).await.expect("ZADD");
+}
+
+/// Whether the queue `name` is in the paused set.
+async fn paused(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> bool {
+    conn.sismember("paused", name).await.expect("SISMEMBER")
+}
+
+/// The number of paused queues a runner's `/metrics` shows.
+fn paused_gauge(addr: &str) -> Option<u64> {
+    http_get(addr, "/metrics")
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmjobs_queues_paused "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+}
+
+/// Waits until the runner with metrics at `addr` reports `n` paused queues.
+async fn wait_paused_gauge(addr: &str, n: u64) {
+    eventually(
+        Duration::from_secs(5),
+        || format!("the runner to report {n} paused queues"),
+        || {
+            let addr = addr.to_owned();
+            async move {
+                tokio::task::spawn_blocking(move || paused_gauge(&addr))
+                    .await
+                    .ok()
+                    .flatten()
+                    == Some(n)
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overview_count_goes_up_live() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &[]);
+    let browser = Browser::start("overview_count_goes_up_live").await;
+
+    browser.goto(&format!("{base}/")).await;
+    browser.find("#chart").await;
+    assert_eq!(digits(&browser.text("#failed").await), 0);
+    let mut seen = vec![digits(&browser.text("#processed").await)];
+    assert_eq!(seen[0], 0, "nothing has run yet");
+    // From here on the page is only read: a reload would lose this mark.
+    browser.mark_page().await;
+    for round in 1..=3 {
+        push(&mut conn, "NoopJob", "default", (0..5).map(|_| json!([])).collect()).await;
+        let total = round * 5;
+        wait_processed(&mut conn, total, Duration::from_secs(30), || runner.log()).await;
+        let shown = browser
+            .wait_text("#processed", Duration::from_secs(10), |text| {
+                text.trim().parse::<u64>().is_ok_and(|n| n >= total)
+            })
+            .await;
+        seen.push(digits(&shown));
+    }
+    assert!(
+        browser.page_is_marked().await,
+        "the overview was reloaded: its count must update in place"
+    );
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "the count went {seen:?}");
+    assert_eq!(seen.last(), Some(&15), "the count went {seen:?}");
+    assert_eq!(digits(&browser.text("#failed").await), 0);
+
+    // What the page polls.
+    let api = request(&base["http://".len()..], "GET", "/api/overview", &[], "");
+    assert_eq!(api.status, 200, "{api:?}");
+    let overview: Value = serde_json::from_str(&api.body).expect("JSON from /api/overview");
+    assert_eq!(overview["processed"], json!(15), "{overview}");
+    assert_eq!(overview["failed"], json!(0), "{overview}");
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_job_is_retried_from_its_page_and_runs() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    // A job of a class that succeeds, dead after (say) a bug since fixed.
+    let job = dead_job("NoopJob", vec![json!("again")], "it broke before the fix");
+    let jid = job.jid().to_owned();
+    zadd(&mut conn, "dead", &job, wasmjobs::redis::now_f64()).await;
+    let dir = plugins(&["noop"], &[]);
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &[]);
+    let browser = Browser::start("dead_job_is_retried_from_its_page_and_runs").await;
+
+    browser.goto(&format!("{base}/dead")).await;
+    assert_eq!(browser.text(&format!("{} td.class", row(&jid))).await.trim(), "NoopJob");
+    browser.click_to_navigate(&format!("{} a.job-link", row(&jid))).await;
+    let payload = browser.text("pre#payload").await;
+    assert!(payload.contains(&jid), "{payload}");
+    let error = browser.text("pre#error").await;
+    assert!(error.contains("it broke before the fix"), "{error}");
+    assert_eq!(int(&mut conn, "stat:processed").await, 0);
+
+    browser.click_to_navigate("button#retry-now").await;
+    eventually(
+        Duration::from_secs(30),
+        || format!("{jid} to leave the dead set and run:\n{}", runner.log()),
+        || {
+            let mut conn = conn.clone();
+            let jid = jid.clone();
+            async move { !in_set(&mut conn, "dead", &jid).await && int(&mut conn, "stat:processed").await >= 1 }
+        },
+    )
+    .await;
+    assert_eq!(int(&mut conn, "stat:processed").await, 1);
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    browser.goto(&format!("{base}/dead")).await;
+    assert!(browser.try_find(&row(&jid)).await.is_none(), "still listed as dead");
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_is_paused_and_resumed_from_the_page() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let metrics = free_addr();
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &["--metrics-addr", &metrics]);
+    // The queue exists (it has had a job), as users find it.
+    push(&mut conn, "ChaosJob", "default", vec![json!(["ok"])]).await;
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    let browser = Browser::start("queue_is_paused_and_resumed_from_the_page").await;
+    let page = format!("{base}/queues/default");
+
+    browser.goto(&format!("{base}/queues")).await;
+    browser.click_to_navigate("tr.queue[data-queue=\"default\"] a").await;
+    assert_eq!(browser.path().await, "/queues/default");
+    assert_eq!(browser.text("#queue-state").await.trim(), "active");
+    assert!(
+        browser.try_find("button#resume").await.is_none(),
+        "an active queue offers resume"
+    );
+
+    browser.click_to_navigate("button#pause").await;
+    eventually(
+        Duration::from_secs(5),
+        || "default in the paused set".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { paused(&mut conn, "default").await }
+        },
+    )
+    .await;
+    browser.goto(&page).await;
+    assert_eq!(browser.text("#queue-state").await.trim(), "paused");
+    assert!(
+        browser.try_find("button#pause").await.is_none(),
+        "a paused queue offers pause"
+    );
+
+    // The runner honours it: jobs pushed now stay queued.
+    wait_paused_gauge(&metrics, 1).await;
+    let jids = push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..5).map(|_| json!(["ok"])).collect(),
+    )
+    .await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            conn.llen::<_, u64>("queue:default").await.expect("LLEN"),
+            5,
+            "a job of the paused queue was fetched"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(int(&mut conn, "stat:processed").await, 1);
+    browser.goto(&page).await;
+    for jid in &jids {
+        browser.find(&row(jid)).await;
+    }
+
+    browser.click_to_navigate("button#resume").await;
+    eventually(
+        Duration::from_secs(5),
+        || "default out of the paused set".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { !paused(&mut conn, "default").await }
+        },
+    )
+    .await;
+    wait_processed(&mut conn, 6, Duration::from_secs(30), || runner.log()).await;
+    browser.goto(&page).await;
+    assert_eq!(browser.text("#queue-state").await.trim(), "active");
+    assert!(browser.find_all("tr.job").await.is_empty(), "the queue ran dry");
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_job_is_cancelled_from_the_page() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &["-c", "2"]);
+    let browser = Browser::start("running_job_is_cancelled_from_the_page").await;
+    // Spins until stopped.
+    let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
+        .await
+        .remove(0);
+    let running = format!("tr.running[data-jid=\"{jid}\"]");
+    let page = format!("{base}/processes");
+
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || format!("{jid} to show as running on /processes"),
+            async |browser: &Browser| {
+                browser.goto(&page).await;
+                browser.try_find(&running).await.is_some()
+            },
+        )
+        .await;
+    assert!(!browser.find_all("tr.process").await.is_empty());
+    browser.click_to_navigate(&format!("{running} button.cancel")).await;
+
+    eventually(
+        Duration::from_secs(10),
+        || format!("{jid} to be recorded as cancelled:\n{}", runner.log()),
+        || {
+            let mut conn = conn.clone();
+            let jid = jid.clone();
+            async move { in_set(&mut conn, "wasmjobs:cancelled", &jid).await }
+        },
+    )
+    .await;
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0, "not retried");
+    browser
+        .wait_for(
+            Duration::from_secs(10),
+            || format!("{jid} to leave /processes"),
+            async |browser: &Browser| {
+                browser.goto(&page).await;
+                browser.try_find(&running).await.is_none()
+            },
+        )
+        .await;
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+/// Asserts that the page shows `SCRIPT` and `IMG` as text in `css` and
+/// ran neither.
+async fn assert_shown_as_text(browser: &Browser, css: &str) {
+    browser.assert_no_alert().await;
+    let text = browser.text(css).await;
+    assert!(text.contains(SCRIPT) && text.contains(IMG), "{css}: {text:?}");
+    let injected = browser
+        .execute(
+            "return document.querySelectorAll(\
+               'td.args *, td.class *, pre#payload *, pre#error *').length \
+             + Array.from(document.scripts).filter(s => s.text.includes('alert(')).length;",
+        )
+        .await;
+    assert_eq!(injected, json!(0), "markup from the job made it into the page");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_in_args_renders_as_text() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let args = vec![json!(SCRIPT), json!(IMG)];
+    // No runner serves these: they stay where they are put.
+    let queued = push(&mut conn, "EchoJob", "default", vec![Value::Array(args.clone())])
+        .await
+        .remove(0);
+    let dead = dead_job("EchoJob", args.clone(), &format!("failed on {SCRIPT}"));
+    let now = wasmjobs::redis::now_f64();
+    zadd(&mut conn, "dead", &dead, now).await;
+    let retrying = dead_job("EchoJob", args.clone(), IMG);
+    zadd(&mut conn, "retry", &retrying, now + 3_600.0).await;
+    let scheduled = Payload::new("EchoJob", args, "default", now);
+    zadd(&mut conn, "schedule", &scheduled, now + 3_600.0).await;
+    let (_web, addr) = Web::start(&redis, "127.0.0.1:0", &[]);
+    let base = format!("http://{addr}");
+    let browser = Browser::start("script_in_args_renders_as_text").await;
+
+    browser.goto(&format!("{base}/queues/default")).await;
+    assert_shown_as_text(&browser, &format!("{} td.args", row(&queued))).await;
+    browser.goto(&format!("{base}/retries")).await;
+    assert_shown_as_text(&browser, &format!("{} td.args", row(retrying.jid()))).await;
+    browser.goto(&format!("{base}/scheduled")).await;
+    assert_shown_as_text(&browser, &format!("{} td.args", row(scheduled.jid()))).await;
+    browser.goto(&format!("{base}/dead")).await;
+    assert_shown_as_text(&browser, &format!("{} td.args", row(dead.jid()))).await;
+    browser
+        .click_to_navigate(&format!("{} a.job-link", row(dead.jid())))
+        .await;
+    assert_shown_as_text(&browser, "pre#payload").await;
+    let error = browser.text("pre#error").await;
+    assert!(error.contains(&format!("failed on {SCRIPT}")), "{error}");
+    browser.assert_no_alert().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_without_csrf_is_refused() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    // A queue with a job (no runner: it stays).
+    push(&mut conn, "ChaosJob", "default", vec![json!(["ok"])]).await;
+    let (_web, addr) = Web::start(&redis, "127.0.0.1:0", &[]);
+
+    for form in ["", "csrf=", "csrf=not-the-token"] {
+        let response = post_form(&addr, "/queues/default/pause", form);
+        assert_eq!(response.status, 403, "POST with {form:?}: {response:?}");
+        assert!(response.body.contains("CSRF"), "POST with {form:?}: {response:?}");
+    }
+    assert!(!paused(&mut conn, "default").await, "paused without a token");
+    let response = post_form(&addr, "/cancel", &format!("jid={}", "f".repeat(24)));
+    assert_eq!(response.status, 403, "{response:?}");
+
+    // The page's own form carries a token that is accepted.
+    let browser = Browser::start("post_without_csrf_is_refused").await;
+    browser.goto(&format!("http://{addr}/queues/default")).await;
+    let token = browser
+        .find("form input[type=hidden][name=csrf]")
+        .await
+        .attr("value")
+        .await
+        .expect("value")
+        .unwrap_or_default();
+    assert!(!token.is_empty(), "the form's CSRF token is empty");
+    browser.click_to_navigate("button#pause").await;
+    eventually(
+        Duration::from_secs(5),
+        || "default in the paused set".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { paused(&mut conn, "default").await }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_loopback_bind_without_credentials_refuses_to_start() {
+    let redis = TestRedis::start();
+
+    let mut open = Web::spawn(&redis, "0.0.0.0:0", &[]);
+    let status = open.wait_exit(Duration::from_secs(10));
+    let log = open.log();
+    assert_eq!(status.code(), Some(2), "{status}:\n{log}");
+    assert!(log.contains("refusing"), "{log}");
+
+    // With a user and password: Basic auth.
+    let (_basic, addr) = Web::start(
+        &redis,
+        "0.0.0.0:0",
+        &[("WASMJOBS_WEB_USER", "ops"), ("WASMJOBS_WEB_PASSWORD", "s3cret pass")],
+    );
+    let basic = |credentials: &str| {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(credentials);
+        request(&addr, "GET", "/", &[("Authorization", &format!("Basic {encoded}"))], "")
+    };
+    let anonymous = request(&addr, "GET", "/", &[], "");
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    assert!(
+        anonymous.head.to_ascii_lowercase().contains("www-authenticate: basic"),
+        "{anonymous:?}"
+    );
+    assert_eq!(basic("ops:s3cret pass").status, 200);
+    assert_eq!(basic("ops:wrong").status, 401);
+    assert_eq!(basic("other:s3cret pass").status, 401);
+
+    // With a token: Bearer.
+    let (_bearer, addr) = Web::start(&redis, "0.0.0.0:0", &[("WASMJOBS_WEB_TOKEN", "t0ken-for-tests")]);
+    let bearer = |token: &str| request(&addr, "GET", "/", &[("Authorization", &format!("Bearer {token}"))], "");
+    assert_eq!(bearer("t0ken-for-tests").status, 200);
+    assert_eq!(bearer("t0ken-for-test").status, 401);
+    assert_eq!(request(&addr, "GET", "/", &[], "").status, 401);
+}
