@@ -17,6 +17,7 @@
 //! | [`redis`] | Redis in Sidekiq's format: connection, embedded server, payloads, client (push) and api (read side) |
 //! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat, reloader, summary |
 //! | [`metrics`] | what jobs and the process cost: per-class HDR histograms, RSS/CPU sampling, Prometheus and JSON endpoints |
+//! | [`web`] | the dashboard (`wasmjobs web`, `run --web`): server-rendered pages over Redis, CSRF and credentials checked in one place |
 //! | [`cli`] | the `wasmjobs` command line |
 //!
 //! Design notes for newcomers live in `docs/`.
@@ -36,6 +37,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod telemetry;
 pub mod time;
+pub mod web;
 
 /// The memory allocator the `wasmjobs` binary installs (mimalloc).
 ///

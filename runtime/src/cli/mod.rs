@@ -33,6 +33,7 @@ pub mod run;
 pub mod schedule;
 mod sdk;
 pub mod stats;
+pub mod web;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,6 +91,8 @@ pub enum Command {
     Build(build::BuildArgs),
     /// List the cron schedules in Redis (plugins' and sidekiq-cron's) with their next run.
     Schedule(schedule::ScheduleArgs),
+    /// Serve the dashboard: queues, retries, dead jobs, processes, cron, live counts.
+    Web(web::WebArgs),
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -187,6 +190,7 @@ pub fn main() -> ExitCode {
         | Command::Resume(_)
         | Command::Schedule(_)
         | Command::Limits(_) => "warn",
+        Command::Web(_) => "warn,wasmjobs::web=info",
     };
     telemetry::init(cli.log_format, default_filter);
     let result = match &cli.command {
@@ -204,6 +208,7 @@ pub fn main() -> ExitCode {
         Command::New(args) => new::run(args),
         Command::Build(args) => build::run(&cli, args),
         Command::Schedule(args) => runtime().and_then(|rt| rt.block_on(schedule::run(&cli, args))),
+        Command::Web(args) => runtime().and_then(|rt| rt.block_on(web::run(&cli, args))),
     };
     match result {
         Ok(code) => code,

@@ -80,6 +80,11 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics and JSON at /stats (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve the dashboard at http://ADDR/ (as `wasmjobs web`). Any address
+    /// other than loopback needs WASMJOBS_WEB_TOKEN, or WASMJOBS_WEB_USER
+    /// and WASMJOBS_WEB_PASSWORD, in the environment.
+    #[arg(long, value_name = "ADDR")]
+    pub web: Option<std::net::SocketAddr>,
     /// Do not record per-job metrics (no latency histograms, no per-class summary).
     #[arg(long)]
     pub no_metrics: bool,
@@ -97,6 +102,15 @@ fn seconds(value: f64, flag: &str) -> Result<Duration> {
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
+    // Refuse an exposed dashboard before loading anything.
+    let web = match args.web {
+        Some(addr) => {
+            let credentials = crate::web::Credentials::from_env()?;
+            credentials.required_for(addr)?;
+            Some((addr, credentials))
+        }
+        None => None,
+    };
     let options = RunOptions {
         redis: args.redis.target(&cli.data_dir),
         plugins: args.source.plugins.clone(),
@@ -122,6 +136,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         },
         databases: args.db.databases.clone(),
         metrics_addr: args.metrics_addr,
+        web,
         metrics: !args.no_metrics,
         exit_when_empty: args.exit_when_empty,
     };

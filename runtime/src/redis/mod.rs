@@ -17,6 +17,7 @@
 //! enqueue without linking Wasmtime; it is re-exported here under its old
 //! names.
 //! - [`api`]: the read side (`wasmjobs stats`).
+//! - [`admin`]: the dashboard's reads and actions on queues, sets and processes.
 //! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
 //! - [`latency`]: the latency histograms every heartbeat publishes, merged
 //!   into per-class percentiles over the last hour (`stats`, `web`).
@@ -29,6 +30,7 @@
 //! `BLMOVE` or `BRPOP` while every queue is empty) get dedicated connections
 //! from [`Redis::dedicated`] so they never stall the shared one.
 
+pub mod admin;
 pub(crate) mod api;
 pub mod control;
 pub mod cron;

@@ -179,6 +179,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         done.clone(),
     )
     .await?;
+    if let Some((addr, credentials)) = options.web.clone() {
+        let (bound, serve) =
+            crate::web::bind(addr, redis.conn(), redis.location.clone(), credentials, done.clone()).await?;
+        crate::web::announce(bound);
+        tasks.spawn(serve);
+    }
     let startup = clock.fetching();
     tracing::info!(identity = %identity.identity, startup_ms = startup.as_millis() as u64, "running");
     let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);

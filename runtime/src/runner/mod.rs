@@ -107,6 +107,9 @@ pub struct RunOptions {
     pub databases: Vec<crate::host::sql::DbSpec>,
     /// Where to serve `/metrics` and `/stats`, if anywhere.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where to serve the dashboard (`--web`), with the credentials it
+    /// asks for, if anywhere.
+    pub web: Option<(std::net::SocketAddr, crate::web::Credentials)>,
     /// Record per-job metrics (off: no histograms, no per-class summary).
     pub metrics: bool,
     /// Stop once every queue is empty and no job is in flight.

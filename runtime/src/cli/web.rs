@@ -1,0 +1,53 @@
+//! `wasmjobs web`: the dashboard on its own ([`crate::web`]), for every
+//! process that shares the Redis. `wasmjobs run --web ADDR` serves the same
+//! beside a runner.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{Cli, RedisArgs};
+use crate::web::{self, Credentials};
+
+/// Arguments of `wasmjobs web`.
+#[derive(Debug, Args)]
+pub struct WebArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// Where to serve it. Any address other than loopback needs
+    /// credentials from the environment: WASMJOBS_WEB_TOKEN, or
+    /// WASMJOBS_WEB_USER and WASMJOBS_WEB_PASSWORD.
+    #[arg(long, default_value = web::DEFAULT_ADDR)]
+    pub addr: SocketAddr,
+}
+
+/// Runs the command until Ctrl-C or SIGTERM.
+pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
+    let credentials = Credentials::from_env()?;
+    // Refuse before connecting anywhere.
+    credentials.required_for(args.addr)?;
+    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let stop = CancellationToken::new();
+    let (bound, serve) = web::bind(
+        args.addr,
+        redis.conn(),
+        redis.location.clone(),
+        credentials,
+        stop.clone(),
+    )
+    .await?;
+    web::announce(bound);
+    let server = tokio::spawn(serve);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    stop.cancel();
+    let _ = server.await;
+    redis.close().await?;
+    Ok(ExitCode::SUCCESS)
+}

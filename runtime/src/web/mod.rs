@@ -1,0 +1,171 @@
+//! The dashboard: `wasmjobs web`, or `wasmjobs run --web ADDR` beside a
+//! runner. One binary, no build step and no Node: pages are rendered on the
+//! server from the templates in `templates/` (minijinja, HTML-escaped
+//! everywhere by default), and a small script (`assets/app.js`) updates
+//! the overview's numbers and its chart (uPlot, vendored in
+//! `assets/vendor/uplot/` with its licence and version) once a second from
+//! `GET /api/overview`.
+//!
+//! Everything it shows and changes is in Redis, so a dashboard serves the
+//! whole cluster, and it reads the same keys Sidekiq's Web UI reads. Like
+//! `cli/` and `redis/`, it never touches Wasmtime.
+//!
+//! | file | page |
+//! |---|---|
+//! | [`overview`] | `/`: counters, live chart, queues, capacity, per-class p50/p95/p99 of the last hour; `/api/overview` |
+//! | [`queues`] | `/queues`, `/queues/NAME`: browse, delete one, clear, pause, resume |
+//! | [`sets`] | `/scheduled`, `/retries`, `/dead` and a job's page: view, retry now, delete, bulk, filter by class |
+//! | [`processes`] | `/processes`: quiet, stop, RSS, in flight, plugin versions; cancel a running job |
+//! | [`cron`] | `/cron`: schedules, next runs, enqueue now |
+//! | [`auth`] | credentials, CSRF and security headers, checked in one place for every request |
+//! | [`view`] | the templates and the helpers they use |
+//!
+//! No page runs a Redis command the visitor names: every action is one of
+//! the fixed operations of [`crate::redis::admin`], [`crate::redis::control`]
+//! and [`crate::redis::cron`], on the entry a page listed.
+
+mod auth;
+mod cron;
+mod overview;
+mod processes;
+mod queues;
+mod sets;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::Credentials;
+
+/// The default address of `wasmjobs web`.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9494";
+
+/// What every handler shares.
+pub(crate) struct Web {
+    redis: ConnectionManager,
+    location: String,
+    credentials: Credentials,
+    view: view::View,
+}
+
+impl Web {
+    fn conn(&self) -> ConnectionManager {
+        self.redis.clone()
+    }
+}
+
+/// An error page: what went wrong, never a stack trace or a Redis URL.
+pub(crate) struct Failure(StatusCode, String);
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        tracing::warn!("web: {err:#}");
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}"))
+    }
+}
+
+impl Failure {
+    fn not_found(what: impl Into<String>) -> Self {
+        Failure(StatusCode::NOT_FOUND, what.into())
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+/// Binds `addr` (refusing a non-loopback address without credentials) and
+/// returns the bound address and the serving future, which runs until
+/// `stop`.
+pub async fn bind(
+    addr: SocketAddr,
+    redis: ConnectionManager,
+    location: String,
+    credentials: Credentials,
+    stop: CancellationToken,
+) -> Result<(SocketAddr, impl Future<Output = ()>)> {
+    credentials.required_for(addr)?;
+    let web = Arc::new(Web {
+        redis,
+        location,
+        credentials,
+        view: view::View::new()?,
+    });
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
+    let bound = listener.local_addr().context("dashboard listener address")?;
+    let app = router(web);
+    let serve = async move {
+        let result = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(err) = result {
+            tracing::warn!("web: {err}");
+        }
+    };
+    Ok((bound, serve))
+}
+
+/// The line that tells the user (and tests) where the dashboard is.
+pub fn announce(bound: SocketAddr) {
+    tracing::info!("wasmjobs web: listening on http://{bound}");
+    if !tracing::enabled!(tracing::Level::INFO) {
+        eprintln!("wasmjobs web: listening on http://{bound}");
+    }
+}
+
+fn router(web: Arc<Web>) -> Router {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/api/overview", get(overview::api))
+        .route("/queues", get(queues::list))
+        .route("/queues/{name}", get(queues::page))
+        .route("/queues/{name}/{action}", post(queues::act))
+        .route("/processes", get(processes::page))
+        .route("/processes/signal", post(processes::signal))
+        .route("/cancel", post(processes::cancel))
+        .route("/cron", get(cron::page))
+        .route("/cron/enqueue", post(cron::enqueue))
+        .route("/assets/{file}", get(asset))
+        .route("/{set}", get(sets::list))
+        .route("/{set}/job", get(sets::job))
+        .route("/{set}/act", post(sets::act))
+        .layer(axum::middleware::from_fn_with_state(web.clone(), auth::guard))
+        .layer(DefaultBodyLimit::max(64 << 10))
+        .with_state(web)
+}
+
+/// The static files: ours and the vendored chart library.
+async fn asset(axum::extract::Path(file): axum::extract::Path<String>) -> Response {
+    let (body, kind): (&'static str, &'static str) = match file.as_str() {
+        "app.js" => (include_str!("assets/app.js"), "text/javascript; charset=utf-8"),
+        "style.css" => (include_str!("assets/style.css"), "text/css; charset=utf-8"),
+        "uPlot.iife.min.js" => (
+            include_str!("assets/vendor/uplot/uPlot.iife.min.js"),
+            "text/javascript; charset=utf-8",
+        ),
+        "uPlot.min.css" => (
+            include_str!("assets/vendor/uplot/uPlot.min.css"),
+            "text/css; charset=utf-8",
+        ),
+        _ => return (StatusCode::NOT_FOUND, "no such asset").into_response(),
+    };
+    let mut response = body.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    response
+}

@@ -1,0 +1,58 @@
+//! `/`: the overview, and `/api/overview`, the JSON its script polls
+//! every second (counters, capacity, queues) to update the numbers and the
+//! chart without reloading.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::Html;
+use minijinja::context;
+use serde_json::{Value, json};
+
+use super::{Failure, Web, auth::Csrf};
+use crate::redis::api;
+use crate::redis::latency::last_hour;
+use crate::redis::now_f64;
+
+pub(super) async fn page(
+    State(web): State<Arc<Web>>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+) -> Result<Html<String>, Failure> {
+    let mut conn = web.conn();
+    let stats = api::stats(&mut conn).await?;
+    let latency = last_hour(&mut conn, now_f64()).await?;
+    let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
+    let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
+    web.view.render(
+        "overview.html",
+        context! {
+            active => "/",
+            location => web.location,
+            csrf,
+            stats,
+            latency,
+            busy,
+            capacity,
+        },
+    )
+}
+
+pub(super) async fn api(State(web): State<Arc<Web>>) -> Result<Json<Value>, Failure> {
+    let stats = api::stats(&mut web.conn()).await?;
+    let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
+    let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
+    Ok(Json(json!({
+        "time": now_f64(),
+        "processed": stats.processed,
+        "failed": stats.failed,
+        "enqueued": stats.enqueued,
+        "scheduled": stats.scheduled,
+        "retries": stats.retries,
+        "dead": stats.dead,
+        "busy": busy,
+        "capacity": capacity,
+        "processes": stats.processes.len(),
+        "queues": stats.queues,
+    })))
+}

@@ -1,0 +1,64 @@
+//! `/processes`: the live processes (quiet, stop) and the jobs running in
+//! each (cancel). Quiet and stop are Sidekiq's signals (`<identity>-signals`,
+//! popped by the process's next heartbeat); cancel is `wasmjobs cancel`'s.
+
+use std::sync::Arc;
+
+use axum::extract::{RawQuery, State};
+use axum::response::{Html, Response};
+use minijinja::context;
+
+use super::auth::{Csrf, query_param};
+use super::queues::back;
+use super::{Failure, Web};
+use crate::redis::{admin, api, control};
+
+pub(super) async fn page(
+    State(web): State<Arc<Web>>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+    RawQuery(query): RawQuery,
+) -> Result<Html<String>, Failure> {
+    let mut conn = web.conn();
+    let processes = api::processes(&mut conn).await?;
+    let identities: Vec<String> = processes.iter().map(|p| p.identity.clone()).collect();
+    let running = admin::running(&mut conn, &identities).await?;
+    let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
+    web.view.render(
+        "processes.html",
+        context! { active => "/processes", location => web.location, csrf, processes, running, notice },
+    )
+}
+
+pub(super) async fn signal(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {
+    let identity = query_param(&body, "identity").unwrap_or_default();
+    let (signal, what) = match query_param(&body, "signal").as_deref() {
+        Some("TSTP") => ("TSTP", "to go quiet (stop fetching)"),
+        Some("TERM") => ("TERM", "to stop"),
+        _ => return Err(Failure::not_found("no such signal")),
+    };
+    let mut conn = web.conn();
+    // Only a live process, as listed: not a key the visitor names.
+    let live = api::processes(&mut conn).await?;
+    if !live.iter().any(|p| p.identity == identity) {
+        return Ok(back("/processes", "That process is no longer alive."));
+    }
+    admin::signal(&mut conn, &identity, signal).await?;
+    Ok(back(
+        "/processes",
+        &format!("Asked {identity} {what}; it acts on its next heartbeat (within 10 s)."),
+    ))
+}
+
+pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {
+    let jid = query_param(&body, "jid").unwrap_or_default();
+    control::valid_jid(&jid).map_err(|err| Failure::not_found(format!("{err:#}")))?;
+    let found = control::cancel(&mut web.conn(), &jid, "wasmjobs web").await?;
+    let what = match found {
+        control::Found::Queue(queue) => format!("taken out of queue {queue} before it ran"),
+        control::Found::Scheduled => "taken out of the scheduled set".to_owned(),
+        control::Found::Retry => "taken out of the retry set".to_owned(),
+        control::Found::Running(processes) => format!("running in {}, which stops it", processes.join(", ")),
+        control::Found::Unknown => "not found waiting or running; the request stays for a day".to_owned(),
+    };
+    Ok(back("/processes", &format!("Job {jid} cancelled: {what}.")))
+}

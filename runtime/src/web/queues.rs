@@ -1,0 +1,94 @@
+//! `/queues` and `/queues/NAME`: the queues, a queue's newest jobs, and
+//! its actions (pause, resume, clear, delete one job).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use minijinja::context;
+
+use super::auth::{Csrf, query_param};
+use super::{Failure, Web};
+use crate::redis::{admin, api, control};
+
+pub(super) async fn list(
+    State(web): State<Arc<Web>>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+) -> Result<Html<String>, Failure> {
+    let stats = api::stats(&mut web.conn()).await?;
+    web.view.render(
+        "queues.html",
+        context! { active => "/queues", location => web.location, csrf, queues => stats.queues },
+    )
+}
+
+pub(super) async fn page(
+    State(web): State<Arc<Web>>,
+    Path(name): Path<String>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<Html<String>, Failure> {
+    control::valid_queue(&name).map_err(|err| Failure::not_found(format!("{err:#}")))?;
+    let mut conn = web.conn();
+    let (size, jobs) = admin::queue_jobs(&mut conn, &name, 0, admin::PAGE).await?;
+    let paused = control::paused(&mut conn).await?.contains(&name);
+    let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
+    web.view.render(
+        "queue.html",
+        context! {
+            active => "/queues",
+            location => web.location,
+            csrf,
+            name,
+            size,
+            jobs,
+            notice,
+            state => if paused { "paused" } else { "active" },
+        },
+    )
+}
+
+pub(super) async fn act(
+    State(web): State<Arc<Web>>,
+    Path((name, action)): Path<(String, String)>,
+    body: String,
+) -> Result<Response, Failure> {
+    control::valid_queue(&name).map_err(|err| Failure::not_found(format!("{err:#}")))?;
+    let mut conn = web.conn();
+    let notice = match action.as_str() {
+        "pause" => {
+            control::pause(&mut conn, std::slice::from_ref(&name)).await?;
+            format!("Queue {name} paused: no process fetches from it until it is resumed.")
+        }
+        "resume" => {
+            control::resume(&mut conn, std::slice::from_ref(&name)).await?;
+            format!("Queue {name} resumed.")
+        }
+        "clear" => {
+            let removed = admin::clear_queue(&mut conn, &name).await?;
+            format!("Queue {name} cleared: {removed} jobs deleted.")
+        }
+        "delete" => {
+            let key = query_param(&body, "key").unwrap_or_default();
+            match admin::queue_entry(&mut conn, &name, &key, admin::PAGE).await? {
+                Some(entry) if admin::delete_from_queue(&mut conn, &name, &entry).await? => {
+                    format!("Job {} deleted.", entry.jid)
+                }
+                _ => "That job is no longer in the queue.".to_owned(),
+            }
+        }
+        _ => return Err(Failure::not_found("no such action")),
+    };
+    Ok(back(&format!("/queues/{}", encode(&name)), &notice))
+}
+
+/// Percent-encodes a path segment or query value.
+pub(super) fn encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// A redirect to `path` that shows `notice` there.
+pub(super) fn back(path: &str, notice: &str) -> Response {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    Redirect::to(&format!("{path}{separator}notice={}", encode(notice))).into_response()
+}

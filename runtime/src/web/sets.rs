@@ -1,0 +1,153 @@
+//! `/scheduled`, `/retries`, `/dead`: the sorted sets of jobs, one job's
+//! page, and their actions (run now, delete; selected or all). A filter
+//! by class looks through the newest thousand entries.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{Html, Response};
+use minijinja::context;
+
+use super::auth::{Csrf, query_param};
+use super::queues::back;
+use super::{Failure, Web};
+use crate::redis::admin::{self, JobSet};
+
+/// How a set is titled and its actions named.
+fn labels(set: JobSet) -> (&'static str, &'static str, &'static str) {
+    match set {
+        JobSet::Scheduled => ("Scheduled jobs", "Runs", "Enqueue now"),
+        JobSet::Retries => ("Retries", "Next retry", "Retry now"),
+        JobSet::Dead => ("Dead jobs", "Died", "Retry now"),
+    }
+}
+
+fn set_of(name: &str) -> Result<JobSet, Failure> {
+    JobSet::from_name(name).ok_or_else(|| Failure::not_found("no such page"))
+}
+
+pub(super) async fn list(
+    State(web): State<Arc<Web>>,
+    Path(set): Path<String>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+    RawQuery(query): RawQuery,
+) -> Result<Html<String>, Failure> {
+    let set = set_of(&set)?;
+    let class_filter = query
+        .as_deref()
+        .and_then(|q| query_param(q, "class"))
+        .filter(|c| !c.is_empty());
+    let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
+    let (size, jobs) = admin::set_jobs(&mut web.conn(), set, 0, admin::PAGE, class_filter.as_deref()).await?;
+    let (title, when_label, enqueue_label) = labels(set);
+    web.view.render(
+        "set.html",
+        context! {
+            active => format!("/{}", set.name()),
+            location => web.location,
+            csrf,
+            set => set.name(),
+            title,
+            when_label,
+            enqueue_label,
+            size,
+            jobs,
+            notice,
+            class_filter => class_filter.unwrap_or_default(),
+        },
+    )
+}
+
+pub(super) async fn job(
+    State(web): State<Arc<Web>>,
+    Path(set): Path<String>,
+    axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
+    RawQuery(query): RawQuery,
+) -> Result<Html<String>, Failure> {
+    let set = set_of(&set)?;
+    let key = query.as_deref().and_then(|q| query_param(q, "key")).unwrap_or_default();
+    let Some(job) = admin::set_entry(&mut web.conn(), set, &key).await? else {
+        return Err(Failure::not_found(
+            "This job is no longer in the set: it ran, was retried or was deleted.",
+        ));
+    };
+    let (title, when_label, enqueue_label) = labels(set);
+    web.view.render(
+        "job.html",
+        context! {
+            active => format!("/{}", set.name()),
+            location => web.location,
+            csrf,
+            set => set.name(),
+            title,
+            when_label,
+            enqueue_label,
+            job,
+        },
+    )
+}
+
+pub(super) async fn act(
+    State(web): State<Arc<Web>>,
+    Path(set): Path<String>,
+    body: String,
+) -> Result<Response, Failure> {
+    let set = set_of(&set)?;
+    let mut conn = web.conn();
+    let action = query_param(&body, "action").unwrap_or_default();
+    let keys: Vec<String> = url::form_urlencoded::parse(body.as_bytes())
+        .filter(|(name, _)| name == "key")
+        .map(|(_, value)| value.into_owned())
+        .collect();
+    let path = format!("/{}", set.name());
+    let notice = match action.as_str() {
+        "delete-all" => format!("{} jobs deleted.", admin::clear_set(&mut conn, set).await?),
+        "enqueue-all" => {
+            // Page by page from the front: each moved job leaves the set.
+            let mut moved = 0u64;
+            loop {
+                let (_, entries) = admin::set_jobs(&mut conn, set, 0, admin::PAGE, None).await?;
+                let mut progress = false;
+                for entry in entries.iter().filter(|e| e.parsed) {
+                    if admin::enqueue_now(&mut conn, set, entry).await? {
+                        moved += 1;
+                        progress = true;
+                    }
+                }
+                if !progress {
+                    break;
+                }
+            }
+            format!("{moved} jobs enqueued.")
+        }
+        "enqueue" | "delete" => {
+            let (mut done, mut gone, mut refused) = (0, 0, 0);
+            for key in &keys {
+                let Some(entry) = admin::set_entry(&mut conn, set, key).await? else {
+                    gone += 1;
+                    continue;
+                };
+                let ok = if action == "delete" {
+                    admin::delete_from_set(&mut conn, set, &entry).await?
+                } else if entry.parsed {
+                    admin::enqueue_now(&mut conn, set, &entry).await?
+                } else {
+                    refused += 1;
+                    continue;
+                };
+                if ok { done += 1 } else { gone += 1 }
+            }
+            let verb = if action == "delete" { "deleted" } else { "enqueued" };
+            let mut notice = format!("{done} jobs {verb}.");
+            if gone > 0 {
+                notice.push_str(&format!(" {gone} were no longer there."));
+            }
+            if refused > 0 {
+                notice.push_str(&format!(" {refused} are not job payloads and can only be deleted."));
+            }
+            notice
+        }
+        _ => return Err(Failure::not_found("no such action")),
+    };
+    Ok(back(&path, &notice))
+}

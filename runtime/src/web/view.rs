@@ -1,0 +1,122 @@
+//! The dashboard's templates (`templates/*.html`, compiled into the
+//! binary) and the filters they use. minijinja escapes every value put into
+//! an `.html` template, so a job's args, class, error or queue name —
+//! anything a Redis client wrote — is shown as text; no template marks a
+//! value safe.
+
+use anyhow::{Context, Result};
+use axum::response::Html;
+use minijinja::{Environment, Value};
+
+use super::Failure;
+
+/// The compiled templates.
+pub(crate) struct View {
+    env: Environment<'static>,
+}
+
+const TEMPLATES: [(&str, &str); 8] = [
+    ("base.html", include_str!("templates/base.html")),
+    ("overview.html", include_str!("templates/overview.html")),
+    ("queues.html", include_str!("templates/queues.html")),
+    ("queue.html", include_str!("templates/queue.html")),
+    ("set.html", include_str!("templates/set.html")),
+    ("job.html", include_str!("templates/job.html")),
+    ("processes.html", include_str!("templates/processes.html")),
+    ("cron.html", include_str!("templates/cron.html")),
+];
+
+impl View {
+    pub(crate) fn new() -> Result<Self> {
+        let mut env = Environment::new();
+        for (name, source) in TEMPLATES {
+            env.add_template(name, source)
+                .with_context(|| format!("dashboard template {name}"))?;
+        }
+        env.add_filter("ago", ago);
+        env.add_filter("utc", utc);
+        env.add_filter("ms", ms);
+        Ok(Self { env })
+    }
+
+    /// Renders template `name` with `context`.
+    pub(crate) fn render(&self, name: &str, context: Value) -> Result<Html<String>, Failure> {
+        let template = self
+            .env
+            .get_template(name)
+            .map_err(|err| Failure::from(anyhow::anyhow!("template {name}: {err}")))?;
+        template
+            .render(context)
+            .map(Html)
+            .map_err(|err| Failure::from(anyhow::anyhow!("rendering {name}: {err:#}")))
+    }
+}
+
+/// `epoch seconds | ago`: "3s ago", "in 5m".
+fn ago(at: Option<f64>) -> String {
+    let Some(at) = at.filter(|t| t.is_finite() && *t > 0.0) else {
+        return "-".into();
+    };
+    let delta = crate::redis::now_f64() - at;
+    let span = short(delta.abs());
+    if delta >= 0.0 {
+        format!("{span} ago")
+    } else {
+        format!("in {span}")
+    }
+}
+
+fn short(secs: f64) -> String {
+    match secs {
+        s if s < 1.0 => format!("{:.0}ms", s * 1000.0),
+        s if s < 60.0 => format!("{s:.0}s"),
+        s if s < 3600.0 => format!("{:.0}m", s / 60.0),
+        s if s < 86_400.0 => format!("{:.1}h", s / 3600.0),
+        s => format!("{:.1}d", s / 86_400.0),
+    }
+}
+
+/// `epoch seconds | utc`: "2026-12-02 06:58:01 UTC".
+fn utc(at: Option<f64>) -> String {
+    at.filter(|t| t.is_finite())
+        .and_then(|t| chrono::DateTime::from_timestamp_millis((t * 1000.0) as i64))
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// `milliseconds | ms`: "0.012ms", "4.2ms", "1.3s".
+fn ms(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{ms:.3}ms")
+    } else if ms < 1_000.0 {
+        format!("{ms:.1}ms")
+    } else {
+        format!("{:.1}s", ms / 1_000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_template_compiles_and_escapes() {
+        let view = View::new().expect("templates");
+        let env = &view.env;
+        let template = env.template_from_named_str("probe.html", "{{ x }}").expect("probe");
+        let out = template
+            .render(minijinja::context! { x => "<script>alert(1)</script>" })
+            .expect("render");
+        assert_eq!(out, "&lt;script&gt;alert(1)&lt;&#x2f;script&gt;");
+    }
+
+    #[test]
+    fn times_read_naturally() {
+        assert_eq!(utc(Some(0.5)), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(None), "-");
+        assert_eq!(ago(Some(f64::NAN)), "-");
+        assert!(ago(Some(crate::redis::now_f64() - 90.0)).ends_with("m ago"));
+        assert_eq!(ms(0.0123), "0.012ms");
+        assert_eq!(ms(2500.0), "2.5s");
+    }
+}
