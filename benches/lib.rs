@@ -416,7 +416,7 @@ pub async fn drain_in_processes(
 
 /// Starts `bin run` on `plugins` with `extra` flags (the launcher's lines
 /// logged, the rest at warn) and waits until it is running.
-fn start_running(bin: &Path, redis: &TestRedis, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
+pub fn start_running(bin: &Path, redis: &TestRedis, plugins: &Path, extra: &[&str]) -> Result<RunnerProcess> {
     let mut runner = RunnerProcess::start(
         bin,
         &redis.url(),

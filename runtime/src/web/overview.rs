@@ -1,5 +1,6 @@
 //! `/`: the overview, and `/api/overview`, the JSON its script polls
-//! every second (counters, capacity, queues) to update the numbers and the
+//! every second (counters, set sizes, busy and capacity:
+//! [`api::overview`], three round trips) to update the numbers and the
 //! chart without reloading.
 
 use std::sync::Arc;
@@ -39,20 +40,8 @@ pub(super) async fn page(
 }
 
 pub(super) async fn api(State(web): State<Arc<Web>>) -> Result<Json<Value>, Failure> {
-    let stats = api::stats(&mut web.conn()).await?;
-    let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
-    let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
-    Ok(Json(json!({
-        "time": now_f64(),
-        "processed": stats.processed,
-        "failed": stats.failed,
-        "enqueued": stats.enqueued,
-        "scheduled": stats.scheduled,
-        "retries": stats.retries,
-        "dead": stats.dead,
-        "busy": busy,
-        "capacity": capacity,
-        "processes": stats.processes.len(),
-        "queues": stats.queues,
-    })))
+    let overview = api::overview(&mut web.conn()).await?;
+    let mut json = serde_json::to_value(&overview).map_err(anyhow::Error::from)?;
+    json["time"] = json!(now_f64());
+    Ok(Json(json))
 }
