@@ -6,13 +6,14 @@
 #         client/API for the interop tests), postgresql (the SQL tests
 #         start their own throwaway servers with its binaries), and chromium
 #         with chromium-driver (the dashboard tests drive a headless Chromium
-#         over WebDriver with /usr/bin/chromedriver).
+#         over WebDriver with /usr/bin/chromedriver; fonts-liberation, which
+#         --no-install-recommends would leave out, so pages have fonts).
 # The wasm toolchain is handled by scripts/build-plugins.sh.
 set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq postgresql chromium chromium-driver)
+  want+=(ruby-sidekiq postgresql chromium chromium-driver fonts-liberation)
 fi
 
 missing=()
