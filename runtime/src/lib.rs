@@ -17,6 +17,7 @@
 //! | [`redis`] | Redis in Sidekiq's format: connection, embedded server, payloads, client (push) and api (read side) |
 //! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat, reloader, summary |
 //! | [`metrics`] | what jobs and the process cost: per-class HDR histograms, RSS/CPU sampling, Prometheus and JSON endpoints |
+//! | [`otel`] | OpenTelemetry traces: the job span, host-call child spans, `traceparent` in and out, OTLP export |
 //! | [`cli`] | the `wasmjobs` command line |
 //!
 //! Design notes for newcomers live in `docs/`.
@@ -27,6 +28,7 @@ pub mod cron;
 pub mod host;
 pub mod job;
 pub mod metrics;
+pub mod otel;
 pub mod plugin;
 #[cfg(test)]
 mod proptest_config;
