@@ -308,6 +308,43 @@ mod tests {
         assert!(exporter.get_finished_spans().unwrap().is_empty());
     }
 
+    /// What a job span costs the runner per job, at 1% sampling (mostly
+    /// unsampled) and at 100% (recorded, handed to an in-memory exporter).
+    /// A measurement, not a check: `cargo test --release -p wasmjobs --lib
+    /// otel::job::tests::cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn cost_per_job() {
+        use opentelemetry_sdk::trace::Sampler;
+        let raw = r#"{"class":"NoopJob","args":[],"retry":true,"queue":"default","jid":"b4a577edbccf1d805744efa9","created_at":1764660000.1,"enqueued_at":1764660000.1}"#;
+        let job = job();
+        for (name, ratio) in [("1%", 0.01), ("100%", 1.0)] {
+            let (tracer, exporter, _provider) =
+                provider(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
+            let n = 200_000u32;
+            let started = std::time::Instant::now();
+            for i in 0..n {
+                let span = start(
+                    &tracer,
+                    Propagation::Child,
+                    &Start {
+                        raw,
+                        queue: "default",
+                        job: Some(&job),
+                    },
+                );
+                drop(span.host().recording());
+                span.plugin("noop", "0123456789ab");
+                span.queue_latency(Duration::from_millis(3));
+                span.end("success");
+                if i % 1000 == 999 {
+                    exporter.reset();
+                }
+            }
+            println!("{name}: {} ns per job", started.elapsed().as_nanos() / u128::from(n));
+        }
+    }
+
     #[test]
     fn long_values_are_cut_on_a_character_boundary() {
         let long = "é".repeat(MAX_ATTRIBUTE);
