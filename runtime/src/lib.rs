@@ -18,6 +18,7 @@
 //! | [`runner`] | the job engine of `wasmjobs run`: launcher, fetch, manager, processor, retry, outcome, scheduler, orphans, heartbeat, reloader, summary |
 //! | [`metrics`] | what jobs and the process cost: per-class HDR histograms, RSS/CPU sampling, Prometheus and JSON endpoints |
 //! | [`web`] | the dashboard (`wasmjobs web`, `run --web`): server-rendered pages over Redis, CSRF and credentials checked in one place |
+//! | [`otel`] | OpenTelemetry traces: the job span, host-call child spans, `traceparent` in and out, OTLP export |
 //! | [`cli`] | the `wasmjobs` command line |
 //!
 //! Design notes for newcomers live in `docs/`.
@@ -28,6 +29,7 @@ pub mod cron;
 pub mod host;
 pub mod job;
 pub mod metrics;
+pub mod otel;
 pub mod plugin;
 #[cfg(test)]
 mod proptest_config;

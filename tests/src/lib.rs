@@ -8,6 +8,7 @@ pub mod browser;
 pub mod cli;
 pub mod guests;
 pub mod http_server;
+pub mod otlp;
 pub mod postgres;
 pub mod redis_server;
 pub mod runner;

@@ -4,7 +4,9 @@
 //! sandboxed instance of its plugin, up to `--concurrency` at once, until
 //! SIGTERM/SIGINT (graceful: in-flight jobs get `--timeout` seconds, the
 //! rest go back to their queues). With no `--redis` and no `REDIS_URL` it
-//! starts (or joins) a private redis-server in the data directory.
+//! starts (or joins) a private redis-server in the data directory. With
+//! `--otlp-endpoint` (or `OTEL_EXPORTER_OTLP_ENDPOINT`) it sends traces,
+//! flushed when the run ends (`crate::otel`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -94,6 +96,8 @@ pub struct RunArgs {
     /// Also write the run summary printed at exit to FILE, as JSON.
     #[arg(long, value_name = "FILE")]
     pub summary_json: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub otel: crate::otel::OtelArgs,
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration> {
@@ -111,6 +115,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    let tracing = crate::otel::Tracing::from_args(&args.otel)?;
     let options = RunOptions {
         redis: args.redis.target(&cli.data_dir),
         plugins: args.source.plugins.clone(),
@@ -139,8 +144,14 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         web,
         metrics: !args.no_metrics,
         exit_when_empty: args.exit_when_empty,
+        tracing: tracing.clone(),
     };
-    let summary = runner::run(options).await?;
+    let summary = runner::run(options).await;
+    // Whether the run ended well or not, the spans it made are sent.
+    if let Some(tracing) = tracing {
+        tracing.shutdown().await;
+    }
+    let summary = summary?;
     eprint!("\nwasmjobs run summary\n{}", summary.table());
     if let Some(path) = &args.summary_json {
         let json = serde_json::to_string_pretty(&summary).context("encoding the run summary")?;

@@ -13,6 +13,10 @@
 //!
 //! Nothing is granted by default: no preopens, no environment variables, no
 //! databases, no sockets (wasmtime-wasi denies TCP/UDP unless allowed), stdin closed.
+//!
+//! With tracing on, the views also carry the job's trace context
+//! (`crate::otel::JobTrace`): HTTP requests, SQL statements and file opens
+//! get child spans of the job span, and HTTP requests a `traceparent`.
 
 pub mod disk;
 pub mod files;

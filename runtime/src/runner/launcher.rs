@@ -98,6 +98,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         metrics: metrics.clone(),
         limiter: limiter.clone(),
         redis: redis.clone(),
+        tracing: options.tracing.clone(),
     };
     let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
     let manager = Manager::new(

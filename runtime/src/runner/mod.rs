@@ -114,6 +114,8 @@ pub struct RunOptions {
     pub metrics: bool,
     /// Stop once every queue is empty and no job is in flight.
     pub exit_when_empty: bool,
+    /// OpenTelemetry traces, if on (started and flushed by the caller).
+    pub tracing: Option<std::sync::Arc<crate::otel::Tracing>>,
 }
 
 /// The runner's secrets that a plugin's `env` grant may not pass on: its

@@ -10,6 +10,11 @@
 //! before it runs; a refused job is rescheduled at once (giving up its
 //! slots), and a plugin without them costs no Redis call.
 //!
+//! With tracing on, each job gets a span (`crate::otel::job`) from here to
+//! its decision: the processor notes the plugin, the queue latency and
+//! any failure, and ends it with the outcome; the executor gets its
+//! context for the spans of the job's host calls.
+//!
 //! Metrics are per class only for classes a plugin serves (a bounded set):
 //! unserved classes are counted together as `(unserved)`, unparseable
 //! payloads (including class names over [`crate::job::MAX_CLASS_LEN`] bytes)
@@ -31,6 +36,7 @@ use super::source::unique;
 use super::unit::TypedJob;
 use crate::job::Outcome;
 use crate::metrics::{Counted, JobRecord, Metrics};
+use crate::otel::{self, JobSpan, Tracing};
 use crate::plugin::{Catalog, Plugin};
 use crate::redis::control::CancelRequest;
 use crate::redis::{Redis, now_f64};
@@ -58,6 +64,8 @@ pub(crate) struct Processor {
     pub(crate) limiter: Arc<Limiter>,
     /// For releasing `unique_until: "start"` locks as jobs start.
     pub(crate) redis: Redis,
+    /// OpenTelemetry traces, when on: a span per job (`crate::otel`).
+    pub(crate) tracing: Option<Arc<Tracing>>,
 }
 
 impl Perform for Processor {
@@ -71,34 +79,79 @@ impl Perform for Processor {
         // does not change the version it runs on.
         let catalog = self.catalog.load_full();
         async move {
-            let Some(cancel) = cancel else {
-                return process(self, &catalog, job, slots).await;
+            let Some(tracing) = &self.tracing else {
+                return self.run(&catalog, job, slots, cancel, None).await;
             };
-            cancel.check_at_start(&job.fetched.cancel).await;
-            let started = std::time::Instant::now();
-            if cancel.requested().is_none() {
-                tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => {}
-                    write = process(self, &catalog, job, slots) => return write,
-                }
-            }
-            // Cancelled: the job's future (its store, instance, HTTP
-            // requests and SQL statements) is gone by now.
-            let request = cancel.requested().cloned().unwrap_or_else(|| CancelRequest {
-                by: "unknown".into(),
-                at: now_f64(),
+            let span = tracing.job_span(&otel::job::Start {
+                raw: &job.fetched.raw,
+                queue: &job.fetched.queue,
+                job: job.parsed.as_ref().ok().map(|(job, _)| job),
             });
-            let (class, version) = match (&job.parsed, catalog.get(job.class())) {
-                (Ok((parsed, _)), Some(plugin)) => (parsed.class.as_str(), plugin.version.as_str()),
-                _ => (UNSERVED, ""),
-            };
-            let write = cancel.write(&job.fetched.raw, &request);
-            tracing::info!(jid = %job.jid(), class = %class, by = %request.by, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
-            record(&self.metrics, class, version, &write, None, Some(started.elapsed()));
+            let write = self.run(&catalog, job, slots, cancel, Some(&span)).await;
+            span.end(outcome(&write));
             write
         }
         .boxed()
+    }
+}
+
+impl Processor {
+    /// Runs `job`, or stops it if `cancel` says so; `span` is its trace.
+    async fn run(
+        &self,
+        catalog: &Catalog,
+        job: &TypedJob,
+        slots: Slots<'_>,
+        cancel: Option<&Registration>,
+        span: Option<&JobSpan>,
+    ) -> Write {
+        let Some(cancel) = cancel else {
+            return process(self, catalog, job, slots, span).await;
+        };
+        cancel.check_at_start(&job.fetched.cancel).await;
+        let started = std::time::Instant::now();
+        if cancel.requested().is_none() {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                write = process(self, catalog, job, slots, span) => return write,
+            }
+        }
+        // Cancelled: the job's future (its store, instance, HTTP
+        // requests and SQL statements) is gone by now.
+        let request = cancel.requested().cloned().unwrap_or_else(|| CancelRequest {
+            by: "unknown".into(),
+            at: now_f64(),
+        });
+        let (class, version) = match (&job.parsed, catalog.get(job.class())) {
+            (Ok((parsed, _)), Some(plugin)) => (parsed.class.as_str(), plugin.version.as_str()),
+            _ => (UNSERVED, ""),
+        };
+        let write = cancel.write(&job.fetched.raw, &request);
+        tracing::info!(jid = %job.jid(), class = %class, by = %request.by, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
+        failed(span, &format!("cancelled by {}", request.by));
+        record(&self.metrics, class, version, &write, None, Some(started.elapsed()));
+        write
+    }
+}
+
+/// The job span's `wasmjobs.outcome` for `write`.
+fn outcome(write: &Write) -> &'static str {
+    match write {
+        Write::Ack => "success",
+        Write::Discard => "discard",
+        Write::Retry { .. } => "retry",
+        Write::Dead { .. } => "dead",
+        Write::Drop => "drop",
+        Write::Reschedule { .. } => "rescheduled",
+        Write::Cancelled { .. } => "cancelled",
+    }
+}
+
+/// Marks the job span, if any, failed with `message`.
+fn failed(span: Option<&JobSpan>, message: &str) {
+    if let Some(span) = span {
+        span.failed(message);
     }
 }
 
@@ -112,8 +165,15 @@ pub(crate) struct Slots<'a> {
     pub(crate) parking: &'a Arc<Semaphore>,
 }
 
-/// Runs `typed` and decides what to write for it.
-async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slots: Slots<'_>) -> Write {
+/// Runs `typed` and decides what to write for it; notes on `span` what
+/// the job span reports (plugin, queue latency, failure).
+async fn process(
+    processor: &Processor,
+    catalog: &Catalog,
+    typed: &TypedJob,
+    slots: Slots<'_>,
+    span: Option<&JobSpan>,
+) -> Write {
     let Processor {
         executor,
         metrics,
@@ -123,6 +183,7 @@ async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slo
     let (job, enqueued_at) = match &typed.parsed {
         Ok((job, enqueued_at)) => (job, *enqueued_at),
         Err(error) => {
+            failed(span, error);
             let write = typed.malformed(error, now_f64());
             record(metrics, MALFORMED, "", &write, None, None);
             return write;
@@ -140,6 +201,7 @@ async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slo
             "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml; the job is retried until one does)",
             job.class
         );
+        failed(span, &message);
         let write = match typed.payload() {
             Ok(payload) => job_retry::unserved(&payload, &message, now_f64()),
             Err(error) => typed.malformed(&error, now_f64()),
@@ -149,9 +211,15 @@ async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slo
         record(metrics, UNSERVED, "", &write, queue_latency, None);
         return write;
     };
+    if let Some(span) = span {
+        span.plugin(&plugin.name, &plugin.version);
+    }
     let _plugin_slot = match plugin_slot(&plugin, slots).await {
         Ok(slot) => slot,
-        Err(outcome) => return decide(typed, outcome, &plugin),
+        Err(outcome) => {
+            failed(span, outcome.message().unwrap_or_default());
+            return decide(typed, outcome, &plugin);
+        }
     };
     let mut lease = None;
     if plugin.manifest.cluster_limits.any() {
@@ -182,7 +250,21 @@ async fn process(processor: &Processor, catalog: &Catalog, typed: &TypedJob, slo
     if unique::release_at_start(&processor.redis, &typed.fetched.raw, &job.jid).await {
         metrics.process.unique_locks_released.fetch_add(1, Ordering::Relaxed);
     }
-    let execution = executor.execute(&plugin, job, &ExecOptions::default()).await;
+    let trace = match span {
+        Some(span) => {
+            if let Some(latency) = queue_latency {
+                span.queue_latency(latency);
+            }
+            Some(span.host())
+        }
+        None => None,
+    };
+    let execution = executor
+        .execute_traced(&plugin, job, &ExecOptions::default(), trace)
+        .await;
+    if let Some(message) = execution.outcome.message() {
+        failed(span, message);
+    }
     drop(lease);
     let write = decide(typed, execution.outcome, &plugin);
     record(

@@ -48,6 +48,7 @@ use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
 use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
+use crate::otel::JobTrace;
 use crate::plugin::Plugin;
 
 /// How to run one job.
@@ -276,13 +277,32 @@ impl Executor {
     /// Runs `job` on a fresh instance of `plugin`. Never fails: every
     /// problem is an [`Outcome`].
     pub async fn execute(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
+        self.execute_traced(plugin, job, options, None).await
+    }
+
+    /// [`Executor::execute`], with the job's trace context: its host
+    /// calls (HTTP requests, SQL statements, file opens) get child spans,
+    /// and its HTTP requests carry a `traceparent` (see `crate::otel`).
+    pub(crate) async fn execute_traced(
+        &self,
+        plugin: &Plugin,
+        job: &Job,
+        options: &ExecOptions,
+        trace: Option<JobTrace>,
+    ) -> Execution {
         // Debug level: see the module docs of `host::log` for why every
         // line carries the job's labels itself instead.
         let span = tracing::debug_span!("job", jid = %job.jid, class = %job.class, plugin = %plugin.name, version = %plugin.version);
-        self.execute_in_span(plugin, job, options).instrument(span).await
+        self.execute_in_span(plugin, job, options, trace).instrument(span).await
     }
 
-    async fn execute_in_span(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
+    async fn execute_in_span(
+        &self,
+        plugin: &Plugin,
+        job: &Job,
+        options: &ExecOptions,
+        trace: Option<JobTrace>,
+    ) -> Execution {
         let _slot = self.slots.acquire().await;
         let _running = self.ticker.enter();
         let started = Instant::now();
@@ -298,7 +318,7 @@ impl Executor {
             Prepared::Serial(pre) => pre,
             Prepared::Concurrent(pre) => {
                 let sink = LogSink::new(labels, options.capture_logs, budget);
-                return self.execute_concurrent(plugin, pre, job, sink, started).await;
+                return self.execute_concurrent(plugin, pre, job, sink, started, trace).await;
             }
         };
         let warm = match policy.reuses() {
@@ -327,17 +347,19 @@ impl Executor {
 
         let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
-        let http = self.http_policy(plugin, &sink);
+        let http = self.http_policy(plugin, &sink).with_trace(trace.clone());
+        let recorded = trace.and_then(JobTrace::recording);
         let (mut store, exports, served) = match warm {
             Some(mut warm) => {
                 let disk = plugin.disk.as_ref();
-                warm.store
-                    .data_mut()
-                    .next_job(&plugin.manifest, http, &self.databases, disk);
+                let state = warm.store.data_mut();
+                state.next_job(&plugin.manifest, http, &self.databases, disk);
+                state.set_trace(recorded);
                 (warm.store, Some(warm.exports), warm.served)
             }
             None => match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
-                Ok(state) => {
+                Ok(mut state) => {
+                    state.set_trace(recorded);
                     let mut store = Store::new(pre.engine(), state.with_disk(plugin.disk.as_ref()));
                     store.limiter(|state| &mut state.limiter);
                     store.epoch_deadline_async_yield_and_update(1);
@@ -417,14 +439,15 @@ impl Executor {
         job: &Job,
         sink: LogSink,
         started: Instant,
+        trace: Option<JobTrace>,
     ) -> Execution {
         let policy = plugin.manifest.instances;
         let (concurrent, reuse) = (policy.concurrent.unwrap_or(1).max(1) as usize, policy.reuse.max(1));
         let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
         let scope = JobScope {
             log: sink.clone(),
-            http: self.http_policy(plugin, &sink),
-            sql: SqlView::new(self.databases.clone(), &plugin.manifest),
+            http: self.http_policy(plugin, &sink).with_trace(trace.clone()),
+            sql: SqlView::new(self.databases.clone(), &plugin.manifest).with_trace(trace.and_then(JobTrace::recording)),
         };
         let spawn = || {
             let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);

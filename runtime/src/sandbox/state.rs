@@ -7,8 +7,8 @@
 //! [`LogSink`], the `sql` import through its [`SqlView`] (the runner's
 //! databases as the plugin's grants filter them), the budgeted
 //! `wasi:filesystem/types` through a [`BudgetedFs`] (wasmtime-wasi's view
-//! plus the job's [`JobDisk`]), and Wasmtime's resource accounting through
-//! [`MemoryLimiter`].
+//! plus the job's [`JobDisk`] and, when traced, its [`JobTrace`]), and
+//! Wasmtime's resource accounting through [`MemoryLimiter`].
 //!
 //! An instance that runs several jobs at once (`[instances] concurrent`)
 //! has one store for all of them: the WASI context, table, disk share and
@@ -32,6 +32,7 @@ use crate::host::files;
 use crate::host::http::HttpPolicy;
 use crate::host::log::{LogSink, Source};
 use crate::host::sql::{Databases, SqlView};
+use crate::otel::JobTrace;
 use crate::plugin::Manifest;
 
 /// Everything a job's store holds.
@@ -49,6 +50,9 @@ pub struct JobState {
     /// job, sometimes before the old job's end is handled: the number tells
     /// whose scope an entry is, so only that job's is removed.
     pub(crate) scopes: HashMap<GuestTaskId, (u64, JobScope)>,
+    /// The job's trace, while it is sampled: its file opens get spans (its
+    /// HTTP policy and SQL view carry their own copy).
+    trace: Option<JobTrace>,
     /// The job's share of its plugin's disk budget. Last, so it is dropped
     /// after the table has closed the job's files.
     disk: Option<Arc<JobDisk>>,
@@ -91,6 +95,7 @@ impl JobState {
             sql: SqlView::new(databases.clone(), manifest),
             limiter: MemoryLimiter::new(memory_limit),
             scopes: HashMap::new(),
+            trace: None,
             disk: None,
         })
     }
@@ -125,6 +130,13 @@ impl JobState {
         self.limiter.refused = None;
     }
 
+    /// Gives the job's host calls its trace (recording only: see
+    /// `crate::otel::host`), or none; the SQL view's and the file spans'.
+    pub(crate) fn set_trace(&mut self, trace: Option<JobTrace>) {
+        self.sql.set_trace(trace.clone());
+        self.trace = trace;
+    }
+
     /// The view the one-call `wasmjobs:job/http` import works on.
     pub(crate) fn http_policy(&mut self) -> &mut HttpPolicy {
         &mut self.http_policy
@@ -138,6 +150,7 @@ impl JobState {
                 table: &mut self.table,
             },
             disk: self.disk.as_ref(),
+            trace: self.trace.as_ref(),
         }
     }
 }

@@ -14,6 +14,10 @@
 //!
 //! A job of a plugin without read-write directories has no budget and gets
 //! wasmtime-wasi's methods unchanged.
+//!
+//! With tracing on and the job sampled, every `open-at` (the guest's file
+//! opens, in any preopened directory) also gets a child span of the job
+//! (`crate::otel::host`).
 
 use std::sync::Arc;
 
@@ -26,6 +30,7 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError, FsResult};
 
 use super::budget::{ENTRY_BYTES, Full, JobDisk};
 use super::stream::ChargedStream;
+use crate::otel::{HostSpan, JobTrace};
 
 /// [`HasData`] marker for linking [`BudgetedFs`].
 pub(crate) struct Budgeted;
@@ -40,6 +45,8 @@ pub struct BudgetedFs<'a> {
     pub fs: WasiFilesystemCtxView<'a>,
     /// The job's share of its plugin's budget; `None` without rw dirs.
     pub disk: Option<&'a Arc<JobDisk>>,
+    /// The job's trace while it is sampled: each `open-at` gets a span.
+    pub(crate) trace: Option<&'a JobTrace>,
 }
 
 impl BudgetedFs<'_> {
@@ -246,15 +253,37 @@ impl HostDescriptor for BudgetedFs<'_> {
         oflags: types::OpenFlags,
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
-        if oflags.contains(types::OpenFlags::TRUNCATE) {
+        let (create, truncate) = (
+            oflags.contains(types::OpenFlags::CREATE),
+            oflags.contains(types::OpenFlags::TRUNCATE),
+        );
+        let mut span = match self.trace {
+            Some(trace) => trace.file_open(&path, create, truncate),
+            None => HostSpan::default(),
+        };
+        if truncate {
             self.freed();
         }
-        if !oflags.contains(types::OpenFlags::CREATE) {
-            return self.fs.open_at(fd, path_flags, path, oflags, flags).await;
+        let result = match create {
+            false => self.fs.open_at(fd, path_flags, path, oflags, flags).await,
+            true => match self.charge_entry() {
+                Ok(()) => {
+                    let result = self.fs.open_at(fd, path_flags, path, oflags, flags).await;
+                    self.entry_made(result)
+                }
+                Err(err) => Err(err),
+            },
+        };
+        if let Err(err) = &result {
+            match err.downcast_ref() {
+                Some(code) => {
+                    let code = format!("{code:?}");
+                    span.failed(&code, &code);
+                }
+                None => span.failed("_OTHER", &format!("{err:?}")),
+            }
         }
-        self.charge_entry()?;
-        let result = self.fs.open_at(fd, path_flags, path, oflags, flags).await;
-        self.entry_made(result)
+        result
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {

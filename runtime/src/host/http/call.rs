@@ -111,6 +111,40 @@ pub(crate) fn rule_for(uri: &Uri) -> String {
     }
 }
 
+/// The `error.type` of a failed request's span: the WASI error code's
+/// name, low-cardinality.
+pub(crate) fn error_type(err: &Error) -> &'static str {
+    match err {
+        Error::DnsTimeout => "dns-timeout",
+        Error::DestinationNotFound => "destination-not-found",
+        Error::DestinationUnavailable => "destination-unavailable",
+        Error::DestinationIpProhibited => "destination-ip-prohibited",
+        Error::ConnectionRefused => "connection-refused",
+        Error::ConnectionTerminated => "connection-terminated",
+        Error::ConnectionTimeout => "connection-timeout",
+        Error::ConnectionReadTimeout => "connection-read-timeout",
+        Error::ConnectionWriteTimeout => "connection-write-timeout",
+        Error::ConnectionLimitReached => "connection-limit-reached",
+        Error::HttpResponseTimeout => "http-response-timeout",
+        Error::HttpResponseBodySize(_) => "http-response-body-size",
+        Error::HttpProtocolError => "http-protocol-error",
+        Error::HttpRequestDenied => "http-request-denied",
+        _ => "_OTHER",
+    }
+}
+
+/// The message inside an [`HttpError`].
+fn failure_message(failure: &HttpError) -> &str {
+    match failure {
+        HttpError::InvalidRequest(m)
+        | HttpError::Denied(m)
+        | HttpError::Prohibited(m)
+        | HttpError::Timeout(m)
+        | HttpError::Limit(m)
+        | HttpError::Transport(m) => m,
+    }
+}
+
 /// The case and message the guest gets for a request that failed with `err`.
 pub(crate) fn failed(what: &str, err: &Error) -> HttpError {
     let message = format!("{what} failed: {err}");
@@ -141,7 +175,11 @@ impl super::HttpPolicy {
         &mut self,
         request: Request,
     ) -> Result<impl Future<Output = Result<Response, HttpError>> + Send + use<>, HttpError> {
-        let Built { request, options, what } = build(request)?;
+        let Built {
+            mut request,
+            options,
+            what,
+        } = build(request)?;
         let Some((rule, route)) = self.permitted(request.uri()) else {
             self.note_denied(request.uri());
             return Err(HttpError::Denied(format!(
@@ -155,6 +193,7 @@ impl super::HttpPolicy {
                 self.client.limits().per_job
             )));
         };
+        let mut span = self.traced(&mut request);
         let (client, pools) = (self.client.clone(), self.pools.clone());
         let (stats, log) = (self.stats.clone(), self.log.clone());
         // The exchange runs on a task of its own, not on the job's fiber:
@@ -169,16 +208,25 @@ impl super::HttpPolicy {
             let response = client.send(&pools, request, options, route).await;
             let response = response.map_err(|err| {
                 super::note_failure(&stats, &log, &err, &rule);
-                match err {
+                let failure = match &err {
                     SendError::Prohibited(refused) => HttpError::Prohibited(format!(
                         "{what} failed: destination IP address prohibited ({refused}); the rule \"{rule}\" \
                          reaches public addresses only, a rule naming the IP literal reaches others"
                     )),
-                    SendError::Wasi(err) => failed(&what, &err),
-                }
+                    SendError::Wasi(err) => failed(&what, err),
+                };
+                span.failed(error_type(&Error::from(err)), &failure_message(&failure));
+                failure
             })?;
             let (parts, body) = response.into_parts();
-            let body = body.collect().await.map_err(|err| failed(&what, &err))?.to_bytes();
+            span.http_status(parts.status.as_u16());
+            let body = match body.collect().await {
+                Ok(body) => body.to_bytes(),
+                Err(err) => {
+                    span.failed(error_type(&err), &err);
+                    return Err(failed(&what, &err));
+                }
+            };
             drop(slot);
             let headers = parts
                 .headers

@@ -22,6 +22,8 @@
 //!   for a response, or with a response whose body is neither read to the
 //!   end nor dropped ([`slot`]). Beyond that the guest gets
 //!   `connection-limit-reached`, counted in [`HttpStats::limited`].
+//! - With tracing on, each request gets a child span of the job and a
+//!   `traceparent` header (replacing the guest's): see `crate::otel::host`.
 //! - Connections are pooled per plugin ([`PluginPools`]); `https://`
 //!   negotiates HTTP/2 by ALPN, and plain `http://` speaks it with prior
 //!   knowledge when the granting rule says `h2 = true` ([`client`]).
@@ -45,6 +47,7 @@ pub use client::{HttpClient, HttpLimits, PluginPools};
 use crate::host::http::client::{Route, SendError};
 use crate::host::http::slot::{HeldBody, Slot};
 use crate::host::log::LogSink;
+use crate::otel::{HostSpan, JobTrace};
 
 /// Per-plugin request counters (for logs, stats and tests).
 #[derive(Debug, Default)]
@@ -69,6 +72,9 @@ pub struct HttpPolicy {
     /// This job's open requests: waiting for a response, or with its body
     /// unfinished (created on first use).
     open: Option<Arc<AtomicUsize>>,
+    /// The job's trace, when tracing is on: each request gets a span (if
+    /// sampled) and a `traceparent` header.
+    trace: Option<JobTrace>,
 }
 
 impl HttpPolicy {
@@ -88,6 +94,21 @@ impl HttpPolicy {
             stats,
             log,
             open: None,
+            trace: None,
+        }
+    }
+
+    /// The same policy, tracing each request under `trace`.
+    pub(crate) fn with_trace(mut self, trace: Option<JobTrace>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Opens the request's span and sets its `traceparent`, if traced.
+    fn traced<B>(&self, request: &mut http::Request<B>) -> HostSpan {
+        match &self.trace {
+            Some(trace) => trace.http(request),
+            None => HostSpan::default(),
         }
     }
 
@@ -161,7 +182,7 @@ fn note_failure(stats: &HttpStats, log: &LogSink, err: &SendError, rule: &str) {
 impl WasiHttpHooks for HttpPolicy {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         fut: Sent,
     ) -> Box<dyn Future<Output = wasmtime_wasi_http::Result<(http::Response<WasiBody>, Sent)>> + Send> {
@@ -173,18 +194,23 @@ impl WasiHttpHooks for HttpPolicy {
         let Some(slot) = self.take_slot() else {
             return Box::new(async { Err(Error::ConnectionLimitReached) });
         };
+        let mut span = self.traced(&mut request);
         let client = self.client.clone();
         let pools = self.pools.clone();
         let stats = self.stats.clone();
         let log = self.log.clone();
         Box::new(async move {
-            // The slot goes with the response body; on an error it is dropped here.
+            // The slot (and the span) go with the response body; on an
+            // error they are dropped here.
             let response = client.send(&pools, request, options, route).await;
             let response = response.map_err(|err| {
                 note_failure(&stats, &log, &err, &rule);
-                Error::from(err)
+                let err = Error::from(err);
+                span.failed(call::error_type(&err), &err);
+                err
             })?;
-            let response = response.map(|body| HeldBody::new(body, slot).boxed_unsync());
+            span.http_status(response.status().as_u16());
+            let response = response.map(|body| HeldBody::new(body, slot, span).boxed_unsync());
             Ok((response, Box::new(async { Ok(()) }) as Sent))
         })
     }

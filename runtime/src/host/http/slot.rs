@@ -16,6 +16,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use wasmtime_wasi_http::{Error, WasiBody};
 
+use crate::otel::HostSpan;
+
 /// One of a job's open requests; released when dropped.
 #[derive(Debug)]
 pub(crate) struct Slot(Arc<AtomicUsize>);
@@ -35,16 +37,18 @@ impl Drop for Slot {
     }
 }
 
-/// A response body holding its request's [`Slot`] until it is done.
+/// A response body holding its request's [`Slot`] (and span, which ends
+/// with it) until it is done.
 pub(crate) struct HeldBody {
     inner: WasiBody,
-    slot: Option<Slot>,
+    slot: Option<(Slot, HostSpan)>,
 }
 
 impl HeldBody {
-    /// Wraps `inner`; an already finished body releases `slot` at once.
-    pub(crate) fn new(inner: WasiBody, slot: Slot) -> Self {
-        let slot = (!inner.is_end_stream()).then_some(slot);
+    /// Wraps `inner`; an already finished body releases `slot` and ends
+    /// `span` at once.
+    pub(crate) fn new(inner: WasiBody, slot: Slot, span: HostSpan) -> Self {
+        let slot = (!inner.is_end_stream()).then_some((slot, span));
         Self { inner, slot }
     }
 }
@@ -106,7 +110,7 @@ mod tests {
     async fn a_body_holds_its_slot_until_read_to_the_end() {
         let open = Arc::new(AtomicUsize::new(0));
         let slot = Slot::take(&open, 1).unwrap();
-        let mut body = HeldBody::new(streamed(), slot);
+        let mut body = HeldBody::new(streamed(), slot, HostSpan::default());
         assert!(Slot::take(&open, 1).is_none(), "held while unread");
         assert!(body.frame().await.is_some());
         assert_eq!(open_count(&open), 1, "held while partly read");
@@ -120,7 +124,7 @@ mod tests {
     #[test]
     fn a_body_dropped_unread_releases_its_slot() {
         let open = Arc::new(AtomicUsize::new(0));
-        let body = HeldBody::new(streamed(), Slot::take(&open, 1).unwrap());
+        let body = HeldBody::new(streamed(), Slot::take(&open, 1).unwrap(), HostSpan::default());
         assert_eq!(open_count(&open), 1);
         drop(body);
         assert_eq!(open_count(&open), 0);
@@ -130,7 +134,7 @@ mod tests {
     fn an_empty_body_releases_at_once() {
         let open = Arc::new(AtomicUsize::new(0));
         let empty = Full::new(Bytes::new()).map_err(|never| match never {}).boxed_unsync();
-        let body = HeldBody::new(empty, Slot::take(&open, 1).unwrap());
+        let body = HeldBody::new(empty, Slot::take(&open, 1).unwrap(), HostSpan::default());
         assert_eq!(open_count(&open), 0);
         drop(body);
         assert_eq!(open_count(&open), 0);

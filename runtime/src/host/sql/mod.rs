@@ -55,6 +55,7 @@ use anyhow::{Context, Result, bail};
 pub use config::{Backend, DbSpec, Settings};
 
 use crate::bindings::sql::{Host, Rows, SqlError, Value};
+use crate::otel::{HostSpan, JobTrace};
 use crate::plugin::Manifest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -194,6 +195,8 @@ pub struct SqlView {
     /// `limits.concurrency`: most connections of one database at once.
     concurrency: Option<usize>,
     manifest: PathBuf,
+    /// The job's trace while it is sampled: each statement gets a span.
+    trace: Option<JobTrace>,
 }
 
 impl SqlView {
@@ -205,7 +208,19 @@ impl SqlView {
             read_only: manifest.sql_read_only.clone(),
             concurrency: manifest.limits.concurrency.map(|n| n as usize),
             manifest: manifest.path.clone(),
+            trace: None,
         }
+    }
+
+    /// The same view, giving each statement a span under `trace`.
+    pub(crate) fn with_trace(mut self, trace: Option<JobTrace>) -> Self {
+        self.trace = trace;
+        self
+    }
+
+    /// Gives each statement from now on a span under `trace` (or none).
+    pub(crate) fn set_trace(&mut self, trace: Option<JobTrace>) {
+        self.trace = trace;
     }
 
     /// The database `name`, if granted and configured.
@@ -233,11 +248,23 @@ impl SqlView {
         check_statement(&statement)?;
         let read_only = self.read_only.iter().any(|g| g == db);
         let started = Instant::now();
-        let _permit = self.plugin_permit(db, &database).await?;
-        let output = match &database.engine {
-            Engine::Postgres(pg) => pg.run(&statement, &params, want_rows, read_only).await,
-            Engine::Sqlite(lite) => lite.run(statement, params, want_rows, read_only).await,
+        let mut span = match (&self.trace, &database.engine) {
+            (Some(trace), Engine::Postgres(_)) => trace.sql(db, "postgresql", &statement),
+            (Some(trace), Engine::Sqlite(_)) => trace.sql(db, "sqlite", &statement),
+            (None, _) => HostSpan::default(),
         };
+        let output = match self.plugin_permit(db, &database).await {
+            Ok(_permit) => match &database.engine {
+                Engine::Postgres(pg) => pg.run(&statement, &params, want_rows, read_only).await,
+                Engine::Sqlite(lite) => lite.run(statement, params, want_rows, read_only).await,
+            },
+            Err(error) => Err(error),
+        };
+        match &output {
+            Ok(Output::Rows(rows)) => span.rows(rows.rows.len() as u64),
+            Ok(Output::Affected(count)) => span.rows(*count),
+            Err(error) => span.failed(error_kind(error), &error_message(error)),
+        }
         match &output {
             Ok(_) => tracing::debug!(
                 db,
@@ -271,6 +298,30 @@ impl SqlView {
                 settings.timeout
             ))),
         }
+    }
+}
+
+/// The `error.type` of a failed statement's span.
+fn error_kind(error: &SqlError) -> &'static str {
+    match error {
+        SqlError::NotGranted(_) => "not-granted",
+        SqlError::UnknownDatabase(_) => "unknown-database",
+        SqlError::Connection(_) => "connection",
+        SqlError::Query(_) => "query",
+        SqlError::Timeout(_) => "timeout",
+        SqlError::Limit(_) => "limit",
+    }
+}
+
+/// The message of a failed statement.
+fn error_message(error: &SqlError) -> &str {
+    match error {
+        SqlError::NotGranted(m)
+        | SqlError::UnknownDatabase(m)
+        | SqlError::Connection(m)
+        | SqlError::Query(m)
+        | SqlError::Timeout(m)
+        | SqlError::Limit(m) => m,
     }
 }
 
@@ -359,7 +410,7 @@ pub(crate) fn check_statement(statement: &str) -> Result<(), SqlError> {
 
 /// `text` after leading whitespace, empty statements (`;`), `-- line` and
 /// `/* block */` comments.
-fn skip_blanks_and_comments(mut text: &str) -> &str {
+pub(crate) fn skip_blanks_and_comments(mut text: &str) -> &str {
     loop {
         text = text.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
         if let Some(rest) = text.strip_prefix("--") {
