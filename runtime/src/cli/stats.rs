@@ -19,6 +19,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::Args;
 
 use super::{Cli, RedisArgs};
+use crate::metrics::published::short_ms;
 use crate::redis::api::{self, Stats};
 use crate::redis::latency::{ClassLatency, last_hour};
 use crate::redis::limits::{LimitStats, limit_stats};
@@ -254,7 +255,7 @@ fn render_latency(latency: &std::collections::BTreeMap<String, ClassLatency>) ->
     for (class, l) in latency {
         let three = |s: &crate::metrics::published::Summary| match s.count {
             0 => "-".to_owned(),
-            _ => format!("{}/{}/{}", ms(s.p50), ms(s.p95), ms(s.p99)),
+            _ => format!("{}/{}/{}", short_ms(s.p50), short_ms(s.p95), short_ms(s.p99)),
         };
         let _ = writeln!(
             out,
@@ -266,19 +267,6 @@ fn render_latency(latency: &std::collections::BTreeMap<String, ClassLatency>) ->
     }
     out.push_str("(last hour, all processes)\n");
     out
-}
-
-/// A duration in milliseconds, short: `0.012ms`, `4.2ms`, `1.3s`, `2.0m`.
-fn ms(ms: f64) -> String {
-    if ms < 1.0 {
-        format!("{ms:.3}ms")
-    } else if ms < 1_000.0 {
-        format!("{ms:.1}ms")
-    } else if ms < 60_000.0 {
-        format!("{:.1}s", ms / 1_000.0)
-    } else {
-        format!("{:.1}m", ms / 60_000.0)
-    }
 }
 
 /// The cluster limits table (empty when no plugin has limit keys).

@@ -130,6 +130,20 @@ pub fn quantile(buckets: &Buckets, q: f64) -> Option<f64> {
     None
 }
 
+/// A latency in milliseconds, short, as `stats` and the dashboard show
+/// it: `0.012ms`, `4.2ms`, `1.3s`, `2.0m`.
+pub fn short_ms(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{ms:.3}ms")
+    } else if ms < 1_000.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 60_000.0 {
+        format!("{:.1}s", ms / 1_000.0)
+    } else {
+        format!("{:.1}m", ms / 60_000.0)
+    }
+}
+
 /// p50 / p95 / p99 of a class's latency over the window, milliseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Summary {

@@ -35,7 +35,7 @@ impl View {
         }
         env.add_filter("ago", ago);
         env.add_filter("utc", utc);
-        env.add_filter("ms", ms);
+        env.add_filter("ms", crate::metrics::published::short_ms);
         Ok(Self { env })
     }
 
@@ -84,17 +84,6 @@ fn utc(at: Option<f64>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// `milliseconds | ms`: "0.012ms", "4.2ms", "1.3s".
-fn ms(ms: f64) -> String {
-    if ms < 1.0 {
-        format!("{ms:.3}ms")
-    } else if ms < 1_000.0 {
-        format!("{ms:.1}ms")
-    } else {
-        format!("{:.1}s", ms / 1_000.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +105,7 @@ mod tests {
         assert_eq!(utc(None), "-");
         assert_eq!(ago(Some(f64::NAN)), "-");
         assert!(ago(Some(crate::redis::now_f64() - 90.0)).ends_with("m ago"));
+        let ms = crate::metrics::published::short_ms;
         assert_eq!(ms(0.0123), "0.012ms");
         assert_eq!(ms(2500.0), "2.5s");
     }
