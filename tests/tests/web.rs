@@ -619,3 +619,212 @@ async fn non_loopback_bind_without_credentials_refuses_to_start() {
     assert_eq!(bearer("t0ken-for-test").status, 401);
     assert_eq!(request(&addr, "GET", "/", &[], "").status, 401);
 }
+
+/// A plugin directory name that would inject markup if rendered as HTML.
+const EVIL_PLUGIN: &str = "<img src=x onerror=alert(3)>";
+
+/// The text of the Plugins page's row for `version` of `plugin`, once it
+/// shows (or `None`).
+async fn version_row(browser: &Browser, plugin: &str, version_css: &str) -> Option<String> {
+    let css = format!("section.plugin[data-name=\"{plugin}\"] {version_css}");
+    browser.try_find(&css).await?;
+    Some(browser.text(&css).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_page_shows_versions_grants_load_errors_and_reloads() {
+    let redis = TestRedis::start();
+    // Process A: echo, http-get, chaos and a plugin that cannot load, in a
+    // directory whose name is markup.
+    let dir_a = plugins(&["echo", "http-get"], &["chaos"]);
+    let evil = dir_a.path().join(EVIL_PLUGIN);
+    std::fs::create_dir(&evil).expect("evil plugin dir");
+    std::fs::write(
+        evil.join("wasmjobs.toml"),
+        format!("component = \"missing.wasm\"\nclasses = [\"EvilJob\"]\n# {SCRIPT}\n"),
+    )
+    .expect("evil manifest");
+    // Process B: a later echo, with a timeout of its own.
+    let dir_b = plugins(&["echo"], &[]);
+    let echo_b = dir_b.path().join("echo/wasmjobs.toml");
+    let limited = format!(
+        "{}\n[limits]\ntimeout = \"5s\"\n",
+        std::fs::read_to_string(&echo_b).expect("echo manifest")
+    );
+    std::fs::write(&echo_b, &limited).expect("echo v2 manifest");
+    let (mut runner_a, base) = runner_with_web(&redis, dir_a.path(), &[]);
+    let mut runner_b = Runner::start(&redis.url(), dir_b.path(), &[]);
+    runner_b.wait_running();
+    let browser = Browser::start("plugins_page_shows_versions_grants_load_errors_and_reloads").await;
+    let page = format!("{base}/plugins");
+
+    // A rolling deploy: two versions of echo, one process each.
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || "two versions of echo on /plugins".to_owned(),
+            async |browser: &Browser| {
+                browser.goto(&page).await;
+                browser
+                    .find_all("section.plugin[data-name=\"echo\"] tr.version")
+                    .await
+                    .len()
+                    == 2
+            },
+        )
+        .await;
+    let echo = browser.text("section.plugin[data-name=\"echo\"]").await;
+    assert!(echo.contains("2 versions running"), "{echo}");
+    assert!(echo.contains("EchoJob"), "{echo}");
+    assert!(echo.contains("timeout 5s"), "B's limit: {echo}");
+    assert!(echo.contains("the runner's defaults"), "A's limits: {echo}");
+    assert!(echo.contains("nothing: no network"), "echo is granted nothing: {echo}");
+
+    let http = version_row(&browser, "http-get", "tr.version")
+        .await
+        .expect("http-get shown");
+    assert!(
+        http.contains("HttpGetJob") && http.contains("http 127.0.0.1:*"),
+        "{http}"
+    );
+    let chaos = version_row(&browser, "chaos", "tr.version").await.expect("chaos shown");
+    for grant in ["files /data → data (rw)", "sql main (rw)", "http 127.0.0.1:*"] {
+        assert!(chaos.contains(grant), "chaos grants {grant}: {chaos}");
+    }
+    assert!(chaos.contains("wasmjobs:job/plugin@"), "the world: {chaos}");
+
+    // The refused plugin, named and explained, as text.
+    let broken = browser.text("tr.broken").await;
+    assert!(broken.contains(EVIL_PLUGIN), "{broken}");
+    assert!(broken.contains("missing.wasm"), "the reason: {broken}");
+    let markup = browser
+        .execute("return document.querySelectorAll('main img, main script').length;")
+        .await;
+    assert_eq!(
+        markup,
+        json!(0),
+        "markup from a plugin's name or files made it into the page"
+    );
+    browser.assert_no_alert().await;
+    let loaded = browser.find_all("tr.reload[data-event=\"loaded\"]").await.len();
+    assert_eq!(loaded, 4, "three plugins in A, one in B");
+    assert_eq!(browser.find_all("tr.reload[data-event=\"rejected\"]").await.len(), 1);
+
+    // A catches up with B: one version of echo, on both processes, and A's
+    // history shows the replacement.
+    let echo_a = dir_a.path().join("echo/wasmjobs.toml");
+    let staging = echo_a.with_extension("toml.tmp");
+    std::fs::write(&staging, &limited).expect("staging manifest");
+    std::fs::rename(&staging, &echo_a).expect("deploy manifest");
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || format!("A to report echo replaced:\n{}", runner_a.log()),
+            async |browser: &Browser| {
+                browser.goto(&page).await;
+                browser
+                    .try_find("tr.reload[data-plugin=\"echo\"][data-event=\"replaced\"]")
+                    .await
+                    .is_some()
+            },
+        )
+        .await;
+    let versions = browser.find_all("section.plugin[data-name=\"echo\"] tr.version").await;
+    assert_eq!(versions.len(), 1, "one version of echo left");
+    let echo = browser.text("section.plugin[data-name=\"echo\"] tr.version").await;
+    assert!(echo.contains("2:"), "running on both processes: {echo}");
+    let replaced = browser
+        .text("tr.reload[data-plugin=\"echo\"][data-event=\"replaced\"]")
+        .await;
+    assert!(replaced.contains('→'), "old → new version: {replaced}");
+
+    // The Processes page shows each process's CPU.
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || "a CPU figure on /processes".to_owned(),
+            async |browser: &Browser| {
+                browser.goto(&format!("{base}/processes")).await;
+                let cpus = browser.find_all("tr.process td.cpu").await;
+                let mut shown = 0;
+                for cpu in cpus {
+                    let text = cpu.text().await.unwrap_or_default();
+                    shown += usize::from(text.ends_with('%') && text.trim_end_matches('%').parse::<f64>().is_ok());
+                }
+                shown == 2
+            },
+        )
+        .await;
+    drop(browser);
+    assert!(runner_a.stop().success());
+    assert!(runner_b.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_queues_and_sets_are_paged() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    // No runner: the jobs stay. Pushed one by one onto the head, so the
+    // first pushed are the oldest, on the last page.
+    let jids = push(&mut conn, "EchoJob", "default", (0..250).map(|i| json!([i])).collect()).await;
+    let now = wasmjobs::redis::now_f64();
+    for i in 0..150 {
+        let class = if i % 3 == 0 { "RareJob" } else { "EchoJob" };
+        let job = dead_job(class, vec![json!(i)], "failed");
+        zadd(&mut conn, "dead", &job, now - f64::from(i)).await;
+    }
+    let (_web, addr) = Web::start(&redis, "127.0.0.1:0", &[]);
+    let base = format!("http://{addr}");
+    let browser = Browser::start("long_queues_and_sets_are_paged").await;
+
+    browser.goto(&format!("{base}/queues/default")).await;
+    let mut sizes = vec![browser.find_all("tr.job").await.len()];
+    assert_eq!(browser.text("nav.pager .page").await, "Page 1 of 3");
+    assert!(browser.try_find("nav.pager a.prev").await.is_none());
+    while browser.try_find("nav.pager a.next").await.is_some() {
+        browser.click_to_navigate("nav.pager a.next").await;
+        sizes.push(browser.find_all("tr.job").await.len());
+    }
+    assert_eq!(sizes, [100, 100, 50]);
+    assert_eq!(browser.text("nav.pager .page").await, "Page 3 of 3");
+    // The oldest job is on the last page, and can be deleted from there.
+    let oldest = row(&jids[0]);
+    browser.find(&oldest).await;
+    browser.click_to_navigate(&format!("{oldest} button.delete")).await;
+    let notice = browser.text("#notice").await;
+    assert!(notice.contains(&format!("Job {} deleted", jids[0])), "{notice}");
+    assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 249);
+    let left: Vec<String> = conn.lrange("queue:default", 0, -1).await.expect("LRANGE");
+    assert!(!left.iter().any(|raw| raw.contains(&jids[0])), "the oldest job is gone");
+    assert!(left.iter().any(|raw| raw.contains(&jids[1])), "and only it");
+
+    // A set: two pages; filtered, every match in the window of 1,000.
+    browser.goto(&format!("{base}/dead")).await;
+    assert_eq!(browser.find_all("tr.job").await.len(), 100);
+    browser.click_to_navigate("nav.pager a.next").await;
+    assert_eq!(browser.find_all("tr.job").await.len(), 50);
+    browser.goto(&format!("{base}/dead?class=Rare")).await;
+    assert_eq!(browser.find_all("tr.job").await.len(), 50);
+    let classes = browser
+        .execute("return Array.from(document.querySelectorAll('tr.job td.class')).map(td => td.textContent);")
+        .await;
+    assert!(
+        classes.as_array().is_some_and(|c| c.iter().all(|c| c == "RareJob")),
+        "{classes}"
+    );
+    assert!(browser.text("p.looked").await.contains("1–150"));
+    assert!(
+        browser.try_find("nav.pager").await.is_none(),
+        "one window holds the whole set"
+    );
+    // Hostile page numbers are page 1.
+    for page in ["0", "-1", "x", "99999999999999999999999"] {
+        let response = request(&addr, "GET", &format!("/dead?page={page}"), &[], "");
+        assert_eq!(response.status, 200, "page={page}: {response:?}");
+        assert_eq!(response.body.matches("<tr class=\"job\"").count(), 100, "page={page}");
+    }
+    let past = request(&addr, "GET", "/dead?page=7", &[], "");
+    assert_eq!(past.status, 200);
+    assert_eq!(past.body.matches("<tr class=\"job\"").count(), 0);
+    assert!(past.body.contains("page=2"), "a way back from past the end");
+}

@@ -213,17 +213,18 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
         let tag_width = stats.processes.iter().map(|p| p.tag.len()).max().unwrap_or(0).max(3);
         let _ = writeln!(
             out,
-            "{:<width$}  {:<tag_width$}  {:>9}  {:>8}  {:<5}  {:>9}",
-            "PROCESS", "TAG", "BUSY", "RSS MB", "QUIET", "LAST BEAT"
+            "{:<width$}  {:<tag_width$}  {:>9}  {:>8}  {:>6}  {:<5}  {:>9}",
+            "PROCESS", "TAG", "BUSY", "RSS MB", "CPU %", "QUIET", "LAST BEAT"
         );
         for p in &stats.processes {
             let busy = format!("{}/{}", p.busy, p.concurrency);
             let rss = format!("{:.1}", p.rss_kb as f64 / 1024.0);
+            let cpu = p.cpu_percent.map_or_else(|| "-".to_owned(), |cpu| format!("{cpu:.1}"));
             let quiet = if p.quiet { "yes" } else { "no" };
             let beat = format!("{} ago", age(now - p.beat));
             let _ = writeln!(
                 out,
-                "{:<width$}  {:<tag_width$}  {busy:>9}  {rss:>8}  {quiet:<5}  {beat:>9}",
+                "{:<width$}  {:<tag_width$}  {busy:>9}  {rss:>8}  {cpu:>6}  {quiet:<5}  {beat:>9}",
                 p.identity, p.tag
             );
             if !p.plugins.is_empty() {
@@ -391,6 +392,7 @@ mod tests {
                 quiet: false,
                 rss_kb: 2048,
                 rtt_us: 100,
+                cpu_percent: Some(12.5),
                 version: None,
                 plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
             }],
@@ -406,7 +408,7 @@ mod tests {
         assert!(text.contains("low               0          -  paused"), "{text}");
         assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");
         assert!(
-            text.contains("host:1:abc  app       3/10       2.0  no      5.0s ago"),
+            text.contains("host:1:abc  app       3/10       2.0    12.5  no      5.0s ago"),
             "{text}"
         );
     }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 
 use super::cache::{CacheUse, CompileCache, sha256_hex};
+use super::describe::{self, Described, History};
 use super::manifest::{MANIFEST_FILE, Manifest};
 use tokio::sync::Semaphore;
 
@@ -120,6 +121,8 @@ pub struct Catalog {
     /// When [`Catalog::load`] began reading the directory: a file changed
     /// since may have been read before or after its change.
     scanned_at: Option<SystemTime>,
+    /// The last loads and reloads (for the heartbeat's report).
+    history: History,
 }
 
 impl Catalog {
@@ -136,24 +139,46 @@ impl Catalog {
         for manifest in find_manifests(dir)? {
             match read_plugin(&manifest).and_then(|source| build_plugin(source, executor, cache, &protected)) {
                 Ok(plugin) => {
-                    if let Err(broken) = catalog.insert(Arc::new(plugin)) {
-                        catalog.broken.push(broken);
+                    let plugin = Arc::new(plugin);
+                    match catalog.insert(plugin.clone()) {
+                        Ok(()) => catalog.history.loaded(&plugin),
+                        Err(broken) => {
+                            catalog.history.refused(&broken);
+                            catalog.broken.push(broken);
+                        }
                     }
                 }
-                Err(err) => catalog.broken.push(Broken {
-                    manifest,
-                    error: format!("{err:#}"),
-                }),
+                Err(err) => {
+                    let broken = Broken {
+                        manifest,
+                        error: format!("{err:#}"),
+                    };
+                    catalog.history.refused(&broken);
+                    catalog.broken.push(broken);
+                }
             }
         }
         Ok(catalog)
     }
 
+    /// What this catalog serves, refused and did lately, as the heartbeat
+    /// publishes it.
+    pub fn describe(&self) -> Described {
+        describe::describe(&self.plugins, &self.broken, &self.history)
+    }
+
     /// Reloads the plugin in directory `root` (whether or not it was loaded
     /// before) and returns the catalog with the result, and what changed.
     /// A version that does not load is recorded as broken while the version
-    /// already loaded, if any, keeps serving. Blocking (reads, compiles).
+    /// already loaded, if any, keeps serving. The change is recorded in the
+    /// new catalog's history. Blocking (reads, compiles).
     pub fn rescan(&self, root: &Path, executor: &Executor, cache: &CompileCache) -> (Catalog, Change) {
+        let (mut next, change) = self.rescan_unrecorded(root, executor, cache);
+        next.history.changed(root, &change);
+        (next, change)
+    }
+
+    fn rescan_unrecorded(&self, root: &Path, executor: &Executor, cache: &CompileCache) -> (Catalog, Change) {
         let manifest = root.join(MANIFEST_FILE);
         let old = self.plugin_at(root).cloned();
         if !manifest.is_file() {

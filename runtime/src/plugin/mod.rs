@@ -6,12 +6,14 @@
 //! grants are usable and within the runner's caps ([`caps`]), and pre-links it once so that each job only has to
 //! instantiate. The [`Catalog`] maps job classes to loaded plugins and keeps
 //! the reasons broken plugins were refused. A manifest's `[[schedule]]`
-//! entries (periodic jobs) are parsed by [`schedule`].
+//! entries (periodic jobs) are parsed by [`schedule`]; what a runner
+//! publishes about its plugins is built by [`describe`].
 
 pub mod cache;
 mod caps;
 pub mod catalog;
 pub mod cluster_limits;
+pub mod describe;
 pub mod instances;
 pub mod limits;
 pub mod manifest;
@@ -20,6 +22,7 @@ pub mod schedule;
 pub use cache::{CacheUse, CompileCache};
 pub use catalog::{Broken, Catalog, Plugin};
 pub use cluster_limits::ClusterLimits;
+pub use describe::Described;
 pub use instances::InstancePolicy;
 pub use limits::PluginLimits;
 pub use manifest::{MANIFEST_FILE, Manifest, Mode, Preopen};

@@ -192,10 +192,9 @@ pub async fn queue_jobs<C: ConnectionLike + Send>(
     Ok((len, raws.into_iter().map(|raw| Entry::read(raw, None)).collect()))
 }
 
-/// Jobs of `set` from `start` (scheduled: soonest first; retries and
-/// dead: latest first), keeping those whose class contains `class` when
-/// given (then up to [`PAGE`] × 10 entries are looked through), and the
-/// set's size.
+/// The `count` jobs of `set` from `start` (scheduled: soonest first;
+/// retries and dead: latest first), keeping those whose class contains
+/// `class` when given, and the set's size.
 pub async fn set_jobs<C: ConnectionLike + Send>(
     conn: &mut C,
     set: JobSet,
@@ -203,7 +202,7 @@ pub async fn set_jobs<C: ConnectionLike + Send>(
     count: usize,
     class: Option<&str>,
 ) -> Result<(u64, Vec<Entry>)> {
-    let look = if class.is_some() { PAGE * 10 } else { count.max(1) };
+    let look = count.max(1);
     let stop = (start + look - 1) as isize;
     let mut range = redis::cmd(if set == JobSet::Scheduled {
         "ZRANGE"
@@ -221,7 +220,6 @@ pub async fn set_jobs<C: ConnectionLike + Send>(
         .into_iter()
         .map(|(raw, score)| Entry::read(raw, Some(score)))
         .filter(|e| class.is_none_or(|c| e.class.contains(c)))
-        .take(count)
         .collect();
     Ok((len, entries))
 }
@@ -249,14 +247,16 @@ pub async fn set_entry<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, key:
         .find(|e| e.key == key))
 }
 
-/// The entry of queue `name` named `key` among its first `look` jobs.
+/// The entry of queue `name` named `key` among its `look` jobs from
+/// `start`.
 pub async fn queue_entry<C: ConnectionLike + Send>(
     conn: &mut C,
     name: &str,
     key: &str,
+    start: usize,
     look: usize,
 ) -> Result<Option<Entry>> {
-    let (_, entries) = queue_jobs(conn, name, 0, look).await?;
+    let (_, entries) = queue_jobs(conn, name, start, look).await?;
     Ok(entries.into_iter().find(|e| e.key == key))
 }
 

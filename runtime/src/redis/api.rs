@@ -103,6 +103,10 @@ pub struct ProcessInfo {
     pub rss_kb: u64,
     /// Redis round-trip time measured by the process, microseconds.
     pub rtt_us: u64,
+    /// Percent of one core it used between its last two beats (wasmjobs
+    /// processes only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
     /// Its Sidekiq (or wasmjobs) version, when it says.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
@@ -112,8 +116,8 @@ pub struct ProcessInfo {
     pub plugins: std::collections::BTreeMap<String, String>,
 }
 
-/// The heartbeat fields read per process, in `ProcessSet`'s order.
-const HEARTBEAT_FIELDS: [&str; 6] = ["info", "busy", "beat", "quiet", "rss", "rtt_us"];
+/// The heartbeat fields read per process, in `ProcessSet`'s order, then ours.
+const HEARTBEAT_FIELDS: [&str; 7] = ["info", "busy", "beat", "quiet", "rss", "rtt_us", "cpu"];
 
 /// Reads the current stats. Identities in `processes` whose heartbeat hash
 /// has expired are removed from the set, as Sidekiq's `ProcessSet` does.
@@ -398,6 +402,10 @@ fn process_info(identity: &str, fields: &[Option<String>]) -> Option<ProcessInfo
         quiet: field(3) == Some("true"),
         rss_kb: int(4),
         rtt_us: int(5),
+        cpu_percent: field(6)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|cpu| cpu.is_finite())
+            .map(|cpu| cpu.max(0.0)),
         version: info.get("version").and_then(Json::as_str).map(str::to_owned),
         plugins: info
             .get("plugins")

@@ -21,6 +21,7 @@
 //! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
 //! - [`latency`]: the latency histograms every heartbeat publishes, merged
 //!   into per-class percentiles over the last hour (`stats`, `web`).
+//! - [`plugins`]: the plugin reports every heartbeat publishes (`web`).
 //! - [`cron`]: cron schedules in sidekiq-cron's format: register, list, claim a tick.
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
@@ -39,6 +40,7 @@ pub mod job_head;
 pub(crate) mod keys;
 pub mod latency;
 pub mod limits;
+pub mod plugins;
 
 pub use wasmjobs_client::push as client;
 pub use wasmjobs_client::{now_f64, unique};

@@ -1,7 +1,8 @@
 //! The heartbeat: this process, as Sidekiq's Web UI and API see it.
 //!
 //! Every [`INTERVAL`] (and once at start) one `MULTI` writes the process
-//! hash (`info`, `busy`, `beat`, `quiet`, `rss`, `rtt_us`) with a 60 s expiry,
+//! hash (Sidekiq's `info`, `busy`, `beat`, `quiet`, `rss`, `rtt_us`, and our
+//! `cpu` and `plugins`, which Sidekiq's Web UI ignores) with a 60 s expiry,
 //! adds the identity to `processes`, rewrites the `:work` hash of jobs in
 //! flight (also under Sidekiq 6's `:workers` name), and pops one command from
 //! the `-signals` list the Web UI's Quiet/Stop buttons push to. A process
@@ -124,6 +125,40 @@ pub struct Heartbeat {
     rtt_us: AtomicU64,
     /// The latency counts already published.
     published: Published,
+    /// CPU use since the previous beat (the `cpu` field).
+    cpu: CpuSince,
+}
+
+/// Percent of one core a process used between two readings.
+struct CpuSince(std::sync::Mutex<(Instant, u64)>);
+
+impl CpuSince {
+    /// Readings closer together than this say nothing (the clock counts
+    /// hundredths of a second): the first beat, at start, has no figure.
+    const SHORTEST: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        Self(std::sync::Mutex::new((
+            Instant::now(),
+            crate::metrics::process::cpu_ticks(),
+        )))
+    }
+
+    /// Percent of one core used since the previous reading (100: one core
+    /// busy all the time); `None` when that was less than [`Self::SHORTEST`]
+    /// ago, and the previous reading is then kept.
+    fn percent(&self) -> Option<f64> {
+        let now = (Instant::now(), crate::metrics::process::cpu_ticks());
+        let mut last = self.0.lock().ok()?;
+        let wall = now.0.duration_since(last.0);
+        if wall < Self::SHORTEST {
+            return None;
+        }
+        let ticks = now.1.saturating_sub(last.1);
+        *last = now;
+        // Ticks are 1/100 s: ticks / seconds is a percentage.
+        Some(ticks as f64 / wall.as_secs_f64())
+    }
 }
 
 impl Heartbeat {
@@ -163,6 +198,7 @@ impl Heartbeat {
             limiter: None,
             rtt_us: AtomicU64::new(0),
             published: Published::default(),
+            cpu: CpuSince::new(),
         }
     }
 
@@ -235,7 +271,12 @@ impl Heartbeat {
             .arg(if self.quiet.is_cancelled() { "true" } else { "false" })
             .arg("rss")
             .arg(rss_kb(std::process::id()))
+            .arg("plugins")
+            .arg(self.plugins())
             .ignore();
+        if let Some(cpu) = self.cpu.percent() {
+            pipe.cmd("HSET").arg(id).arg("cpu").arg(format!("{cpu:.1}")).ignore();
+        }
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
         self.source.register(&mut pipe);
         if let Some(limiter) = &self.limiter {
@@ -291,6 +332,12 @@ impl Heartbeat {
         info
     }
 
+    /// The `plugins` field: what this process's plugins are, may do and
+    /// did lately ([`crate::plugin::describe`]), read by the dashboard.
+    pub fn plugins(&self) -> String {
+        serde_json::to_string(&self.catalog.load().describe()).unwrap_or_default()
+    }
+
     /// Removes this process from Redis (on shutdown), publishing the
     /// latency counts recorded since the last beat.
     pub async fn clear(&self) -> Result<()> {
@@ -325,5 +372,17 @@ mod tests {
     #[test]
     fn rss_is_measured() {
         assert!(rss_kb(std::process::id()) > 0);
+    }
+
+    #[test]
+    fn cpu_needs_a_second_between_readings() {
+        let cpu = CpuSince::new();
+        assert_eq!(cpu.percent(), None, "no figure from a reading just taken");
+        if let Ok(mut last) = cpu.0.lock() {
+            last.0 -= Duration::from_secs(2);
+        }
+        let percent = cpu.percent().expect("a figure after two seconds");
+        assert!((0.0..=200.0 * 2.0).contains(&percent), "{percent}");
+        assert_eq!(cpu.percent(), None, "the reading was renewed");
     }
 }

@@ -15,10 +15,12 @@
 //! | [`overview`] | `/`: counters, live chart, queues, capacity, per-class p50/p95/p99 of the last hour; `/api/overview` |
 //! | [`queues`] | `/queues`, `/queues/NAME`: browse, delete one, clear, pause, resume |
 //! | [`sets`] | `/scheduled`, `/retries`, `/dead` and a job's page: view, retry now, delete, bulk, filter by class |
-//! | [`processes`] | `/processes`: quiet, stop, RSS, in flight, plugin versions; cancel a running job |
+//! | [`processes`] | `/processes`: quiet, stop, RSS, CPU, in flight, plugin versions; cancel a running job |
+//! | [`plugins`] | `/plugins`: versions and where they run, classes, grants, limits, load errors, reload history |
 //! | [`cron`] | `/cron`: schedules, next runs, enqueue now |
 //! | [`auth`] | credentials, CSRF and security headers, checked in one place for every request |
 //! | [`view`] | the templates and the helpers they use |
+//! | [`pager`] | `?page=N` and the links to the pages around it |
 //!
 //! No page runs a Redis command the visitor names: every action is one of
 //! the fixed operations of [`crate::redis::admin`], [`crate::redis::control`]
@@ -27,6 +29,8 @@
 mod auth;
 mod cron;
 mod overview;
+mod pager;
+mod plugins;
 mod processes;
 mod queues;
 mod sets;
@@ -137,6 +141,7 @@ fn router(web: Arc<Web>) -> Router {
         .route("/processes", get(processes::page))
         .route("/processes/signal", post(processes::signal))
         .route("/cancel", post(processes::cancel))
+        .route("/plugins", get(plugins::page))
         .route("/cron", get(cron::page))
         .route("/cron/enqueue", post(cron::enqueue))
         .route("/assets/{file}", get(asset))

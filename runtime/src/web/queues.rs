@@ -1,5 +1,6 @@
-//! `/queues` and `/queues/NAME`: the queues, a queue's newest jobs, and
-//! its actions (pause, resume, clear, delete one job).
+//! `/queues` and `/queues/NAME`: the queues, a queue's jobs newest first,
+//! a hundred to a page, and its actions (pause, resume, clear, delete one
+//! job).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use minijinja::context;
 
 use super::auth::{Csrf, query_param};
-use super::{Failure, Web};
+use super::{Failure, Web, pager};
 use crate::redis::{admin, api, control};
 
 pub(super) async fn list(
@@ -30,9 +31,13 @@ pub(super) async fn page(
 ) -> Result<Html<String>, Failure> {
     control::valid_queue(&name).map_err(|err| Failure::not_found(format!("{err:#}")))?;
     let mut conn = web.conn();
-    let (size, jobs) = admin::queue_jobs(&mut conn, &name, 0, admin::PAGE).await?;
+    let page = pager::asked(query.as_deref());
+    let first = pager::start(page, admin::PAGE);
+    let (size, jobs) = admin::queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
     let paused = control::paused(&mut conn).await?.contains(&name);
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
+    let path = format!("/queues/{}", encode(&name));
+    let pager = pager::pager(page, size, admin::PAGE, |n| format!("{path}?page={n}"));
     web.view.render(
         "queue.html",
         context! {
@@ -41,8 +46,10 @@ pub(super) async fn page(
             csrf,
             name,
             size,
+            first => first + 1,
             jobs,
             notice,
+            pager,
             state => if paused { "paused" } else { "active" },
         },
     )
@@ -70,7 +77,13 @@ pub(super) async fn act(
         }
         "delete" => {
             let key = query_param(&body, "key").unwrap_or_default();
-            match admin::queue_entry(&mut conn, &name, &key, admin::PAGE).await? {
+            // The job was on the page the form came from; pushes since
+            // move it deeper and fetches move it nowhere (they take the
+            // other end), so it is looked for from a page before that one
+            // to a page after.
+            let page = pager::asked(Some(&body));
+            let from = pager::start(page, admin::PAGE).saturating_sub(admin::PAGE);
+            match admin::queue_entry(&mut conn, &name, &key, from, admin::PAGE * 3).await? {
                 Some(entry) if admin::delete_from_queue(&mut conn, &name, &entry).await? => {
                     format!("Job {} deleted.", entry.jid)
                 }

@@ -1,6 +1,7 @@
 //! `/scheduled`, `/retries`, `/dead`: the sorted sets of jobs, one job's
-//! page, and their actions (run now, delete; selected or all). A filter
-//! by class looks through the newest thousand entries.
+//! page, and their actions (run now, delete; selected or all). A hundred
+//! jobs to a page; filtered by class, a page is a window of a thousand
+//! entries looked through, with every match in it.
 
 use std::sync::Arc;
 
@@ -9,9 +10,12 @@ use axum::response::{Html, Response};
 use minijinja::context;
 
 use super::auth::{Csrf, query_param};
-use super::queues::back;
-use super::{Failure, Web};
+use super::queues::{back, encode};
+use super::{Failure, Web, pager};
 use crate::redis::admin::{self, JobSet};
+
+/// Entries one filtered page looks through.
+const FILTER_WINDOW: usize = admin::PAGE * 10;
 
 /// How a set is titled and its actions named.
 fn labels(set: JobSet) -> (&'static str, &'static str, &'static str) {
@@ -38,7 +42,21 @@ pub(super) async fn list(
         .and_then(|q| query_param(q, "class"))
         .filter(|c| !c.is_empty());
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
-    let (size, jobs) = admin::set_jobs(&mut web.conn(), set, 0, admin::PAGE, class_filter.as_deref()).await?;
+    // Filtered, a page is a window of entries looked through, and shows
+    // every match in it.
+    let per_page = if class_filter.is_some() {
+        FILTER_WINDOW
+    } else {
+        admin::PAGE
+    };
+    let page = pager::asked(query.as_deref());
+    let first = pager::start(page, per_page);
+    let (size, jobs) = admin::set_jobs(&mut web.conn(), set, first, per_page, class_filter.as_deref()).await?;
+    let filter = class_filter
+        .as_deref()
+        .map(|class| format!("class={}&", encode(class)))
+        .unwrap_or_default();
+    let pager = pager::pager(page, size, per_page, |n| format!("/{}?{filter}page={n}", set.name()));
     let (title, when_label, enqueue_label) = labels(set);
     web.view.render(
         "set.html",
@@ -53,6 +71,8 @@ pub(super) async fn list(
             size,
             jobs,
             notice,
+            pager,
+            looked => (class_filter.is_some() && (first as u64) < size).then(|| (first + 1, (first + per_page).min(size as usize))),
             class_filter => class_filter.unwrap_or_default(),
         },
     )

@@ -15,8 +15,9 @@ pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 8] = [
+const TEMPLATES: [(&str, &str); 10] = [
     ("base.html", include_str!("templates/base.html")),
+    ("pager.html", include_str!("templates/pager.html")),
     ("overview.html", include_str!("templates/overview.html")),
     ("queues.html", include_str!("templates/queues.html")),
     ("queue.html", include_str!("templates/queue.html")),
@@ -24,6 +25,7 @@ const TEMPLATES: [(&str, &str); 8] = [
     ("job.html", include_str!("templates/job.html")),
     ("processes.html", include_str!("templates/processes.html")),
     ("cron.html", include_str!("templates/cron.html")),
+    ("plugins.html", include_str!("templates/plugins.html")),
 ];
 
 impl View {

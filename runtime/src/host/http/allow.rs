@@ -135,6 +135,15 @@ impl AllowList {
         })
     }
 
+    /// Each rule as written in the manifest, with whether plain `http://`
+    /// requests it grants speak HTTP/2.
+    pub fn rules(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.patterns
+            .iter()
+            .zip(&self.rules)
+            .map(|(pattern, rule)| (pattern.trim(), rule.h2))
+    }
+
     /// Whether nothing is granted.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
@@ -146,9 +155,9 @@ impl fmt::Display for AllowList {
         if self.patterns.is_empty() {
             f.write_str("nothing")
         } else {
-            for (i, (pattern, rule)) in self.patterns.iter().zip(&self.rules).enumerate() {
+            for (i, (pattern, h2)) in self.rules().enumerate() {
                 let sep = if i == 0 { "" } else { ", " };
-                let h2 = if rule.h2 { " (h2)" } else { "" };
+                let h2 = if h2 { " (h2)" } else { "" };
                 write!(f, "{sep}{pattern}{h2}")?;
             }
             Ok(())
