@@ -12,7 +12,9 @@
 //! ([`super::limiter`]) and adds the latency counts recorded since the last
 //! beat to the cluster's per-minute histograms
 //! ([`crate::metrics::published`]); the last counts are written when the
-//! process stops ([`Heartbeat::clear`]).
+//! process stops ([`Heartbeat::clear`]). A hot reload asks for a beat at
+//! once (at most one a second), so the plugin versions and report others
+//! read are current.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::inflight::InFlightTable;
@@ -34,6 +36,8 @@ use crate::redis::{Redis, keys, latency, now_f64};
 
 /// Time between beats (Sidekiq's).
 pub const INTERVAL: Duration = Duration::from_secs(10);
+/// Shortest time between beats when a reload asks for one early.
+pub const EARLIEST: Duration = Duration::from_secs(1);
 
 /// Who this process is: `hostname:pid:nonce`, as Sidekiq names processes.
 #[derive(Debug, Clone)]
@@ -127,6 +131,8 @@ pub struct Heartbeat {
     published: Published,
     /// CPU use since the previous beat (the `cpu` field).
     cpu: CpuSince,
+    /// Notified when a plugin changed: beat now, not in up to 10 s.
+    reloaded: Arc<Notify>,
 }
 
 /// Percent of one core a process used between two readings.
@@ -199,6 +205,7 @@ impl Heartbeat {
             rtt_us: AtomicU64::new(0),
             published: Published::default(),
             cpu: CpuSince::new(),
+            reloaded: Arc::new(Notify::new()),
         }
     }
 
@@ -227,11 +234,26 @@ impl Heartbeat {
                 Ok(None) => {}
                 Err(err) => tracing::warn!("heartbeat: {err:#}"),
             }
+            let beaten = Instant::now();
             tokio::select! {
                 () = tokio::time::sleep(INTERVAL) => {}
+                () = self.reloaded.notified() => {
+                    // At most one extra beat a second, however often
+                    // plugins change.
+                    tokio::select! {
+                        () = tokio::time::sleep_until((beaten + EARLIEST).into()) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
                 () = stop.cancelled() => return,
             }
         }
+    }
+
+    /// What a reload notifies so the next beat comes at once (within
+    /// [`EARLIEST`] of the last) and the plugin report is current.
+    pub(crate) fn reloaded(&self) -> Arc<Notify> {
+        self.reloaded.clone()
     }
 
     /// Writes one heartbeat; returns the Web UI's command, if it sent one.

@@ -151,6 +151,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         })
         .collect();
     tasks.spawn(CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone()));
+    let heartbeat = Arc::new(heartbeat);
     tasks.spawn(
         Reloader::new(
             options.plugins.clone(),
@@ -158,6 +159,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             options.cache.clone(),
             catalog.clone(),
         )
+        .on_change(heartbeat.reloaded())
         .on_new_classes(served_tx)
         .on_schedules(schedules_tx)
         .with_metrics(metrics.clone())
@@ -169,7 +171,6 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     tasks.spawn(cancels.clone().run(stop.clone()));
     tasks.spawn(control::listen(redis.clone(), cancels, paused.clone(), stop.clone()));
     let (commands_tx, mut commands) = mpsc::channel(4);
-    let heartbeat = Arc::new(heartbeat);
     tasks.spawn(heartbeat.clone().run(commands_tx, done.clone()));
     monitor::start(
         metrics.clone(),

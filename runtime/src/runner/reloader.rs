@@ -71,6 +71,7 @@ pub struct Reloader {
     served: Option<mpsc::UnboundedSender<Vec<String>>>,
     schedules: Option<mpsc::UnboundedSender<PluginSchedules>>,
     metrics: Option<Arc<Metrics>>,
+    changed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Reloader {
@@ -84,6 +85,7 @@ impl Reloader {
             served: None,
             schedules: None,
             metrics: None,
+            changed: None,
         }
     }
 
@@ -97,6 +99,13 @@ impl Reloader {
     /// before) to `served`, so jobs waiting for them can be released.
     pub fn on_new_classes(mut self, served: mpsc::UnboundedSender<Vec<String>>) -> Self {
         self.served = Some(served);
+        self
+    }
+
+    /// Notifies `changed` after every reload that changed something (the
+    /// heartbeat then publishes the new catalog at once).
+    pub(crate) fn on_change(mut self, changed: Arc<tokio::sync::Notify>) -> Self {
+        self.changed = Some(changed);
         self
     }
 
@@ -337,6 +346,11 @@ impl Reloader {
         }
         self.live.store(Arc::new(next));
         report(&change);
+        if !matches!(change, Change::Unchanged)
+            && let Some(changed) = &self.changed
+        {
+            changed.notify_one();
+        }
         if let Some(metrics) = &self.metrics {
             let gauges = &metrics.process;
             let counter = match &change {
