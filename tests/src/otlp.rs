@@ -1,9 +1,11 @@
 //! A real OTLP/HTTP trace receiver on loopback: `POST /v1/traces` with an
 //! `ExportTraceServiceRequest` in protobuf, decoded with the
 //! OpenTelemetry protobuf definitions (`opentelemetry-proto`), answered
-//! with an empty `ExportTraceServiceResponse` as a collector does. The
-//! tests read the spans it received; the benchmarks use it as a sink that
-//! only counts ([`OtlpReceiver::start_counting`]).
+//! with an empty `ExportTraceServiceResponse` as a collector does; or the
+//! same service over gRPC ([`OtlpReceiver::start_grpc`]: the generated
+//! `TraceService` server, on tonic). The tests read the spans it received;
+//! the benchmarks use it as a sink that only counts
+//! ([`OtlpReceiver::start_counting`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,7 +19,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
@@ -86,6 +89,35 @@ impl OtlpReceiver {
         }
     }
 
+    /// Starts a receiver of OTLP over gRPC that decodes and keeps every
+    /// span (a collector's port 4317).
+    pub async fn start_grpc() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the OTLP/gRPC receiver");
+        let addr = listener.local_addr().expect("receiver address");
+        let receiver = Self {
+            addr,
+            spans: Arc::new(Mutex::new(Vec::new())),
+            requests: Arc::new(AtomicUsize::new(0)),
+            bytes: Arc::new(AtomicUsize::new(0)),
+        };
+        let service = GrpcTraces {
+            spans: receiver.spans.clone(),
+            requests: receiver.requests.clone(),
+        };
+        tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(service))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await;
+            if let Err(err) = served {
+                eprintln!("OTLP/gRPC receiver: {err}");
+            }
+        });
+        receiver
+    }
+
     /// The base URL to give `--otlp-endpoint`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
@@ -135,22 +167,45 @@ async fn receive(
         let Ok(export) = ExportTraceServiceRequest::decode(body) else {
             return respond(StatusCode::BAD_REQUEST, Vec::new());
         };
-        let mut spans = kept.lock().unwrap_or_else(PoisonError::into_inner);
-        for resource_spans in export.resource_spans {
-            let service = resource_spans
-                .resource
-                .as_ref()
-                .and_then(|r| text(&r.attributes, "service.name"))
-                .unwrap_or_default();
-            for scope in resource_spans.scope_spans {
-                spans.extend(scope.spans.into_iter().map(|span| Received {
-                    service: service.clone(),
-                    span,
-                }));
-            }
-        }
+        keep(export, kept);
     }
     respond(StatusCode::OK, Vec::new())
+}
+
+/// Keeps the spans of `export` in `kept`.
+fn keep(export: ExportTraceServiceRequest, kept: &Mutex<Vec<Received>>) {
+    let mut spans = kept.lock().unwrap_or_else(PoisonError::into_inner);
+    for resource_spans in export.resource_spans {
+        let service = resource_spans
+            .resource
+            .as_ref()
+            .and_then(|r| text(&r.attributes, "service.name"))
+            .unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            spans.extend(scope.spans.into_iter().map(|span| Received {
+                service: service.clone(),
+                span,
+            }));
+        }
+    }
+}
+
+/// The `TraceService` of the gRPC receiver.
+struct GrpcTraces {
+    spans: Arc<Mutex<Vec<Received>>>,
+    requests: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl TraceService for GrpcTraces {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        keep(request.into_inner(), &self.spans);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
 }
 
 /// The attribute `key` of `attributes`, as it was sent.

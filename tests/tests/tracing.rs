@@ -30,7 +30,7 @@ use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::otlp::{OtlpReceiver, Received, hex, int, text};
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int as redis_int};
+use wasmjobs_e2e::runner::{Runner, int as redis_int, plugins};
 use wasmjobs_e2e::{copy_plugin, eventually, plugins_dir, test_guests_dir};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -391,4 +391,37 @@ async fn a_collector_that_is_down_costs_jobs_nothing() {
     );
     assert!(log.contains("cannot send traces"), "the failure is logged:\n{log}");
     assert_eq!(log.matches("cannot send traces").count(), 1, "once:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_over_grpc_when_the_protocol_says_so() {
+    let redis = TestRedis::start();
+    let receiver = OtlpReceiver::start_grpc().await;
+    let dir = plugins(&["noop"], &[]);
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let mut jobs = vec![payload("NoopJob", vec![], &[("traceparent", &traceparent)])];
+    let jid = jobs[0].jid().to_owned();
+    let mut conn = redis.conn().await;
+    client::push_bulk(&mut conn, &mut jobs).await.expect("push");
+    // The standard variable picks the protocol; the endpoint is the
+    // collector's gRPC address as is (no /v1/traces).
+    let mut runner = Runner::start_wrapped(
+        &["env", "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"],
+        &redis.url(),
+        dir.path(),
+        &["--exit-when-empty", "--otlp-endpoint", &receiver.endpoint()],
+    );
+    let status = tokio::task::block_in_place(|| runner.wait(Duration::from_secs(60)));
+    let log = runner.log();
+    assert!(status.success(), "wasmjobs run failed ({status}):\n{log}");
+    assert!(
+        log.contains(&format!("tracing: traces to {}/ (grpc)", receiver.endpoint())),
+        "one line says where traces go and how:\n{log}"
+    );
+    let spans = spans(&receiver, 1, &log).await;
+    let job = job_span(&spans, &jid);
+    assert_eq!(hex(&job.trace_id), TRACE_ID);
+    assert_eq!(hex(&job.parent_span_id), PARENT_ID);
+    assert_eq!(job.name, "default process");
+    assert!(receiver.requests() >= 1);
 }

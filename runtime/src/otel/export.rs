@@ -1,7 +1,10 @@
 //! Where finished spans go: opentelemetry-otlp's span exporter over
 //! OTLP/HTTP, on a hyper client with the runner's TLS stack (rustls,
 //! webpki roots), so `https://` collectors work without a second HTTP
-//! library. Headers (`OTEL_EXPORTER_OTLP_HEADERS`, …) are the exporter's.
+//! library; or over gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) on tonic's
+//! channel, which is hyper too, with the same rustls and roots for
+//! `https://`. Headers (`OTEL_EXPORTER_OTLP_HEADERS`, …) are the
+//! exporter's in both cases (gRPC metadata over gRPC).
 //!
 //! [`Logged`] wraps it only to say when exports fail: the batch processor
 //! drops a batch it could not send (the collector is down, slow or
@@ -15,7 +18,8 @@ use anyhow::{Context as _, Result};
 use hyper_rustls::ConfigBuilderExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use opentelemetry_http::hyper::HyperClient;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::tonic_types::transport::ClientTlsConfig;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 
@@ -24,8 +28,30 @@ use super::settings::{Protocol, Settings};
 /// Least time between two lines about failed exports.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
-/// The OTLP/HTTP span exporter `settings` describe.
+/// The OTLP span exporter `settings` describe.
 pub(super) fn exporter(settings: &Settings) -> Result<Logged<opentelemetry_otlp::SpanExporter>> {
+    let exporter = match settings.protocol {
+        Protocol::Grpc => grpc(settings)?,
+        Protocol::Protobuf | Protocol::Json => http(settings)?,
+    };
+    Ok(Logged::new(exporter, settings.endpoint.clone()))
+}
+
+/// The exporter over gRPC. The channel connects lazily: a collector that
+/// is down at start is reported by the first failed export, as over HTTP.
+fn grpc(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter> {
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(settings.endpoint.clone())
+        .with_timeout(settings.timeout);
+    if settings.endpoint.starts_with("https://") {
+        builder = builder.with_tls_config(ClientTlsConfig::new().with_webpki_roots());
+    }
+    builder.build().context("cannot build the OTLP/gRPC span exporter")
+}
+
+/// The exporter over HTTP, protobuf or JSON.
+fn http(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter> {
     let tls = rustls::ClientConfig::builder()
         .with_webpki_roots()
         .with_no_client_auth();
@@ -39,18 +65,17 @@ pub(super) fn exporter(settings: &Settings) -> Result<Logged<opentelemetry_otlp:
         .enable_http1()
         .wrap_connector(http);
     let protocol = match settings.protocol {
-        Protocol::Protobuf => opentelemetry_otlp::Protocol::HttpBinary,
         Protocol::Json => opentelemetry_otlp::Protocol::HttpJson,
+        Protocol::Protobuf | Protocol::Grpc => opentelemetry_otlp::Protocol::HttpBinary,
     };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(settings.endpoint.clone())
         .with_protocol(protocol)
         .with_timeout(settings.timeout)
         .with_http_client(HyperClient::new(connector, settings.timeout, None))
         .build()
-        .context("cannot build the OTLP span exporter")?;
-    Ok(Logged::new(exporter, settings.endpoint.clone()))
+        .context("cannot build the OTLP span exporter")
 }
 
 /// An exporter that logs its failures, at most once per [`REPORT_EVERY`].
@@ -107,5 +132,34 @@ impl<E: SpanExporter> SpanExporter for Logged<E> {
 
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
         self.inner.set_resource(resource);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::otel::settings::{Propagation, Sampling};
+
+    fn settings(protocol: Protocol, endpoint: &str) -> Settings {
+        Settings {
+            endpoint: endpoint.into(),
+            protocol,
+            timeout: Duration::from_secs(1),
+            sampling: Sampling {
+                ratio: 1.0,
+                parent_based: true,
+            },
+            propagation: Propagation::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_protocol_builds_for_http_and_https() {
+        for protocol in [Protocol::Protobuf, Protocol::Json, Protocol::Grpc] {
+            for endpoint in ["http://127.0.0.1:4317", "https://collector.example:4317"] {
+                let built = exporter(&settings(protocol, endpoint));
+                assert!(built.is_ok(), "{protocol:?} {endpoint}: {:?}", built.err());
+            }
+        }
     }
 }

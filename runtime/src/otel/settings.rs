@@ -23,7 +23,9 @@ pub struct OtelArgs {
     /// Send OpenTelemetry traces (one span per job, child spans for its
     /// HTTP requests, SQL statements and file opens) over OTLP/HTTP to this
     /// collector base URL (`/v1/traces` is appended), e.g.
-    /// http://127.0.0.1:4318. Also on with OTEL_EXPORTER_OTLP_ENDPOINT.
+    /// http://127.0.0.1:4318; over gRPC (to e.g. http://127.0.0.1:4317)
+    /// with OTEL_EXPORTER_OTLP_PROTOCOL=grpc. Also on with
+    /// OTEL_EXPORTER_OTLP_ENDPOINT.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// Fraction of jobs traced (0.0–1.0) when the job's payload brings no
@@ -70,19 +72,22 @@ pub struct Sampling {
     pub parent_based: bool,
 }
 
-/// The OTLP encoding over HTTP.
+/// The OTLP transport and encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     /// `http/protobuf`, the default.
     Protobuf,
     /// `http/json`.
     Json,
+    /// `grpc`: the `TraceService` over HTTP/2 (a collector's port 4317).
+    Grpc,
 }
 
 /// Tracing, resolved: where spans go and which are kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// The full URL spans are posted to (`…/v1/traces`).
+    /// Where spans go: the full URL they are posted to (`…/v1/traces`)
+    /// over HTTP, the collector's base URL over gRPC.
     pub endpoint: String,
     /// The encoding.
     pub protocol: Protocol,
@@ -109,8 +114,21 @@ impl OtelArgs {
     /// [`OtelArgs::settings`] with the environment read through `env`.
     pub(crate) fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> Result<Option<Settings>> {
         let env = |name: &str| env(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let protocol = match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL")) {
+            None => Protocol::Protobuf,
+            Some(p) if p.eq_ignore_ascii_case("http/protobuf") => Protocol::Protobuf,
+            Some(p) if p.eq_ignore_ascii_case("http/json") => Protocol::Json,
+            Some(p) if p.eq_ignore_ascii_case("grpc") => Protocol::Grpc,
+            Some(p) => bail!("OTEL_EXPORTER_OTLP_PROTOCOL={p}: wasmjobs knows http/protobuf, http/json and grpc"),
+        };
+        // Over HTTP a base URL gets the signal's path; gRPC names the
+        // service in the request, so its URL is the collector's as given.
+        let base = |url: &str, source: &str| match protocol {
+            Protocol::Grpc => checked_url(url.trim_end_matches('/'), source),
+            Protocol::Protobuf | Protocol::Json => with_traces_path(url, source),
+        };
         let endpoint = match &self.otlp_endpoint {
-            Some(base) => with_traces_path(base, "--otlp-endpoint")?,
+            Some(url) => base(url, "--otlp-endpoint")?,
             None => {
                 let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
                     || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"));
@@ -120,18 +138,10 @@ impl OtelArgs {
                 ) {
                     _ if disabled => return Ok(None),
                     (Some(full), _) => checked_url(&full, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?,
-                    (None, Some(base)) => with_traces_path(&base, "OTEL_EXPORTER_OTLP_ENDPOINT")?,
+                    (None, Some(url)) => base(&url, "OTEL_EXPORTER_OTLP_ENDPOINT")?,
                     (None, None) => return Ok(None),
                 }
             }
-        };
-        let protocol = match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL")) {
-            None => Protocol::Protobuf,
-            Some(p) if p.eq_ignore_ascii_case("http/protobuf") => Protocol::Protobuf,
-            Some(p) if p.eq_ignore_ascii_case("http/json") => Protocol::Json,
-            Some(p) => bail!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={p}: wasmjobs sends traces over OTLP/HTTP only (http/protobuf or http/json; a collector's OTLP/HTTP port is usually 4318)"
-            ),
         };
         let timeout = env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
             .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
@@ -224,6 +234,7 @@ impl fmt::Display for Settings {
         let protocol = match self.protocol {
             Protocol::Protobuf => "http/protobuf",
             Protocol::Json => "http/json",
+            Protocol::Grpc => "grpc",
         };
         let sampler = if self.sampling.parent_based {
             "of root traces, the payload's decision otherwise"
@@ -374,8 +385,33 @@ mod tests {
         .unwrap();
         assert_eq!(settings.protocol, Protocol::Json);
         assert_eq!(settings.timeout, Duration::from_millis(2500));
-        let grpc = resolve(&flag("http://c"), &[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")]);
-        assert!(grpc.unwrap_err().to_string().contains("OTLP/HTTP only"));
+        let grpc = resolve(
+            &flag("http://c:4317/"),
+            &[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")],
+        )
+        .expect("grpc")
+        .expect("on");
+        assert_eq!(
+            (grpc.protocol, grpc.endpoint.as_str()),
+            (Protocol::Grpc, "http://c:4317")
+        );
+        let env_grpc = resolve(
+            &OtelArgs::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "GRPC"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4317"),
+            ],
+        )
+        .expect("grpc from the environment")
+        .expect("on");
+        assert_eq!(env_grpc.endpoint, "https://c:4317", "no /v1/traces over gRPC");
+        let other = resolve(&flag("http://c"), &[("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")]);
+        assert!(
+            other
+                .unwrap_err()
+                .to_string()
+                .contains("http/protobuf, http/json and grpc")
+        );
     }
 
     #[test]
