@@ -793,6 +793,11 @@ async fn long_queues_and_sets_are_paged() {
     browser.click_to_navigate(&format!("{oldest} button.delete")).await;
     let notice = browser.text("#notice").await;
     assert!(notice.contains(&format!("Job {} deleted", jids[0])), "{notice}");
+    assert_eq!(
+        browser.text("nav.pager .page").await,
+        "Page 3 of 3",
+        "back on the page it was deleted from"
+    );
     assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 249);
     let left: Vec<String> = conn.lrange("queue:default", 0, -1).await.expect("LRANGE");
     assert!(!left.iter().any(|raw| raw.contains(&jids[0])), "the oldest job is gone");

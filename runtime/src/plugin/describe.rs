@@ -13,7 +13,8 @@
 //! reader gets back from Redis is hostile input like any other value there:
 //! it is parsed leniently (unknown fields ignored) and rendered escaped.
 //! Texts a plugin's files can make long (load errors) are cut to
-//! [`MAX_TEXT`] characters, so one report stays a few kilobytes.
+//! [`MAX_TEXT`] characters and at most [`MAX_BROKEN`] refused plugins are
+//! named, so a report stays a few kilobytes per plugin loaded.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -28,6 +29,8 @@ use crate::sandbox::state::mib;
 pub const HISTORY: usize = 20;
 /// Longest error text in a report, in characters.
 pub const MAX_TEXT: usize = 2_000;
+/// Most refused plugins a report names one by one (then how many more).
+pub const MAX_BROKEN: usize = 50;
 
 /// One process's plugins, as published with its heartbeat.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -155,7 +158,18 @@ impl History {
                 ..Reload::new(&dir_name(root))
             },
         };
-        self.push(reload);
+        // A plugin that stays broken is refused again at every rescan
+        // (SIGHUP, a touch): one entry says it, and real loads stay in view.
+        let repeated = reload.event == "rejected"
+            && self
+                .0
+                .iter()
+                .rev()
+                .find(|e| e.plugin == reload.plugin)
+                .is_some_and(|last| last.event == reload.event && last.error == reload.error);
+        if !repeated {
+            self.push(reload);
+        }
     }
 
     fn push(&mut self, reload: Reload) {
@@ -193,10 +207,18 @@ pub(crate) fn describe<'a>(
         plugins: plugins.into_iter().map(|p| view(p)).collect(),
         broken: broken
             .iter()
+            .take(MAX_BROKEN)
             .map(|b| BrokenView {
                 plugin: plugin_name(&b.manifest),
                 error: cut(&b.error),
             })
+            .chain((broken.len() > MAX_BROKEN).then(|| BrokenView {
+                plugin: "…".into(),
+                error: format!(
+                    "{} more plugins refused (`wasmjobs plugins` lists them all)",
+                    broken.len() - MAX_BROKEN
+                ),
+            }))
             .collect(),
         history: history.events().cloned().collect(),
     }
@@ -364,6 +386,33 @@ mod tests {
     }
 
     #[test]
+    fn a_plugin_refused_again_for_the_same_reason_is_recorded_once() {
+        let mut history = History::default();
+        let root = Path::new("/plugins/bad");
+        let rejected = |error: &str| Change::Rejected {
+            error: error.into(),
+            kept: None,
+        };
+        history.changed(root, &rejected("no component"));
+        history.changed(root, &rejected("no component"));
+        history.changed(Path::new("/plugins/other"), &rejected("no component"));
+        history.changed(root, &rejected("no component"));
+        history.changed(root, &rejected("bad manifest"));
+        let events: Vec<(&str, Option<&str>)> = history
+            .events()
+            .map(|e| (e.plugin.as_str(), e.error.as_deref()))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("bad", Some("no component")),
+                ("other", Some("no component")),
+                ("bad", Some("bad manifest"))
+            ]
+        );
+    }
+
+    #[test]
     fn long_errors_are_cut() {
         let error = "é".repeat(MAX_TEXT * 3);
         let mut history = History::default();
@@ -383,6 +432,19 @@ mod tests {
         assert_eq!(described.broken[0].error.chars().count(), MAX_TEXT + 1);
         let kept = described.history[0].error.as_deref().unwrap_or_default();
         assert_eq!(kept.chars().count(), MAX_TEXT + 1);
+    }
+
+    #[test]
+    fn refused_plugins_are_named_up_to_a_bound() {
+        let broken: Vec<Broken> = (0..MAX_BROKEN + 7)
+            .map(|i| Broken {
+                manifest: format!("/plugins/p{i}/wasmjobs.toml").into(),
+                error: "bad".into(),
+            })
+            .collect();
+        let described = describe([], &broken, &History::default());
+        assert_eq!(described.broken.len(), MAX_BROKEN + 1);
+        assert!(described.broken[MAX_BROKEN].error.starts_with("7 more plugins refused"));
     }
 
     #[test]

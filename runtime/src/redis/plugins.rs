@@ -26,7 +26,8 @@ pub struct Report {
 }
 
 /// The reports of `identities` (live processes, as listed), in that order;
-/// processes without one are left out.
+/// processes without one are left out. Two round trips: the sizes
+/// (`HSTRLEN`), then the fields no larger than [`MAX_REPORT_BYTES`].
 pub async fn reports<C>(conn: &mut C, identities: &[String]) -> Result<Vec<Report>>
 where
     C: ConnectionLike + Send,
@@ -34,30 +35,56 @@ where
     if identities.is_empty() {
         return Ok(Vec::new());
     }
+    // Sizes first: a field someone made huge is never fetched.
     let mut pipe = redis::pipe();
     for identity in identities {
-        pipe.hget(identity, FIELD);
+        pipe.cmd("HSTRLEN").arg(identity).arg(FIELD);
     }
-    let fields: Vec<Option<Vec<u8>>> = pipe
+    let sizes: Vec<usize> = pipe
         .query_async(conn)
         .await
-        .context("cannot read the plugin reports from Redis")?;
+        .context("cannot read the plugin report sizes from Redis")?;
+    let mut pipe = redis::pipe();
+    for (identity, size) in identities.iter().zip(&sizes) {
+        if (1..=MAX_REPORT_BYTES).contains(size) {
+            pipe.hget(identity, FIELD);
+        }
+    }
+    let mut fields: std::vec::IntoIter<Option<Vec<u8>>> = if pipe.cmd_iter().next().is_none() {
+        Vec::new().into_iter()
+    } else {
+        let fields: Vec<Option<Vec<u8>>> = pipe
+            .query_async(conn)
+            .await
+            .context("cannot read the plugin reports from Redis")?;
+        fields.into_iter()
+    };
     Ok(identities
         .iter()
-        .zip(fields)
-        .filter_map(|(identity, field)| {
+        .zip(sizes)
+        .filter_map(|(identity, size)| {
+            let plugins = match size {
+                0 => return None,
+                size if size > MAX_REPORT_BYTES => Err(too_large(size)),
+                // Gone between the two round trips: as if never there.
+                _ => parse(&fields.next().flatten()?),
+            };
             Some(Report {
                 identity: identity.clone(),
-                plugins: parse(&field?),
+                plugins,
             })
         })
         .collect())
 }
 
+fn too_large(size: usize) -> String {
+    format!("a report of {size} bytes, over {MAX_REPORT_BYTES}")
+}
+
 /// A report from the bytes of its field.
 fn parse(bytes: &[u8]) -> Result<Described, String> {
     if bytes.len() > MAX_REPORT_BYTES {
-        return Err(format!("a report of {} bytes, over {MAX_REPORT_BYTES}", bytes.len()));
+        return Err(too_large(bytes.len()));
     }
     serde_json::from_slice(bytes).map_err(|err| format!("not a plugin report: {err}"))
 }

@@ -61,11 +61,20 @@ struct Named {
     versions: Vec<Version>,
 }
 
-/// One version of a plugin and where it runs.
+/// One version of a plugin (as the first process reporting it describes
+/// it: same version, same component and manifest) and where it runs.
 #[derive(Debug, Serialize)]
 struct Version {
     view: PluginView,
-    processes: Vec<String>,
+    processes: Vec<Running>,
+}
+
+/// One process running a version, and how that process loaded it.
+#[derive(Debug, Serialize)]
+struct Running {
+    identity: String,
+    load: String,
+    load_ms: u64,
 }
 
 /// One load error and the processes reporting it.
@@ -86,7 +95,7 @@ struct Event {
 
 fn merge(reports: Vec<Report>) -> Merged {
     let mut merged = Merged::default();
-    let mut by_name: BTreeMap<String, Vec<Version>> = BTreeMap::new();
+    let mut by_name: BTreeMap<String, BTreeMap<String, Version>> = BTreeMap::new();
     let mut broken: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for report in reports {
         let described = match report.plugins {
@@ -98,14 +107,21 @@ fn merge(reports: Vec<Report>) -> Merged {
         };
         merged.reporting += 1;
         for view in described.plugins {
-            let versions = by_name.entry(view.name.clone()).or_default();
-            match versions.iter_mut().find(|v| v.view == view) {
-                Some(version) => version.processes.push(report.identity.clone()),
-                None => versions.push(Version {
+            let running = Running {
+                identity: report.identity.clone(),
+                load: view.load.clone(),
+                load_ms: view.load_ms,
+            };
+            by_name
+                .entry(view.name.clone())
+                .or_default()
+                .entry(view.version.clone())
+                .or_insert_with(|| Version {
                     view,
-                    processes: vec![report.identity.clone()],
-                }),
-            }
+                    processes: Vec::new(),
+                })
+                .processes
+                .push(running);
         }
         for refused in described.broken {
             broken
@@ -120,7 +136,10 @@ fn merge(reports: Vec<Report>) -> Merged {
     }
     merged.plugins = by_name
         .into_iter()
-        .map(|(name, versions)| Named { name, versions })
+        .map(|(name, versions)| Named {
+            name,
+            versions: versions.into_values().collect(),
+        })
         .collect();
     merged.broken = broken
         .into_iter()
@@ -145,12 +164,21 @@ mod tests {
     use super::*;
     use crate::plugin::describe::{BrokenView, Described};
 
+    static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
     fn view(name: &str, version: &str) -> PluginView {
         PluginView {
             name: name.into(),
             version: version.into(),
+            load: "cached".into(),
+            // Every process takes its own time to load.
+            load_ms: LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..PluginView::default()
         }
+    }
+
+    fn identities(version: &Version) -> Vec<&str> {
+        version.processes.iter().map(|p| p.identity.as_str()).collect()
     }
 
     fn reload(at: f64, plugin: &str) -> Reload {
@@ -205,14 +233,13 @@ mod tests {
         assert_eq!(names, ["echo", "fib"]);
         let echo = &merged.plugins[0].versions;
         assert_eq!(echo.len(), 2);
+        // Each process loaded v1 in its own time: still one version.
         assert_eq!(
-            (echo[0].view.version.as_str(), echo[0].processes.clone()),
-            ("v1", vec!["a".to_owned(), "c".to_owned()])
+            (echo[0].view.version.as_str(), identities(&echo[0])),
+            ("v1", vec!["a", "c"])
         );
-        assert_eq!(
-            (echo[1].view.version.as_str(), echo[1].processes.clone()),
-            ("v2", vec!["b".to_owned()])
-        );
+        assert_eq!((echo[1].view.version.as_str(), identities(&echo[1])), ("v2", vec!["b"]));
+        assert_ne!(echo[0].processes[0].load_ms, echo[0].processes[1].load_ms);
         assert_eq!(merged.broken.len(), 1);
         assert_eq!(merged.broken[0].processes, ["a", "b"]);
         let times: Vec<f64> = merged.history.iter().map(|e| e.reload.at).collect();

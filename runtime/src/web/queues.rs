@@ -92,7 +92,9 @@ pub(super) async fn act(
         }
         _ => return Err(Failure::not_found("no such action")),
     };
-    Ok(back(&format!("/queues/{}", encode(&name)), &notice))
+    // Back to the page the form was on (page 1 for the queue's own actions).
+    let page = pager::asked(Some(&body));
+    Ok(back(&format!("/queues/{}?page={page}", encode(&name)), &notice))
 }
 
 /// Percent-encodes a path segment or query value.

@@ -119,7 +119,12 @@ pub(super) async fn act(
         .filter(|(name, _)| name == "key")
         .map(|(_, value)| value.into_owned())
         .collect();
-    let path = format!("/{}", set.name());
+    // Back to the page and filter the form was on.
+    let filter = query_param(&body, "class")
+        .filter(|c| !c.is_empty())
+        .map(|class| format!("class={}&", encode(&class)))
+        .unwrap_or_default();
+    let path = format!("/{}?{filter}page={}", set.name(), pager::asked(Some(&body)));
     let notice = match action.as_str() {
         "delete-all" => format!("{} jobs deleted.", admin::clear_set(&mut conn, set).await?),
         "enqueue-all" => {
