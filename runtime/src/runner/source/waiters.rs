@@ -11,7 +11,8 @@
 //! Waiters leave paused queues out ([`super::paused`]): a waiter whose
 //! queues are all paused sleeps until that changes, and a change ends the
 //! waits in progress (`CLIENT UNBLOCK`) so each waiter blocks again on the
-//! queues not paused.
+//! queues not paused. A wait that took a job from a queue paused before
+//! the unblock arrived puts it back unrun (`return_paused`).
 //!
 //! [`Waiting::stop`] ends a wait in progress at once with `CLIENT UNBLOCK`
 //! before anything is requeued at shutdown: a waiter still blocked in Redis
@@ -272,6 +273,12 @@ impl Waiter {
             }
             let Some(c) = conn.as_mut() else { continue };
             match self.wait_once(&wait, c).await {
+                Ok(Some(job)) if self.paused.borrow().contains(&job.queue) => {
+                    // Paused while this wait was blocked, before the unblock
+                    // arrived: the job goes back where it was, unrun.
+                    backoff = Duration::from_millis(100);
+                    self.return_paused(c, &job).await;
+                }
                 Ok(Some(job)) => {
                     backoff = Duration::from_millis(100);
                     // Before handing it on, so this waiter does not block
@@ -321,6 +328,32 @@ impl Waiter {
             .await;
         if let Err(err) = pushed {
             tracing::error!(queue = %job.queue, "a job popped at shutdown could not be put back: {err}; payload: {}", job.raw);
+        }
+    }
+
+    /// Puts `job`, taken from a queue paused meanwhile, back at the end
+    /// of its queue that fetches take from (where it was), out of the
+    /// in-progress list in the same transaction (reliable).
+    async fn return_paused(&self, conn: &mut redis::aio::MultiplexedConnection, job: &Fetched) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if let Wait::Move { into, .. } = &self.wait {
+            pipe.cmd("LREM").arg(into).arg(1).arg(&job.raw).ignore();
+        }
+        pipe.cmd("RPUSH").arg(keys::queue(&job.queue)).arg(&job.raw).ignore();
+        match pipe.query_async::<()>(conn).await {
+            Ok(()) => tracing::debug!(queue = %job.queue, "a job taken as its queue was paused went back"),
+            Err(err) => {
+                tracing::warn!(queue = %job.queue, "a job taken as its queue was paused could not go back: {err}");
+                match self.wait {
+                    // Still in the in-progress list: the reconcile that
+                    // doubt brings returns it to its queue.
+                    Wait::Move { .. } => self.doubt.raise(),
+                    Wait::Pop { .. } => {
+                        tracing::error!(queue = %job.queue, "payload of the job not put back: {}", job.raw)
+                    }
+                }
+            }
         }
     }
 
