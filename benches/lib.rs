@@ -428,6 +428,13 @@ pub fn start_running(bin: &Path, redis: &TestRedis, plugins: &Path, extra: &[&st
     Ok(runner)
 }
 
+/// Jobs per second of a [`drain`] of `n` NoopJobs (no args): the figure
+/// the overhead benchmarks (metrics, tracing, dashboard) compare.
+pub async fn noop_rate(bin: &Path, redis: &TestRedis, plugins: &Path, n: u64, extra: &[&str]) -> Result<f64> {
+    let run = drain(bin, redis, plugins, "NoopJob", n, |_| serde_json::json!([]), extra).await?;
+    Ok(n as f64 / run.wall.as_secs_f64())
+}
+
 /// Pushes `n` jobs of `class` (args from `args(i)`), runs `bin run` with
 /// `extra` flags until all are processed, and checks that none failed.
 pub async fn drain(

@@ -14,9 +14,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use serde_json::json;
 use wasmjobs::runner::heartbeat::rss_kb;
-use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, drain, percentile};
+use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, noop_rate, percentile};
 use wasmjobs_e2e::redis_server::TestRedis;
 
 /// The wasmjobs binary built with this package.
@@ -43,19 +42,10 @@ fn main() -> Result<()> {
         } else {
             vec!["--concurrency", "100", "--no-metrics"]
         };
-        let run = rt.block_on(drain(
-            BIN.as_ref(),
-            &redis,
-            &plugins,
-            "NoopJob",
-            JOBS,
-            |_| json!([]),
-            &extra,
-        ))?;
+        let rate = rt.block_on(noop_rate(BIN.as_ref(), &redis, &plugins, JOBS, &extra))?;
         if let Some(scraping) = scraping {
             scraping.stop();
         }
-        let rate = JOBS as f64 / run.wall.as_secs_f64();
         if metrics_on { on.push(rate) } else { off.push(rate) }
     }
     on.sort_by(f64::total_cmp);

@@ -13,8 +13,7 @@
 //! Run: `cargo bench -p wasmjobs-benches --bench tracing`.
 
 use anyhow::Result;
-use serde_json::json;
-use wasmjobs_benches::{Report, drain, percentile};
+use wasmjobs_benches::{Report, noop_rate, percentile};
 use wasmjobs_e2e::otlp::OtlpReceiver;
 use wasmjobs_e2e::redis_server::TestRedis;
 
@@ -52,16 +51,8 @@ fn main() -> Result<()> {
             let mut extra = vec!["--concurrency", "100"];
             extra.extend_from_slice(flags);
             let before = receiver.requests();
-            let run = rt.block_on(drain(
-                BIN.as_ref(),
-                &redis,
-                plugins.path(),
-                "NoopJob",
-                jobs,
-                |_| json!([]),
-                &extra,
-            ))?;
-            rates[i].push(jobs as f64 / run.wall.as_secs_f64());
+            let rate = rt.block_on(noop_rate(BIN.as_ref(), &redis, plugins.path(), jobs, &extra))?;
+            rates[i].push(rate);
             received[i] += receiver.requests() - before;
         }
     }

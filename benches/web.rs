@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use wasmjobs_benches::{Report, drain, percentile, push_jobs, start_running, wait_for_processed};
+use wasmjobs_benches::{Report, noop_rate, percentile, push_jobs, start_running, wait_for_processed};
 use wasmjobs_e2e::redis_server::TestRedis;
 
 /// The wasmjobs binary built with this package.
@@ -111,35 +111,18 @@ fn main() -> Result<()> {
 
     let (mut closed, mut open, mut polled) = (Vec::new(), Vec::new(), 0u64);
     for _ in 0..rounds {
-        let run = rt.block_on(drain(
-            BIN.as_ref(),
-            &redis,
-            plugins.path(),
-            "NoopJob",
-            jobs,
-            |_| json!([]),
-            &extra,
-        ))?;
-        closed.push(jobs as f64 / run.wall.as_secs_f64());
+        closed.push(rt.block_on(noop_rate(BIN.as_ref(), &redis, plugins.path(), jobs, &extra))?);
 
         let dashboard = Dashboard::start(&redis.url(), &addr)?;
         let (stop, polls) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
         let watchers = watch(addr.clone(), 3, stop.clone(), polls.clone());
-        let run = rt.block_on(drain(
-            BIN.as_ref(),
-            &redis,
-            plugins.path(),
-            "NoopJob",
-            jobs,
-            |_| json!([]),
-            &extra,
-        ));
+        let rate = rt.block_on(noop_rate(BIN.as_ref(), &redis, plugins.path(), jobs, &extra));
         stop.store(true, Ordering::Relaxed);
         for watcher in watchers {
             let _ = watcher.join();
         }
         drop(dashboard);
-        open.push(jobs as f64 / run?.wall.as_secs_f64());
+        open.push(rate?);
         polled += polls.load(Ordering::Relaxed);
     }
     closed.sort_by(f64::total_cmp);
