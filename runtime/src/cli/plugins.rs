@@ -16,7 +16,6 @@ use clap::Args;
 use super::{Cli, PluginSource};
 use crate::bindings::WORLD;
 use crate::bindings::concurrent::WORLD as ASYNC_WORLD;
-use crate::plugin::CacheUse;
 use crate::sandbox::engine::MAX_MEMORY;
 use crate::sandbox::{EngineConfig, Limits};
 
@@ -52,11 +51,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
         "PLUGIN", "VERSION", "CLASSES", "COMPONENT", "STATUS"
     )?;
     for plugin in catalog.plugins() {
-        let load = match plugin.cache {
-            CacheUse::Hit => "cached",
-            CacheUse::Compiled => "compiled",
-            CacheUse::Untrusted => "compiled (cache not private)",
-        };
+        let load = plugin.cache.label();
         writeln!(
             out,
             "{:<16} {:<12} {:<28} {:<44} {:<8} {load} in {:.0} ms",
@@ -69,12 +64,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
         )?;
     }
     for broken in catalog.broken() {
-        let name = broken
-            .manifest
-            .parent()
-            .and_then(|root| root.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = broken.plugin();
         writeln!(out, "{name:<16} {:<12} {:<28} {:<44} {:<8}", "-", "-", "-", "broken")?;
     }
     let concurrent = catalog

@@ -82,6 +82,17 @@ pub enum CacheUse {
     Untrusted,
 }
 
+impl CacheUse {
+    /// How the code was loaded, as `wasmjobs plugins` and the dashboard say it.
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheUse::Hit => "cached",
+            CacheUse::Compiled => "compiled",
+            CacheUse::Untrusted => "compiled (cache not private)",
+        }
+    }
+}
+
 impl CompileCache {
     /// A cache in `dir` (created on first use).
     pub fn new(dir: impl Into<PathBuf>) -> Self {

@@ -84,6 +84,20 @@ pub struct Broken {
     pub error: String,
 }
 
+impl Broken {
+    /// The name of the refused plugin: its directory's.
+    pub fn plugin(&self) -> String {
+        self.manifest.parent().map(plugin_name).unwrap_or_default()
+    }
+}
+
+/// A plugin's name: the name of its directory `root`.
+pub fn plugin_name(root: &Path) -> String {
+    root.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| root.display().to_string())
+}
+
 /// What [`Catalog::rescan`] did to one plugin directory.
 #[derive(Debug)]
 pub enum Change {
@@ -473,11 +487,7 @@ fn build_plugin(
         .concurrency
         .map(|n| Arc::new(Semaphore::new(n as usize)));
     let http_allow = Arc::new(manifest.http_allow.clone());
-    let name = manifest
-        .root
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| manifest.root.display().to_string());
+    let name = plugin_name(&manifest.root);
     let disk = disk::budget(&manifest, &name, executor.disk())?.map(Arc::new);
     Ok(Plugin {
         name,

@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::catalog::{Broken, Change, Plugin};
+use super::catalog::{Broken, Change, Plugin, plugin_name};
 use super::manifest::Mode;
 use crate::sandbox::state::mib;
 
@@ -127,7 +127,7 @@ impl History {
         self.push(Reload {
             event: "rejected".into(),
             error: Some(cut(&broken.error)),
-            ..Reload::new(&plugin_name(&broken.manifest))
+            ..Reload::new(&broken.plugin())
         });
     }
 
@@ -155,7 +155,7 @@ impl History {
                 event: "rejected".into(),
                 version: kept.as_ref().map(|p| p.version.clone()),
                 error: Some(cut(error)),
-                ..Reload::new(&dir_name(root))
+                ..Reload::new(&plugin_name(root))
             },
         };
         // A plugin that stays broken is refused again at every rescan
@@ -209,7 +209,7 @@ pub(crate) fn describe<'a>(
             .iter()
             .take(MAX_BROKEN)
             .map(|b| BrokenView {
-                plugin: plugin_name(&b.manifest),
+                plugin: b.plugin(),
                 error: cut(&b.error),
             })
             .chain((broken.len() > MAX_BROKEN).then(|| BrokenView {
@@ -236,12 +236,7 @@ fn view(plugin: &Plugin) -> PluginView {
         classes: manifest.classes.clone(),
         component: relative(&manifest.component, &manifest.root),
         world: world.to_owned(),
-        load: match plugin.cache {
-            super::CacheUse::Hit => "cached",
-            super::CacheUse::Compiled => "compiled",
-            super::CacheUse::Untrusted => "compiled (cache not private)",
-        }
-        .to_owned(),
+        load: plugin.cache.label().to_owned(),
         load_ms: plugin.load_time.as_millis() as u64,
         grants: grants(manifest),
         limits: limits(manifest),
@@ -345,17 +340,6 @@ fn setting(name: &str, value: String) -> Setting {
 /// `path` relative to `root`, or whole when outside it.
 fn relative(path: &Path, root: &Path) -> String {
     path.strip_prefix(root).unwrap_or(path).display().to_string()
-}
-
-/// The directory name of the plugin whose manifest is `manifest`.
-fn plugin_name(manifest: &Path) -> String {
-    manifest.parent().map(dir_name).unwrap_or_default()
-}
-
-fn dir_name(root: &Path) -> String {
-    root.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 /// `text` cut to [`MAX_TEXT`] characters.
