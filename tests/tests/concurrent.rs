@@ -322,6 +322,23 @@ async fn the_world_and_the_manifest_must_agree() {
     let broken = &loaded.broken()[0].error;
     assert!(broken.contains("async-plugin"), "{broken}");
 
+    // A plugin-world component that imports nothing the async world lacks
+    // (Rust's NoopJob): Wasmtime would link its blocking perform, and its
+    // jobs would run one at a time in a shared instance.
+    let temp = tempfile::tempdir().expect("tempdir");
+    let noop = copy_plugin(&wasmjobs_e2e::plugins_dir().join("noop"), temp.path());
+    let manifest = noop.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
+    assert!(
+        loaded.get("NoopJob").is_none(),
+        "a blocking perform was loaded as concurrent"
+    );
+    let broken = &loaded.broken()[0].error;
+    assert!(broken.contains("this one's perform is a blocking `func`"), "{broken}");
+    assert!(broken.contains("export_async_job!"), "{broken}");
+
     // An async-plugin component without `concurrent`.
     let dir = chaos_with("");
     let loaded = Catalog::load(dir.path(), &executor, &cache()).expect("catalog");

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 use wasmtime::component::{Component, Linker};
@@ -50,6 +50,21 @@ use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
 use crate::otel::JobTrace;
 use crate::plugin::Plugin;
+
+/// How a plugin becomes an async-plugin component, for the errors that
+/// refuse a `concurrent` plugin built for the other world.
+const HOW_ASYNC: &str = "in Rust, implement AsyncJob and export it with export_async_job!; in Python, make perform an `async def`; `wasmjobs build` builds Python for the world the manifest asks for";
+
+/// Whether `component` exports a `perform` that is an `async func`.
+fn exports_async_perform(component: &Component) -> bool {
+    matches!(
+        component.component_type().get_export(component.engine(), "perform"),
+        Some(wasmtime::component::types::ComponentExtern {
+            ty: wasmtime::component::types::ComponentItem::ComponentFunc(perform),
+            ..
+        }) if perform.async_()
+    )
+}
 
 /// How to run one job.
 #[derive(Debug, Clone, Default)]
@@ -241,9 +256,18 @@ impl Executor {
     /// `component` must have been compiled for one of [`Executor::engine_for`].
     pub(crate) fn prepare(&self, component: &Component) -> Result<Prepared> {
         if Engine::same(&self.concurrent.engine, component.engine()) {
+            // Wasmtime links a blocking `perform` where the world has an
+            // async one (the types match but for the flag): such a plugin
+            // would run its K jobs one after another in one shared
+            // instance, never concurrently, so it is refused here.
+            if !exports_async_perform(component) {
+                bail!(
+                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func`, and this one's perform is a blocking `func` ({HOW_ASYNC})"
+                );
+            }
             let pre = self.concurrent.linker.instantiate_pre(component).map_err(anyhow::Error::from).with_context(|| {
                 format!(
-                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one imports something that world does not offer (build it with `wasmjobs build`, which picks the world from the manifest)"
+                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one imports something that world does not offer ({HOW_ASYNC})"
                 )
             })?;
             return AsyncPluginPre::new(pre)
@@ -251,7 +275,7 @@ impl Executor {
                 .map_err(anyhow::Error::from)
                 .with_context(|| {
                     format!(
-                        "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func` (build it with `wasmjobs build`, which picks the world from the manifest)"
+                        "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func` ({HOW_ASYNC})"
                     )
                 });
         }
