@@ -1,12 +1,15 @@
-//! A small blocking HTTP client over the host's one-call
-//! `wasmjobs:job/http` import.
+//! A small HTTP client over the host's one-call `wasmjobs:job/http`
+//! import (blocking) and its `async-http` twin (for async jobs).
 //!
-//! Job code is synchronous, and so is this client: [`get`] returns when the
+//! A [`Job`](crate::Job) is synchronous, and so is this client: [`get`] returns when the
 //! whole response body has been read. The whole request goes to the host in
 //! one call and the whole response comes back in one, which costs the host
 //! a fraction of what the same request over `wasi:http`'s resources costs. The wait is not wasted: while the guest
 //! is blocked the host (which implements the request with async I/O) runs other
 //! jobs, so a plugin can make slow requests without tying up a host thread.
+//! An [`AsyncJob`](crate::AsyncJob) awaits the same requests instead
+//! ([`get_async`], [`Request::send_async`]), and the other jobs of its
+//! instance run meanwhile.
 //!
 //! ```no_run
 //! use wasmjobs_guest::{http, JobError};
@@ -46,6 +49,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::async_bindings::wasmjobs::job::async_http as async_wire;
 use crate::bindings::wasmjobs::job::http as wire;
 
 /// `GET url`, reading the whole response.
@@ -61,6 +65,12 @@ pub fn get(url: &str) -> Result<Response, Error> {
 /// [`Request::header`] or [`Request::json`] to set one).
 pub fn post(url: &str, body: impl Into<Vec<u8>>) -> Result<Response, Error> {
     Request::post(url).body(body).send()
+}
+
+/// `GET url`, reading the whole response, as a future: [`get`] for an
+/// [`AsyncJob`](crate::AsyncJob) (see [`Request::send_async`]).
+pub async fn get_async(url: &str) -> Result<Response, Error> {
+    Request::get(url).send_async().await
 }
 
 /// An HTTP request being built. Nothing happens until [`send`](Request::send).
@@ -155,6 +165,30 @@ impl Request {
     /// connection refused, TLS, timeout, request denied by the host), but
     /// not on a non-2xx status: see [`Response::error_for_status`].
     pub fn send(self) -> Result<Response, Error> {
+        let (request, url) = self.into_wire()?;
+        let method = request.method.clone();
+        let response = wire::send(&request).map_err(Error::from_host)?;
+        Ok(Response::from_wire(method, url, response))
+    }
+
+    /// Send the request and read the whole response, as a future: the
+    /// [`AsyncJob`](crate::AsyncJob) form of [`send`](Request::send), with
+    /// the same outcomes. While it waits, the other jobs of the instance
+    /// run.
+    ///
+    /// Only an [`AsyncJob`](crate::AsyncJob) can use it: its import,
+    /// `async-http`, is in the `async-plugin` world alone, so the host
+    /// refuses a `Job` plugin that calls it ("component imports instance
+    /// `wasmjobs:job/async-http`").
+    pub async fn send_async(self) -> Result<Response, Error> {
+        let (request, url) = self.into_wire()?;
+        let method = request.method.clone();
+        let response = async_wire::send(request).await.map_err(Error::from_host)?;
+        Ok(Response::from_wire(method, url, response))
+    }
+
+    /// The request as the host's import takes it, and the URL as given.
+    fn into_wire(self) -> Result<(wire::Request, String), Error> {
         if let Some(error) = self.error {
             return Err(error);
         }
@@ -172,23 +206,7 @@ impl Request {
                 .timeout
                 .map(|timeout| u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         };
-        let method = request.method.clone();
-        let response = wire::send(&request).map_err(Error::from_host)?;
-        Ok(Response {
-            method,
-            url: self.url,
-            status: response.status,
-            headers: response
-                .headers
-                .into_iter()
-                .map(|(name, value)| {
-                    let value =
-                        String::from_utf8(value).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-                    (name, value)
-                })
-                .collect(),
-            body: response.body,
-        })
+        Ok((request, self.url))
     }
 }
 
@@ -203,6 +221,24 @@ pub struct Response {
 }
 
 impl Response {
+    fn from_wire(method: String, url: String, response: wire::Response) -> Self {
+        Response {
+            method,
+            url,
+            status: response.status,
+            headers: response
+                .headers
+                .into_iter()
+                .map(|(name, value)| {
+                    let value =
+                        String::from_utf8(value).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+                    (name, value)
+                })
+                .collect(),
+            body: response.body,
+        }
+    }
+
     /// The status code, e.g. `200`.
     pub fn status(&self) -> u16 {
         self.status

@@ -72,6 +72,7 @@
 
 use std::fmt;
 
+use crate::async_bindings::wasmjobs::job::async_sql as async_wit;
 use crate::bindings::wasmjobs::job::sql as wit;
 
 /// One SQL value: a parameter or a column of a result row.
@@ -98,6 +99,23 @@ pub fn query(db: &str, statement: &str, params: &[Value]) -> Result<Rows, Error>
 /// for DDL; the number of rows for a `SELECT`).
 pub fn execute(db: &str, statement: &str, params: &[Value]) -> Result<u64, Error> {
     Ok(wit::execute(db, statement, params)?)
+}
+
+/// [`query`] as a future, for an [`AsyncJob`](crate::AsyncJob): while it
+/// waits, the other jobs of the instance run. Only an `AsyncJob` can use
+/// it (its import, `async-sql`, is in the `async-plugin` world alone).
+pub async fn query_async(db: &str, statement: &str, params: &[Value]) -> Result<Rows, Error> {
+    let rows = async_wit::query(db.to_owned(), statement.to_owned(), params.to_vec()).await?;
+    Ok(Rows {
+        columns: rows.columns,
+        rows: rows.rows,
+    })
+}
+
+/// [`execute`] as a future, for an [`AsyncJob`](crate::AsyncJob) (see
+/// [`query_async`]).
+pub async fn execute_async(db: &str, statement: &str, params: &[Value]) -> Result<u64, Error> {
+    Ok(async_wit::execute(db.to_owned(), statement.to_owned(), params.to_vec()).await?)
 }
 
 /// Builds a parameter array from values of mixed types, for [`query`] and

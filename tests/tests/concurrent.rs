@@ -3,8 +3,9 @@
 //! outcome, log lines and host state; a trap or a timeout ends the
 //! instance and its jobs, and nothing else.
 //!
-//! The guests are `tests/guests/py-async-chaos` (Python, `async def`) and
-//! `tests/guests/rust-async` (Rust, plain wit-bindgen).
+//! The guests are `tests/guests/py-async-chaos` (Python, `async def`),
+//! `tests/guests/rust-async` (Rust, plain wit-bindgen) and the example
+//! `plugins/http-get-async` (Rust, the SDK's `AsyncJob`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -85,6 +86,26 @@ async fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
     }
 }
 
+/// Waits until `n` requests wait at `server`'s gate.
+async fn wait_at_gate(server: &HttpServer, n: usize) {
+    wait_for(&format!("{n} jobs at the gate"), Duration::from_secs(60), || {
+        server.gate_hits() >= n
+    })
+    .await;
+}
+
+/// Opens `server`'s gate and waits for every job of `running`.
+async fn open_and_finish(
+    server: &HttpServer,
+    running: tokio::task::JoinHandle<Vec<(Job, Execution)>>,
+) -> Vec<(Job, Execution)> {
+    server.open_gate();
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the jobs finish")
+        .expect("join")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome() {
     let server = HttpServer::start(Duration::ZERO).await;
@@ -101,10 +122,7 @@ async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome
         })
         .collect();
     let running = start(&executor, &chaos, jobs);
-    wait_for("100 jobs at the gate", Duration::from_secs(60), || {
-        server.gate_hits() >= 100
-    })
-    .await;
+    wait_at_gate(&server, 100).await;
     assert_eq!(server.open_requests(), 100, "all 100 requests in flight at once");
     assert_eq!(
         executor.instances().created.load(Ordering::Relaxed) - created,
@@ -117,12 +135,7 @@ async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome
         4,
         "wasmjobs_instances_live counts instances, not jobs"
     );
-    server.open_gate();
-
-    let finished = tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the jobs finish")
-        .expect("join");
+    let finished = open_and_finish(&server, running).await;
     for (n, (job, execution)) in finished.iter().enumerate() {
         let url = format!("{}?n={n}", server.url("/gate"));
         if n % 10 == 0 {
@@ -159,19 +172,55 @@ async fn a_rust_async_component_runs_a_hundred_jobs_on_four_instances() {
     let urls: Vec<String> = (0..100).map(|n| format!("{}?n={n}", server.url("/gate"))).collect();
     let jobs = urls.iter().map(|url| format!(r#"["{url}"]"#)).collect();
     let running = start_class(&executor, &plugins, "RustAsyncJob", jobs);
-    wait_for("100 jobs at the gate", Duration::from_secs(60), || {
-        server.gate_hits() >= 100
-    })
-    .await;
+    wait_at_gate(&server, 100).await;
     assert_eq!(executor.instances().created.load(Ordering::Relaxed) - created, 4);
-    server.open_gate();
-    let finished = tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the jobs finish")
-        .expect("join");
+    let finished = open_and_finish(&server, running).await;
     for ((job, execution), url) in finished.iter().zip(&urls) {
         assert_eq!(execution.outcome, Outcome::Success, "{:?}", messages(execution));
         assert_eq!(messages(execution), [format!("{} {url} 200", job.jid)]);
+    }
+}
+
+/// The Rust SDK's `AsyncJob` (`plugins/http-get-async`): a hundred GETs
+/// in flight in one instance of `concurrent = 100`, with `HttpGetJob`'s
+/// outcomes for a bad status and a bad URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_async_http_get_runs_a_hundred_jobs_in_one_instance_with_http_get_jobs_outcomes() {
+    let server = HttpServer::start(Duration::ZERO).await;
+    let executor = std::sync::Arc::new(executor(102));
+    let dir = plugins(&["http-get-async"], &[]);
+    let plugins = std::sync::Arc::new(catalog(dir.path(), &executor));
+    let created = executor.instances().created.load(Ordering::Relaxed);
+    let mut urls: Vec<String> = (0..100).map(|n| format!("{}?n={n}", server.url("/gate"))).collect();
+    urls.push(server.url("/status/503"));
+    urls.push("ftp://127.0.0.1/file".into());
+    let jobs = urls.iter().map(|url| format!(r#"["{url}"]"#)).collect();
+    let running = start_class(&executor, &plugins, "AsyncHttpGetJob", jobs);
+    wait_at_gate(&server, 100).await;
+    assert_eq!(server.open_requests(), 100, "all 100 requests in flight at once");
+    assert_eq!(
+        executor.instances().created.load(Ordering::Relaxed) - created,
+        2,
+        "100 jobs in one instance, the 101st and 102nd in a second"
+    );
+    let finished = open_and_finish(&server, running).await;
+    let (gated, failing) = finished.split_at(100);
+    for (job, execution) in gated {
+        assert_eq!(
+            execution.outcome,
+            Outcome::Success,
+            "{}: {:?}",
+            job.jid,
+            messages(execution)
+        );
+    }
+    match &failing[0].1.outcome {
+        Outcome::Retry(message) => assert!(message.contains("returned HTTP 503"), "{message}"),
+        other => panic!("a 503 is retried: {other:?}"),
+    }
+    match &failing[1].1.outcome {
+        Outcome::Dead(message) => assert!(message.contains("invalid URL"), "{message}"),
+        other => panic!("a URL the client cannot use is dead: {other:?}"),
     }
 }
 
@@ -465,31 +514,115 @@ async fn the_runner_serves_two_hundred_jobs_from_redis_on_two_instances() {
 }
 
 #[test]
-fn wasmjobs_build_refuses_concurrent_where_the_toolchain_or_sdk_cannot_build_the_async_world() {
+fn wasmjobs_build_refuses_concurrent_where_the_toolchain_cannot_build_the_async_world() {
     let home = tempfile::tempdir().expect("tempdir");
-    for (language, says) in [
-        ("js", "componentize-js 0.23 cannot build async exports"),
-        ("rust", "the Rust SDK builds plugin-world ones only"),
-    ] {
-        let new = wasmjobs_in(
-            home.path(),
-            &["new", language, language],
-            &toolchain_env(),
-            Duration::from_secs(60),
-        );
-        wasmjobs_e2e::assert_success(&new, "wasmjobs new");
-        let manifest = home.path().join(language).join("wasmjobs.toml");
-        let text = std::fs::read_to_string(&manifest).expect("manifest");
-        std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
-        let build = wasmjobs_in(
-            home.path(),
-            &["build", language],
-            &toolchain_env(),
-            Duration::from_secs(60),
-        );
-        assert!(!build.status.success(), "{language}: {}", printed(&build));
-        assert!(printed(&build).contains(says), "{language}: {}", printed(&build));
+    let dir = new_concurrent_plugin(home.path(), "js");
+    let build = wasmjobs_in(home.path(), &["build", "js"], &toolchain_env(), Duration::from_secs(60));
+    assert!(!build.status.success(), "{}", printed(&build));
+    assert!(
+        printed(&build).contains("componentize-js 0.23 cannot build async exports"),
+        "{}",
+        printed(&build)
+    );
+    assert!(!dir.join("js.wasm").exists());
+}
+
+/// A Rust plugin with `concurrent`: the SDK's blocking [`Job`] template
+/// is refused with how to make it async; an `AsyncJob` builds and runs.
+#[test]
+fn wasmjobs_build_makes_a_rust_async_job_of_the_sdk_for_a_concurrent_plugin() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let dir = new_concurrent_plugin(home.path(), "rust");
+    let blocking = wasmjobs_in(
+        home.path(),
+        &["build", "rust"],
+        &toolchain_env(),
+        Duration::from_secs(600),
+    );
+    assert!(!blocking.status.success(), "{}", printed(&blocking));
+    assert!(
+        printed(&blocking).contains("implement AsyncJob and export it with export_async_job!"),
+        "{}",
+        printed(&blocking)
+    );
+
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        r#"use wasmjobs_guest::{AsyncJob, JobError, JobInfo, export_async_job, log};
+
+pub struct RustJob;
+
+impl AsyncJob for RustJob {
+    type Args = (String,);
+
+    async fn perform(job: &JobInfo, (name,): Self::Args) -> Result<(), JobError> {
+        if name == "nobody" {
+            return Err(JobError::dead(format!("no one to greet in {}", job.jid)));
+        }
+        log::info!("hello, {name}, asynchronously");
+        Ok(())
     }
+}
+
+export_async_job!(RustJob);
+"#,
+    )
+    .expect("write lib.rs");
+    let build = wasmjobs_in(
+        home.path(),
+        &["build", "rust"],
+        &toolchain_env(),
+        Duration::from_secs(600),
+    );
+    wasmjobs_e2e::assert_success(&build, "wasmjobs build");
+    let exec = wasmjobs_in(
+        home.path(),
+        &["exec", "--plugins", ".", "RustJob", r#"["world"]"#],
+        &toolchain_env(),
+        Duration::from_secs(60),
+    );
+    wasmjobs_e2e::assert_success(&exec, "wasmjobs exec");
+    assert!(
+        printed(&exec).contains("hello, world, asynchronously"),
+        "{}",
+        printed(&exec)
+    );
+    let dead = wasmjobs_in(
+        home.path(),
+        &["exec", "--plugins", ".", "RustJob", r#"["nobody"]"#],
+        &toolchain_env(),
+        Duration::from_secs(60),
+    );
+    assert!(!dead.status.success(), "{}", printed(&dead));
+    assert!(printed(&dead).contains("no one to greet in"), "{}", printed(&dead));
+    let bad_args = wasmjobs_in(
+        home.path(),
+        &["exec", "--plugins", ".", "RustJob", "[42]"],
+        &toolchain_env(),
+        Duration::from_secs(60),
+    );
+    assert!(
+        printed(&bad_args).contains("invalid args for RustJob [42]: expected (String,)"),
+        "{}",
+        printed(&bad_args)
+    );
+}
+
+/// `wasmjobs new LANGUAGE LANGUAGE` in `home`, with `[instances]
+/// concurrent = 4` added to its manifest; returns the plugin directory.
+fn new_concurrent_plugin(home: &std::path::Path, language: &str) -> std::path::PathBuf {
+    let new = wasmjobs_in(
+        home,
+        &["new", language, language],
+        &toolchain_env(),
+        Duration::from_secs(60),
+    );
+    wasmjobs_e2e::assert_success(&new, "wasmjobs new");
+    let dir = home.join(language);
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+    dir
 }
 
 /// The `seen: N` a job logged.

@@ -1,8 +1,10 @@
 //! Every code block of the README and of the SDK READMEs, compiled, built or
 //! parsed the way a reader would use it, so a snippet cannot rot:
 //!
-//! - `rust`: a block with `export_job!` is a plugin's whole `src/lib.rs`;
-//!   any other block is items added to one (`wasmjobs new rust`), then
+//! - `rust`: a block with `export_job!` is a plugin's whole `src/lib.rs`,
+//!   and so is one with `export_async_job!`, whose manifest gets
+//!   `[instances] concurrent` (the async-plugin world runs only so); any
+//!   other block is items added to one (`wasmjobs new rust`), then
 //!   `wasmjobs build`;
 //! - `python` / `js`: a plugin's `app.py` / `job.js`, built with `wasmjobs
 //!   build` (componentize-py imports the module, componentize-js evaluates
@@ -144,9 +146,12 @@ fn the_rust_snippets_build() {
     let mut with_fragments = std::fs::read_to_string(&lib).expect("read lib.rs");
     let mut places = Vec::new();
     for (i, block) in rust.iter().enumerate() {
-        if block.code.contains("export_job!") {
+        if block.code.contains("export_job!") || block.code.contains("export_async_job!") {
             let dir = new_plugin(home.path(), "rust", &format!("whole{i}"));
             std::fs::write(dir.join("src/lib.rs"), &block.code).expect("write lib.rs");
+            if block.code.contains("export_async_job!") {
+                run_concurrently(&dir);
+            }
             build(home.path(), &dir, &block.at);
         } else {
             with_fragments.push_str(&format!(
@@ -158,6 +163,14 @@ fn the_rust_snippets_build() {
     }
     std::fs::write(&lib, with_fragments).expect("write lib.rs");
     build(home.path(), &fragments, &places.join(", "));
+}
+
+/// Adds `[instances] concurrent` to the manifest of the plugin in `dir`:
+/// an async job runs only so.
+fn run_concurrently(dir: &Path) {
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write manifest");
 }
 
 /// Builds every `language` snippet as the `file` of its own plugin.
@@ -174,9 +187,7 @@ fn build_each(language: &str, new_as: &str, file: &str) {
         if language == "python" && block.code.contains("async def perform") {
             // An `async def` job runs in the async-plugin world, which
             // `wasmjobs build` picks from `[instances] concurrent`.
-            let manifest = dir.join("wasmjobs.toml");
-            let text = std::fs::read_to_string(&manifest).expect("manifest");
-            std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write manifest");
+            run_concurrently(&dir);
         }
         build(home.path(), &dir, &block.at);
     }

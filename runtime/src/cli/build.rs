@@ -97,16 +97,11 @@ fn detect(dir: &Path) -> Result<Language> {
 /// Builds `dir` into the component file `out`, for the `async-plugin`
 /// world if `concurrent` (`[instances] concurrent`), else for `plugin`.
 fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool) -> Result<()> {
-    match (language, concurrent) {
-        (Language::Rust, true) => bail!(
-            "{}: [instances] concurrent needs an async-plugin component, and the Rust SDK builds plugin-world ones only (wit-bindgen can generate the async world; the SDK does not wrap it yet): remove `concurrent`, or use `reuse`",
-            dir.display()
-        ),
-        (Language::Js, true) => bail!(
+    if language == Language::Js && concurrent {
+        bail!(
             "{}: [instances] concurrent needs an async-plugin component, whose perform is an `async func`, and componentize-js 0.23 cannot build async exports: remove `concurrent` (`reuse` keeps instances warm)",
             dir.display()
-        ),
-        _ => {}
+        );
     }
     let world = if concurrent { "async-plugin" } else { "plugin" };
     match language {

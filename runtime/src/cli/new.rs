@@ -54,15 +54,16 @@ impl Language {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 struct Placeholders {
     class: String,
     crate_name: String,
     component: String,
     sdk_rust: String,
-    /// Whether the manifest may suggest `concurrent` (only Python can
-    /// build the async-plugin world with its SDK).
-    python: bool,
+    /// How to make `perform` async in this language, for the manifest's
+    /// `concurrent` hint; empty where the SDK cannot build the async-plugin
+    /// world (JavaScript: componentize-js 0.23 has no async exports).
+    async_how: &'static str,
 }
 
 /// Runs the command.
@@ -87,7 +88,7 @@ pub fn run(args: &NewArgs) -> Result<ExitCode> {
         component: format!("{}.wasm", crate_name.replace('-', "_")),
         crate_name,
         sdk_rust: toml_path(&sdk.rust_crate()),
-        python: matches!(args.language, Language::Python),
+        async_how: async_how(args.language),
     };
     let files: &[(&str, &str)] = match args.language {
         Language::Rust => &[
@@ -124,6 +125,20 @@ pub fn run(args: &NewArgs) -> Result<ExitCode> {
     println!("created {dir}: a {} plugin serving {class}", args.language.name());
     println!("next: wasmjobs build {dir}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// How the manifest's `concurrent` hint tells a `language` plugin to make
+/// its `perform` async (empty: its SDK cannot).
+fn async_how(language: Language) -> &'static str {
+    match language {
+        Language::Python => {
+            "make `perform` an `async def` that awaits http/sql calls;\n# `wasmjobs build` then builds it for the async world"
+        }
+        Language::Rust => {
+            "implement `AsyncJob` (an `async fn perform` that awaits `http::get_async`\n# or `sql::query_async`) and export it with `export_async_job!`"
+        }
+        Language::Js => "",
+    }
 }
 
 fn render(template: &str, context: &Placeholders) -> Result<String> {
@@ -212,7 +227,7 @@ mod tests {
             crate_name: "greet".into(),
             component: "greet.wasm".into(),
             sdk_rust: "/sdk".into(),
-            python: false,
+            async_how: "",
         };
         for template in [
             include_str!("templates/Cargo.toml.j2"),
@@ -229,14 +244,20 @@ mod tests {
         let parsed = crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
         assert_eq!(parsed.component, Path::new("/p/greet/greet.wasm"));
         assert_eq!(parsed.classes, ["GreetJob"]);
-        // Python's manifest suggests `concurrent`, and still parses.
-        let python = Placeholders {
-            python: true,
-            ..context
-        };
-        let manifest = render(include_str!("templates/wasmjobs.toml.j2"), &python).unwrap();
-        assert!(manifest.contains("# concurrent = 100"), "{manifest}");
-        assert!(!manifest.contains("{%"), "{manifest}");
-        crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
+        assert!(!manifest.contains("concurrent = 100"), "{manifest}");
+        // Python's and Rust's manifests suggest `concurrent`, each saying
+        // how, and still parse.
+        for (language, how) in [(Language::Python, "`async def`"), (Language::Rust, "export_async_job!")] {
+            let with_hint = Placeholders {
+                async_how: async_how(language),
+                ..context.clone()
+            };
+            let manifest = render(include_str!("templates/wasmjobs.toml.j2"), &with_hint).unwrap();
+            assert!(manifest.contains("# concurrent = 100"), "{manifest}");
+            assert!(manifest.contains(how), "{manifest}");
+            assert!(!manifest.contains("{%"), "{manifest}");
+            crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
+        }
+        assert_eq!(async_how(Language::Js), "");
     }
 }
