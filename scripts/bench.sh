@@ -5,7 +5,7 @@
 # and 200 ms HTTP servers (HTTP/1.1 and HTTP/2) on loopback. Writes benches/results/<date>-<host>[-quick].md, the
 # JSON beside it and three SVG charts.
 #
-# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,pg-sleep,file-append,fib,idle]
+# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle]
 #   --quick  a reduced set, under 5 minutes on a 2-core machine
 #   (default) the full set, about 25 minutes on a 2-core machine
 #

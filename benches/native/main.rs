@@ -17,7 +17,8 @@
 //!   slots (at most 500 a call).
 //! - **Work**, one task per job: the payload is parsed as the runner parses
 //!   it ([`wasmjobs::redis::payload::Payload`]); `NoopJob` does nothing,
-//!   `HttpGetJob` GETs its first argument with the client stack the runner's
+//!   `HttpGetJob` (and `AsyncHttpGetJob`, the same job as an async plugin)
+//!   GETs its first argument with the client stack the runner's
 //!   host uses (hyper 1 through hyper-util's pooled legacy client and
 //!   hyper-rustls, HTTP/1.1 keep-alive, `TCP_NODELAY`, as many idle
 //!   connections per host as the concurrency; with `--h2`, HTTP/2 with

@@ -53,7 +53,8 @@ pub async fn perform(client: &HttpClient, raw: &[u8]) -> bool {
     };
     match job.class() {
         "NoopJob" => true,
-        "HttpGetJob" => match job
+        // The async plugin's jobs do the same GET.
+        "HttpGetJob" | "AsyncHttpGetJob" => match job
             .get("args")
             .and_then(|args| args.get(0))
             .and_then(|url| url.as_str())

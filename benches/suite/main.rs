@@ -35,7 +35,7 @@ use measure::{Bench, Row};
 use output::{Machine, Native, Results};
 use plan::Workload;
 
-const USAGE: &str = "usage: wasmjobs-bench --wasmjobs PATH [--native PATH] [--quick] [--only noop,http,http2,http-held,http2-held,pg-sleep,file-append,fib,idle] [--out DIR]";
+const USAGE: &str = "usage: wasmjobs-bench --wasmjobs PATH [--native PATH] [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle] [--out DIR]";
 
 /// Concurrent streams the HTTP/2 server allows per connection: more than
 /// the largest concurrency, so all of a case's requests may share one

@@ -148,7 +148,7 @@ impl Bench {
         let server = if case.workload.h2() { &self.http2 } else { &self.http };
         let url = server.url("/sleep");
         push_jobs(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
-            Workload::Http | Workload::Http2 => json!([url]),
+            w if w.http() => json!([url]),
             Workload::FileAppend => json!(["bench.txt", i]),
             Workload::Fib => json!([25]),
             _ => json!([]),
@@ -203,7 +203,7 @@ impl Bench {
         let lost = case.jobs.saturating_sub(processed + failed);
         problems.extend(leftovers(&mut conn, case.jobs, processed, failed).await?);
         match case.workload {
-            Workload::Http | Workload::Http2 => {
+            w if w.http() => {
                 let served = (server.hits() - hits_before) as u64;
                 if served != case.jobs {
                     problems.push(format!("the HTTP server saw {served} requests for {} jobs", case.jobs));

@@ -174,6 +174,14 @@ fn heading(workload: Workload) -> &'static str {
         Workload::Http2 => "HTTP GET of a 200 ms endpoint (`HttpGetJob`), HTTP/2 with prior knowledge",
         Workload::HttpHeld => "Memory per in-flight job: `HttpGetJob`s held open by the server, HTTP/1.1",
         Workload::Http2Held => "Memory per in-flight job: `HttpGetJob`s held open by the server, HTTP/2",
+        Workload::AsyncHttp => {
+            "HTTP GET of a 200 ms endpoint as an async job (`AsyncHttpGetJob`, 100 jobs per instance), HTTP/1.1"
+        }
+        Workload::AsyncHttp2 => {
+            "HTTP GET of a 200 ms endpoint as an async job (`AsyncHttpGetJob`, 100 jobs per instance), HTTP/2 with prior knowledge"
+        }
+        Workload::AsyncHttpHeld => "Memory per in-flight job: `AsyncHttpGetJob`s held open by the server, HTTP/1.1",
+        Workload::AsyncHttp2Held => "Memory per in-flight job: `AsyncHttpGetJob`s held open by the server, HTTP/2",
         Workload::PgSleep => "PostgreSQL `SELECT pg_sleep(0.1)` (`PgSleepJob`)",
         Workload::FileAppend => "File append (`FileAppendJob`)",
         Workload::Fib => "CPU: fib(25) (`FibJob`)",
@@ -258,7 +266,7 @@ fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
     };
     writeln!(
         md,
-        "\n## Memory per in-flight `HttpGetJob` (C = {}, every request held open)\n",
+        "\n## Memory per in-flight HTTP job (C = {}, every request held open)\n",
         group(u64::from(first.concurrency))
     )?;
     writeln!(
@@ -275,7 +283,7 @@ fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
                 writeln!(
                     md,
                     "| {} | {} | {} | {:.2} s | {} | {} | {} | {} | {rss:.1} KB | {pss:.1} KB | {conns} | {check} |",
-                    r.processor.name(),
+                    worker(r),
                     protocol(r.workload),
                     group(m.in_flight),
                     m.fill_s,
@@ -288,7 +296,7 @@ fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
             None => writeln!(
                 md,
                 "| {} | {} | | | | | | | | | {conns} | {check} |",
-                r.processor.name(),
+                worker(r),
                 protocol(r.workload)
             )?,
         }
@@ -311,7 +319,7 @@ fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
         writeln!(
             md,
             "\n### {}, {}: mappings with {} jobs in flight\n",
-            r.processor.name(),
+            worker(r),
             protocol(r.workload),
             group(m.in_flight)
         )?;
@@ -353,6 +361,14 @@ fn memory_section(md: &mut String, rows: &[Row]) -> std::fmt::Result {
         writeln!(md, "\nLargest mappings: {}.", largest.join("; "))?;
     }
     Ok(())
+}
+
+/// The worker of a memory row and, for wasmjobs, its job class.
+fn worker(row: &Row) -> String {
+    match row.processor {
+        Processor::Wasmjobs => format!("wasmjobs, `{}`", row.workload.class()),
+        Processor::Native => row.processor.name().into(),
+    }
 }
 
 fn protocol(workload: Workload) -> &'static str {
@@ -450,6 +466,7 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
     for workload in [
         Workload::Http,
         Workload::Http2,
+        Workload::AsyncHttp,
         Workload::PgSleep,
         Workload::FileAppend,
         Workload::Idle,
@@ -473,6 +490,11 @@ fn charts(rows: &[Row]) -> Vec<(&'static str, Chart)> {
             &native,
             "http2, native".into(),
             &|r| r.workload == Workload::Http2,
+            &|r| r.efficiency.unwrap_or(0.0),
+        ),
+        series(
+            "http-async (200 ms)".into(),
+            &|r| r.workload == Workload::AsyncHttp,
             &|r| r.efficiency.unwrap_or(0.0),
         ),
         series("pg-sleep (100 ms)".into(), &|r| r.workload == Workload::PgSleep, &|r| {
@@ -656,6 +678,33 @@ pub fn targets(rows: &[Row], comparisons: &[Comparison], native: Option<Native>)
     targets
 }
 
+/// The HTTP workloads of one kind of job: `HttpGetJob` on a fresh
+/// instance each, or `AsyncHttpGetJob` a hundred to an instance.
+#[derive(Clone, Copy)]
+struct HttpJobs {
+    /// The HTTP/1.1 workload's name, which labels its targets.
+    h1: Workload,
+    h2: Workload,
+    h1_held: Workload,
+    h2_held: Workload,
+}
+
+/// Issue 15's HTTP targets are checked for both kinds of job.
+const HTTP_JOBS: [HttpJobs; 2] = [
+    HttpJobs {
+        h1: Workload::Http,
+        h2: Workload::Http2,
+        h1_held: Workload::HttpHeld,
+        h2_held: Workload::Http2Held,
+    },
+    HttpJobs {
+        h1: Workload::AsyncHttp,
+        h2: Workload::AsyncHttp2,
+        h1_held: Workload::AsyncHttpHeld,
+        h2_held: Workload::AsyncHttp2Held,
+    },
+];
+
 /// Issue 15's memory targets: per in-flight job from the memory cases,
 /// and the HTTP/1.1 drain's peak RSS at C=10,000 against native's.
 fn memory_targets(rows: &[Row], comparisons: &[Comparison]) -> Vec<Target> {
@@ -665,44 +714,49 @@ fn memory_targets(rows: &[Row], comparisons: &[Comparison]) -> Vec<Target> {
             .and_then(|r| r.memory.as_ref())
             .map(|m| m.per_job_kb())
     };
-    let h2 = per_job(Processor::Wasmjobs, Workload::Http2Held);
-    let h1 = per_job(Processor::Wasmjobs, Workload::HttpHeld);
-    let h1_native = per_job(Processor::Native, Workload::HttpHeld);
-    let peak = comparisons
-        .iter()
-        .find(|c| c.workload == Workload::Http && c.concurrency == 10_000);
-    vec![
-        Target {
-            what: "http2, jobs held at C = 10,000: PSS per in-flight job".into(),
-            target: "≤ 30 KB".into(),
-            measured: h2.map_or("".into(), |(_, pss)| format!("{pss:.1} KB")),
-            met: h2.map(|(_, pss)| pss <= 30.0),
-        },
-        Target {
-            what: "http2, jobs held at C = 10,000: RSS per in-flight job".into(),
-            target: "≤ 40 KB".into(),
-            measured: h2.map_or("".into(), |(rss, _)| format!("{rss:.1} KB")),
-            met: h2.map(|(rss, _)| rss <= 40.0),
-        },
-        Target {
-            what: "http, jobs held at C = 10,000: RSS per in-flight job".into(),
-            target: "≤ native's (the connection's cost) + 15 KB".into(),
-            measured: h1.zip(h1_native).map_or("".into(), |((rss, pss), (native, _))| {
-                format!("{rss:.1} KB, PSS {pss:.1} KB (native {native:.1} KB)")
-            }),
-            met: h1.zip(h1_native).map(|((rss, _), (native, _))| rss <= native + 15.0),
-        },
-        Target {
-            what: "http, C = 10,000: peak RSS".into(),
-            target: "≤ native's + 15 KB per in-flight job".into(),
-            measured: peak.map_or("".into(), |c| {
-                format!("{} (native {})", mib(c.peak_rss_kb.wasmjobs), mib(c.peak_rss_kb.native))
-            }),
-            met: peak.map(|c| {
-                c.peak_rss_kb.wasmjobs as f64 <= c.peak_rss_kb.native as f64 + 15.0 * f64::from(c.concurrency)
-            }),
-        },
-    ]
+    let mut targets = Vec::new();
+    for jobs in HTTP_JOBS {
+        let (h1_name, h2_name) = (jobs.h1.name(), jobs.h2.name());
+        let h2 = per_job(Processor::Wasmjobs, jobs.h2_held);
+        let h1 = per_job(Processor::Wasmjobs, jobs.h1_held);
+        let h1_native = per_job(Processor::Native, jobs.h1_held);
+        let peak = comparisons
+            .iter()
+            .find(|c| c.workload == jobs.h1 && c.concurrency == 10_000);
+        targets.extend([
+            Target {
+                what: format!("{h2_name}, jobs held at C = 10,000: PSS per in-flight job"),
+                target: "≤ 30 KB".into(),
+                measured: h2.map_or("".into(), |(_, pss)| format!("{pss:.1} KB")),
+                met: h2.map(|(_, pss)| pss <= 30.0),
+            },
+            Target {
+                what: format!("{h2_name}, jobs held at C = 10,000: RSS per in-flight job"),
+                target: "≤ 40 KB".into(),
+                measured: h2.map_or("".into(), |(rss, _)| format!("{rss:.1} KB")),
+                met: h2.map(|(rss, _)| rss <= 40.0),
+            },
+            Target {
+                what: format!("{h1_name}, jobs held at C = 10,000: RSS per in-flight job"),
+                target: "≤ native's (the connection's cost) + 15 KB".into(),
+                measured: h1.zip(h1_native).map_or("".into(), |((rss, pss), (native, _))| {
+                    format!("{rss:.1} KB, PSS {pss:.1} KB (native {native:.1} KB)")
+                }),
+                met: h1.zip(h1_native).map(|((rss, _), (native, _))| rss <= native + 15.0),
+            },
+            Target {
+                what: format!("{h1_name}, C = 10,000: peak RSS"),
+                target: "≤ native's + 15 KB per in-flight job".into(),
+                measured: peak.map_or("".into(), |c| {
+                    format!("{} (native {})", mib(c.peak_rss_kb.wasmjobs), mib(c.peak_rss_kb.native))
+                }),
+                met: peak.map(|c| {
+                    c.peak_rss_kb.wasmjobs as f64 <= c.peak_rss_kb.native as f64 + 15.0 * f64::from(c.concurrency)
+                }),
+            },
+        ]);
+    }
+    targets
 }
 
 /// Issue 15's targets, each a ratio to the native baseline.
@@ -712,48 +766,55 @@ fn native_targets(comparisons: &[Comparison]) -> Vec<Target> {
             .iter()
             .find(|x| x.workload == w && x.fetch == fetch && x.concurrency == c)
     };
-    let ratio_target = |what: &str, at_least: f64, found: Option<&Comparison>, pick: fn(&Comparison) -> Option<f64>| {
-        let measured = found.and_then(|c| pick(c).map(|r| (c, r)));
-        Target {
-            what: what.into(),
-            target: format!("≥ {at_least:.2} × native"),
-            measured: measured.map_or("".into(), |(c, r)| {
-                format!("{r:.2} (C={}, N={})", c.concurrency, group(c.jobs))
+    let ratio_target =
+        |what: String, at_least: f64, found: Option<&Comparison>, pick: fn(&Comparison) -> Option<f64>| {
+            let measured = found.and_then(|c| pick(c).map(|r| (c, r)));
+            Target {
+                what,
+                target: format!("≥ {at_least:.2} × native"),
+                measured: measured.map_or("".into(), |(c, r)| {
+                    format!("{r:.2} (C={}, N={})", c.concurrency, group(c.jobs))
+                }),
+                met: measured.map(|(_, r)| r >= at_least),
+            }
+        };
+    let mut targets = vec![ratio_target(
+        "noop C = 100, reliable: jobs/s".into(),
+        0.7,
+        find(Workload::Noop, Fetch::Reliable, 100),
+        |c| c.throughput_ratio,
+    )];
+    for jobs in HTTP_JOBS {
+        let (h1_name, h2_name) = (jobs.h1.name(), jobs.h2.name());
+        let http_1000 = find(jobs.h1, Fetch::Reliable, 1_000);
+        let runner_us = http_1000.and_then(|c| c.cpu_per_job);
+        targets.extend([
+            ratio_target(format!("{h1_name} C = 1,000: efficiency"), 0.95, http_1000, |c| {
+                c.efficiency_ratio
             }),
-            met: measured.map(|(_, r)| r >= at_least),
-        }
-    };
-    let http_1000 = find(Workload::Http, Fetch::Reliable, 1_000);
-    let runner_us = http_1000.and_then(|c| c.cpu_per_job);
-    vec![
-        ratio_target(
-            "noop C = 100, reliable: jobs/s",
-            0.7,
-            find(Workload::Noop, Fetch::Reliable, 100),
-            |c| c.throughput_ratio,
-        ),
-        ratio_target("http C = 1,000: efficiency", 0.95, http_1000, |c| c.efficiency_ratio),
-        ratio_target(
-            "http C = 10,000: efficiency",
-            0.8,
-            find(Workload::Http, Fetch::Reliable, 10_000),
-            |c| c.efficiency_ratio,
-        ),
-        ratio_target(
-            "http2 C = 10,000: efficiency (over HTTP/2 both)",
-            0.8,
-            find(Workload::Http2, Fetch::Reliable, 10_000),
-            |c| c.efficiency_ratio,
-        ),
-        Target {
-            what: "http C = 1,000: runner CPU per job".into(),
-            target: "≤ 60 µs".into(),
-            measured: runner_us.map_or("".into(), |cpu| {
-                format!("{:.0} µs (native {:.0} µs)", cpu.wasmjobs.runner, cpu.native.runner)
-            }),
-            met: runner_us.map(|cpu| cpu.wasmjobs.runner <= 60.0),
-        },
-    ]
+            ratio_target(
+                format!("{h1_name} C = 10,000: efficiency"),
+                0.8,
+                find(jobs.h1, Fetch::Reliable, 10_000),
+                |c| c.efficiency_ratio,
+            ),
+            ratio_target(
+                format!("{h2_name} C = 10,000: efficiency (over HTTP/2 both)"),
+                0.8,
+                find(jobs.h2, Fetch::Reliable, 10_000),
+                |c| c.efficiency_ratio,
+            ),
+            Target {
+                what: format!("{h1_name} C = 1,000: runner CPU per job"),
+                target: "≤ 60 µs".into(),
+                measured: runner_us.map_or("".into(), |cpu| {
+                    format!("{:.0} µs (native {:.0} µs)", cpu.wasmjobs.runner, cpu.native.runner)
+                }),
+                met: runner_us.map(|cpu| cpu.wasmjobs.runner <= 60.0),
+            },
+        ]);
+    }
+    targets
 }
 
 #[cfg(test)]
@@ -798,33 +859,46 @@ mod tests {
 
     #[test]
     fn memory_cases_report_per_job_figures_against_the_issue_15_targets() {
-        let plan = cases(true, &[Workload::HttpHeld, Workload::Http2Held]);
+        let plan = cases(
+            true,
+            &[Workload::HttpHeld, Workload::Http2Held, Workload::AsyncHttp2Held],
+        );
         let rows: Vec<Row> = plan
             .iter()
-            .map(|case| match (case.processor, case.workload.h2()) {
-                (Processor::Wasmjobs, false) => held_row(case, 40, 30),
-                (Processor::Native, false) => held_row(case, 26, 26),
-                (Processor::Wasmjobs, true) => held_row(case, 41, 29),
-                (Processor::Native, true) => held_row(case, 10, 10),
+            .map(|case| match (case.processor, case.workload) {
+                (Processor::Wasmjobs, Workload::HttpHeld) => held_row(case, 40, 30),
+                (Processor::Wasmjobs, Workload::Http2Held) => held_row(case, 41, 29),
+                (Processor::Wasmjobs, _) => held_row(case, 23, 22),
+                (Processor::Native, w) if w.h2() => held_row(case, 10, 10),
+                (Processor::Native, _) => held_row(case, 26, 26),
             })
             .collect();
         let targets = memory_targets(&rows, &[]);
-        let met: Vec<(&str, Option<bool>)> = targets.iter().map(|t| (t.target.as_str(), t.met)).collect();
+        let met: Vec<(&str, &str, Option<bool>)> = targets
+            .iter()
+            .map(|t| (t.what.split(',').next().unwrap_or(""), t.target.as_str(), t.met))
+            .collect();
         assert_eq!(
             met,
             [
-                ("≤ 30 KB", Some(true)),
-                ("≤ 40 KB", Some(false)),
-                ("≤ native's (the connection's cost) + 15 KB", Some(true)),
-                ("≤ native's + 15 KB per in-flight job", None),
+                ("http2", "≤ 30 KB", Some(true)),
+                ("http2", "≤ 40 KB", Some(false)),
+                ("http", "≤ native's (the connection's cost) + 15 KB", Some(true)),
+                ("http", "≤ native's + 15 KB per in-flight job", None),
+                // The async job's HTTP/2 rows, from its own case only.
+                ("http2-async", "≤ 30 KB", Some(true)),
+                ("http2-async", "≤ 40 KB", Some(true)),
+                ("http-async", "≤ native's (the connection's cost) + 15 KB", None),
+                ("http-async", "≤ native's + 15 KB per in-flight job", None),
             ]
         );
         assert_eq!(targets[2].measured, "40.0 KB, PSS 30.0 KB (native 26.0 KB)");
+        assert_eq!(targets[5].measured, "23.0 KB");
 
         let mut md = String::new();
         memory_section(&mut md, &rows).unwrap();
         assert!(
-            md.contains("| wasmjobs | HTTP/2 | 10_000 | 1.50 s | 20.0 MB | 18.0 MB | 420.4 MB | 301.2 MB | 41.0 KB | 29.0 KB | 1 | ok |"),
+            md.contains("| wasmjobs, `HttpGetJob` | HTTP/2 | 10_000 | 1.50 s | 20.0 MB | 18.0 MB | 420.4 MB | 301.2 MB | 41.0 KB | 29.0 KB | 1 | ok |"),
             "{md}"
         );
         assert!(

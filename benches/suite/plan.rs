@@ -3,7 +3,9 @@
 //! [`Case`]s, in full or reduced (`--quick`), plus issue 15's HTTP/2
 //! cases and its memory-per-in-flight-job cases (`http-held`,
 //! `http2-held`: C jobs held open by the server while the worker's RSS and
-//! PSS are read). Every noop and HTTP case runs twice, back to back: through
+//! PSS are read), each also as an async job (`http-async`, `http2-async`,
+//! `http-async-held`, `http2-async-held`: `AsyncHttpGetJob`, a hundred jobs
+//! to an instance). Every noop and HTTP case runs twice, back to back: through
 //! wasmjobs, then through the native baseline (`wasmjobs-native`, see
 //! `benches/native/main.rs`), so each figure has its ratio to the design's
 //! physical limit from the same run.
@@ -28,6 +30,16 @@ pub enum Workload {
     HttpHeld,
     /// The same over HTTP/2.
     Http2Held,
+    /// `Http`'s GET as the Rust SDK's `AsyncJob` (`AsyncHttpGetJob`,
+    /// `plugins/http-get-async`): up to 100 jobs at once in one instance
+    /// (`[instances] concurrent = 100`) instead of a fresh instance each.
+    AsyncHttp,
+    /// The same over HTTP/2.
+    AsyncHttp2,
+    /// `HttpHeld` with `AsyncHttpGetJob`.
+    AsyncHttpHeld,
+    /// `Http2Held` with `AsyncHttpGetJob`.
+    AsyncHttp2Held,
     /// `PgSleepJob`: `SELECT pg_sleep(0.1)` on a real PostgreSQL.
     PgSleep,
     /// `FileAppendJob`: appends its id to one file in its preopened dir.
@@ -40,12 +52,16 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in the order the suite runs them.
-    pub const ALL: [Workload; 9] = [
+    pub const ALL: [Workload; 13] = [
         Workload::Noop,
         Workload::Http,
         Workload::Http2,
         Workload::HttpHeld,
         Workload::Http2Held,
+        Workload::AsyncHttp,
+        Workload::AsyncHttp2,
+        Workload::AsyncHttpHeld,
+        Workload::AsyncHttp2Held,
         Workload::PgSleep,
         Workload::FileAppend,
         Workload::Fib,
@@ -60,6 +76,10 @@ impl Workload {
             Workload::Http2 => "http2",
             Workload::HttpHeld => "http-held",
             Workload::Http2Held => "http2-held",
+            Workload::AsyncHttp => "http-async",
+            Workload::AsyncHttp2 => "http2-async",
+            Workload::AsyncHttpHeld => "http-async-held",
+            Workload::AsyncHttp2Held => "http2-async-held",
             Workload::PgSleep => "pg-sleep",
             Workload::FileAppend => "file-append",
             Workload::Fib => "fib",
@@ -72,6 +92,9 @@ impl Workload {
         match self {
             Workload::Noop | Workload::Idle => "noop",
             Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held => "http-get",
+            Workload::AsyncHttp | Workload::AsyncHttp2 | Workload::AsyncHttpHeld | Workload::AsyncHttp2Held => {
+                "http-get-async"
+            }
             Workload::PgSleep => "pg-sleep",
             Workload::FileAppend => "file-append",
             Workload::Fib => "fib",
@@ -83,6 +106,9 @@ impl Workload {
         match self {
             Workload::Noop | Workload::Idle => "NoopJob",
             Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held => "HttpGetJob",
+            Workload::AsyncHttp | Workload::AsyncHttp2 | Workload::AsyncHttpHeld | Workload::AsyncHttp2Held => {
+                "AsyncHttpGetJob"
+            }
             Workload::PgSleep => "PgSleepJob",
             Workload::FileAppend => "FileAppendJob",
             Workload::Fib => "FibJob",
@@ -93,26 +119,41 @@ impl Workload {
     pub fn http(self) -> bool {
         matches!(
             self,
-            Workload::Http | Workload::Http2 | Workload::HttpHeld | Workload::Http2Held
+            Workload::Http
+                | Workload::Http2
+                | Workload::HttpHeld
+                | Workload::Http2Held
+                | Workload::AsyncHttp
+                | Workload::AsyncHttp2
+                | Workload::AsyncHttpHeld
+                | Workload::AsyncHttp2Held
         )
     }
 
     /// Whether it speaks HTTP/2 (to the suite's HTTP/2-only server).
     pub fn h2(self) -> bool {
-        matches!(self, Workload::Http2 | Workload::Http2Held)
+        matches!(
+            self,
+            Workload::Http2 | Workload::Http2Held | Workload::AsyncHttp2 | Workload::AsyncHttp2Held
+        )
     }
 
     /// Whether the server holds every request open until the suite has
     /// read the worker's memory (then the jobs finish).
     pub fn held(self) -> bool {
-        matches!(self, Workload::HttpHeld | Workload::Http2Held)
+        matches!(
+            self,
+            Workload::HttpHeld | Workload::Http2Held | Workload::AsyncHttpHeld | Workload::AsyncHttp2Held
+        )
     }
 
     /// How long one job waits on IO, for the efficiency floor
     /// (N × wait / C); `None` for workloads that are not IO-bound.
     pub fn io_wait(self) -> Option<Duration> {
         match self {
-            Workload::Http | Workload::Http2 => Some(Duration::from_millis(200)),
+            Workload::Http | Workload::Http2 | Workload::AsyncHttp | Workload::AsyncHttp2 => {
+                Some(Duration::from_millis(200))
+            }
             Workload::PgSleep => Some(Duration::from_millis(100)),
             _ => None,
         }
@@ -224,13 +265,13 @@ pub fn cases(quick: bool, only: &[Workload]) -> Vec<Case> {
                     cases.push(Case::new(workload, Fetch::Reliable, 10_000, 100_000));
                 }
             }
-            Workload::Http2 => {
+            Workload::Http2 | Workload::AsyncHttp | Workload::AsyncHttp2 => {
                 cases.push(Case::new(workload, Fetch::Reliable, 1_000, 10_000));
                 if !quick {
                     cases.push(Case::new(workload, Fetch::Reliable, 10_000, 100_000));
                 }
             }
-            Workload::HttpHeld | Workload::Http2Held => {
+            Workload::HttpHeld | Workload::Http2Held | Workload::AsyncHttpHeld | Workload::AsyncHttp2Held => {
                 // N = C: every job in flight at once. Short even in the
                 // full set (the time is the fill-up), so the same in both.
                 cases.push(Case::new(
@@ -378,8 +419,9 @@ mod tests {
     fn the_memory_cases_hold_every_job_at_once_in_both_sets() {
         for quick in [true, false] {
             let held: Vec<Case> = cases(quick, &[]).into_iter().filter(|c| c.workload.held()).collect();
-            // Two workloads (HTTP/1.1 and HTTP/2), each through wasmjobs and native.
-            assert_eq!(held.len(), 4, "quick: {quick}");
+            // Four workloads (HTTP/1.1 and HTTP/2, fresh instances and
+            // async jobs), each through wasmjobs and native.
+            assert_eq!(held.len(), 8, "quick: {quick}");
             for case in held {
                 assert_eq!((case.concurrency, case.jobs), (10_000, 10_000));
                 assert!(case.workload.http() && case.workload.io_wait().is_none());
@@ -387,6 +429,13 @@ mod tests {
         }
         assert!(Workload::Http2Held.h2() && !Workload::HttpHeld.h2());
         assert_eq!(parse_only("http-held,http2-held").unwrap().len(), 2);
+        assert_eq!(
+            parse_only("http-async,http2-async-held").unwrap(),
+            [Workload::AsyncHttp, Workload::AsyncHttp2Held]
+        );
+        assert!(Workload::AsyncHttp2Held.h2() && Workload::AsyncHttp2Held.held());
+        assert_eq!(Workload::AsyncHttp.class(), "AsyncHttpGetJob");
+        assert_eq!(Workload::AsyncHttp.io_wait(), Workload::Http.io_wait());
     }
 
     #[test]
