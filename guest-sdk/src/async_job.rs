@@ -48,6 +48,12 @@ use crate::{JobError, JobInfo, decode_args, logging};
 ///   its timeout ends the instance, and with it every job running in it:
 ///   the one at fault fails with its cause, the others are retried with a
 ///   message naming it.
+/// - **What to await.** Await the SDK's host calls, and futures built
+///   from them (`join`, `select`). A future that another job of the
+///   instance completes (an async channel, mutex or once-cell shared
+///   through a static) is not supported: the SDK's runtime cannot wake one
+///   job from another, and the instance traps. Likewise a
+///   `std::sync::Mutex` guard held across an `.await`.
 /// - **Blocking calls.** Only the awaited calls let the other jobs run.
 ///   `std::fs`, `std::thread::sleep`, the blocking [`http::get`] and
 ///   [`sql::query`] work, but hold the whole instance while they wait, and

@@ -178,8 +178,9 @@ impl Request {
     ///
     /// Only an [`AsyncJob`](crate::AsyncJob) can use it: its import,
     /// `async-http`, is in the `async-plugin` world alone, so the host
-    /// refuses a `Job` plugin that calls it ("component imports instance
-    /// `wasmjobs:job/async-http`").
+    /// refuses a [`Job`](crate::Job) plugin that calls it (it "uses
+    /// component-model async", which runs only with `[instances]
+    /// concurrent`).
     pub async fn send_async(self) -> Result<Response, Error> {
         let (request, url) = self.into_wire()?;
         let method = request.method.clone();

@@ -1,4 +1,6 @@
-//! SQL on the databases the runner configured, over `wasmjobs:job/sql`.
+//! SQL on the databases the runner configured, over `wasmjobs:job/sql`
+//! ([`query`], [`execute`]) or, in an [`AsyncJob`](crate::AsyncJob),
+//! its `async-sql` twin ([`query_async`], [`execute_async`]).
 //!
 //! The runner owns the databases (`wasmjobs run --db main=postgres://...
 //! --db local=sqlite://local.db`) and their connection pools; a plugin only

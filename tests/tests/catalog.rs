@@ -18,6 +18,7 @@ fn the_example_plugins_all_load() {
     assert_eq!(
         classes,
         [
+            "AsyncHttpGetJob",
             "EchoJob",
             "FibJob",
             "FileAppendJob",

@@ -182,46 +182,59 @@ async fn a_rust_async_component_runs_a_hundred_jobs_on_four_instances() {
 }
 
 /// The Rust SDK's `AsyncJob` (`plugins/http-get-async`): a hundred GETs
-/// in flight in one instance of `concurrent = 100`, with `HttpGetJob`'s
-/// outcomes for a bad status and a bad URL.
+/// in flight in one instance of `concurrent = 100`, then `HttpGetJob`'s
+/// outcomes for a bad status and a bad URL on the same instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sdks_async_http_get_runs_a_hundred_jobs_in_one_instance_with_http_get_jobs_outcomes() {
     let server = HttpServer::start(Duration::ZERO).await;
-    let executor = std::sync::Arc::new(executor(102));
+    let executor = std::sync::Arc::new(executor(100));
     let dir = plugins(&["http-get-async"], &[]);
     let plugins = std::sync::Arc::new(catalog(dir.path(), &executor));
     let created = executor.instances().created.load(Ordering::Relaxed);
-    let mut urls: Vec<String> = (0..100).map(|n| format!("{}?n={n}", server.url("/gate"))).collect();
-    urls.push(server.url("/status/503"));
-    urls.push("ftp://127.0.0.1/file".into());
+    let urls: Vec<String> = (0..100).map(|n| format!("{}?n={n}", server.url("/gate"))).collect();
     let jobs = urls.iter().map(|url| format!(r#"["{url}"]"#)).collect();
     let running = start_class(&executor, &plugins, "AsyncHttpGetJob", jobs);
     wait_at_gate(&server, 100).await;
     assert_eq!(server.open_requests(), 100, "all 100 requests in flight at once");
     assert_eq!(
         executor.instances().created.load(Ordering::Relaxed) - created,
-        2,
-        "100 jobs in one instance, the 101st and 102nd in a second"
+        1,
+        "100 jobs in flight in one instance"
     );
-    let finished = open_and_finish(&server, running).await;
-    let (gated, failing) = finished.split_at(100);
-    for (job, execution) in gated {
+    for (job, execution) in open_and_finish(&server, running).await {
         assert_eq!(
             execution.outcome,
             Outcome::Success,
             "{}: {:?}",
             job.jid,
-            messages(execution)
+            messages(&execution)
         );
     }
-    match &failing[0].1.outcome {
+
+    let failing = vec![
+        format!(r#"["{}"]"#, server.url("/status/503")),
+        r#"["ftp://127.0.0.1/file"]"#.to_owned(),
+    ];
+    let finished = tokio::time::timeout(
+        Duration::from_secs(60),
+        start_class(&executor, &plugins, "AsyncHttpGetJob", failing),
+    )
+    .await
+    .expect("the jobs finish")
+    .expect("join");
+    match &finished[0].1.outcome {
         Outcome::Retry(message) => assert!(message.contains("returned HTTP 503"), "{message}"),
         other => panic!("a 503 is retried: {other:?}"),
     }
-    match &failing[1].1.outcome {
+    match &finished[1].1.outcome {
         Outcome::Dead(message) => assert!(message.contains("invalid URL"), "{message}"),
         other => panic!("a URL the client cannot use is dead: {other:?}"),
     }
+    assert_eq!(
+        executor.instances().created.load(Ordering::Relaxed) - created,
+        1,
+        "their errors are values: the instance lives on and serves them"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,6 +400,16 @@ async fn the_world_and_the_manifest_must_agree() {
     let broken = &loaded.broken()[0].error;
     assert!(broken.contains("this one's perform is a blocking `func`"), "{broken}");
     assert!(broken.contains("export_async_job!"), "{broken}");
+
+    // A component of another world (a `wasi:cli/command`), no perform at all.
+    let temp = tempfile::tempdir().expect("tempdir");
+    let other = copy_plugin(&test_guests_dir().join("not-a-job"), temp.path());
+    let manifest = other.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
+    let broken = &loaded.broken()[0].error;
+    assert!(broken.contains("exports no `perform` function"), "{broken}");
 
     // An async-plugin component without `concurrent`.
     let dir = chaos_with("");

@@ -94,8 +94,10 @@ fn detect(dir: &Path) -> Result<Language> {
     }
 }
 
-/// Builds `dir` into the component file `out`, for the `async-plugin`
-/// world if `concurrent` (`[instances] concurrent`), else for `plugin`.
+/// Builds `dir` into the component file `out`. For Python the world is
+/// `async-plugin` if `concurrent` (`[instances] concurrent`), else
+/// `plugin`; for Rust the source decides (`export_async_job!` or
+/// `export_job!`), and [`check`] refuses a mismatch.
 fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool) -> Result<()> {
     if language == Language::Js && concurrent {
         bail!(

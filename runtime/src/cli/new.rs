@@ -54,7 +54,8 @@ impl Language {
     }
 }
 
-#[derive(Clone, Serialize)]
+#[derive(Serialize)]
+#[cfg_attr(test, derive(Clone))]
 struct Placeholders {
     class: String,
     crate_name: String,

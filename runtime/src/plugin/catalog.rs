@@ -472,9 +472,10 @@ fn build_plugin(
         })
         .map_err(|err| match concurrent {
             // The plain engine has no component-model async: an
-            // async-plugin component fails to parse there.
+            // async-plugin component (an async perform, or a blocking one
+            // calling async-http / async-sql) fails to parse there.
             false if format!("{err:#}").contains("component model async") => err.context(format!(
-                "{}: this component exports an async perform (the async-plugin world), which runs only with [instances] concurrent = K in its manifest",
+                "{}: this component uses component-model async (the async-plugin world: an async perform, or the async-http / async-sql imports), which runs only with [instances] concurrent = K in its manifest",
                 manifest_path.display()
             )),
             _ => err,

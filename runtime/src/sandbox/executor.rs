@@ -55,15 +55,30 @@ use crate::plugin::Plugin;
 /// refuse a `concurrent` plugin built for the other world.
 const HOW_ASYNC: &str = "in Rust, implement AsyncJob and export it with export_async_job!; in Python, make perform an `async def`; `wasmjobs build` builds Python for the world the manifest asks for";
 
-/// Whether `component` exports a `perform` that is an `async func`.
-fn exports_async_perform(component: &Component) -> bool {
-    matches!(
-        component.component_type().get_export(component.engine(), "perform"),
-        Some(wasmtime::component::types::ComponentExtern {
-            ty: wasmtime::component::types::ComponentItem::ComponentFunc(perform),
+/// What a component exports as `perform`.
+enum Perform {
+    /// An `async func`.
+    Async,
+    /// A blocking `func`.
+    Blocking,
+    /// Nothing, or something that is not a function.
+    Missing,
+}
+
+/// What `component` exports as `perform`.
+fn perform_kind(component: &Component) -> Perform {
+    use wasmtime::component::types::{ComponentExtern, ComponentItem};
+    match component.component_type().get_export(component.engine(), "perform") {
+        Some(ComponentExtern {
+            ty: ComponentItem::ComponentFunc(perform),
             ..
-        }) if perform.async_()
-    )
+        }) if perform.async_() => Perform::Async,
+        Some(ComponentExtern {
+            ty: ComponentItem::ComponentFunc(_),
+            ..
+        }) => Perform::Blocking,
+        _ => Perform::Missing,
+    }
 }
 
 /// How to run one job.
@@ -260,14 +275,18 @@ impl Executor {
             // async one (the types match but for the flag): such a plugin
             // would run its K jobs one after another in one shared
             // instance, never concurrently, so it is refused here.
-            if !exports_async_perform(component) {
-                bail!(
+            match perform_kind(component) {
+                Perform::Async => {}
+                Perform::Blocking => bail!(
                     "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func`, and this one's perform is a blocking `func` ({HOW_ASYNC})"
-                );
+                ),
+                Perform::Missing => bail!(
+                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one exports no `perform` function"
+                ),
             }
             let pre = self.concurrent.linker.instantiate_pre(component).map_err(anyhow::Error::from).with_context(|| {
                 format!(
-                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one imports something that world does not offer ({HOW_ASYNC})"
+                    "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one imports something that world does not offer (it has no wasi:http: async-http replaces it)"
                 )
             })?;
             return AsyncPluginPre::new(pre)
@@ -275,7 +294,7 @@ impl Executor {
                 .map_err(anyhow::Error::from)
                 .with_context(|| {
                     format!(
-                        "[instances] concurrent needs a component of the {ASYNC_WORLD} world, whose perform is an `async func` ({HOW_ASYNC})"
+                        "[instances] concurrent needs a component of the {ASYNC_WORLD} world, and this one's perform does not take and return what that world's does"
                     )
                 });
         }
