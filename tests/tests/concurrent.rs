@@ -551,11 +551,16 @@ fn wasmjobs_build_refuses_concurrent_where_the_toolchain_cannot_build_the_async_
 }
 
 /// A Rust plugin with `concurrent`: the SDK's blocking [`Job`] template
-/// is refused with how to make it async; an `AsyncJob` builds and runs.
+/// is refused with how to make it async; an `AsyncJob` builds and runs,
+/// its SQL through `async-sql`.
 #[test]
 fn wasmjobs_build_makes_a_rust_async_job_of_the_sdk_for_a_concurrent_plugin() {
     let home = tempfile::tempdir().expect("tempdir");
     let dir = new_concurrent_plugin(home.path(), "rust");
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("sql = [\"main\"]\n{text}")).expect("grant sql");
+    let db = format!("main=sqlite://{}", home.path().join("greet.db").display());
     let blocking = wasmjobs_in(
         home.path(),
         &["build", "rust"],
@@ -571,7 +576,7 @@ fn wasmjobs_build_makes_a_rust_async_job_of_the_sdk_for_a_concurrent_plugin() {
 
     std::fs::write(
         dir.join("src/lib.rs"),
-        r#"use wasmjobs_guest::{AsyncJob, JobError, JobInfo, export_async_job, log};
+        r#"use wasmjobs_guest::{AsyncJob, JobError, JobInfo, export_async_job, log, params, sql};
 
 pub struct RustJob;
 
@@ -582,7 +587,14 @@ impl AsyncJob for RustJob {
         if name == "nobody" {
             return Err(JobError::dead(format!("no one to greet in {}", job.jid)));
         }
-        log::info!("hello, {name}, asynchronously");
+        sql::execute_async("main", "CREATE TABLE IF NOT EXISTS greeted (name TEXT)", &[]).await?;
+        sql::execute_async("main", "INSERT INTO greeted (name) VALUES (?)", &params![name.as_str()]).await?;
+        let rows = sql::query_async("main", "SELECT count(*) FROM greeted WHERE name = ?", &params![name.as_str()]).await?;
+        let times: i64 = match rows.first() {
+            Some(row) => row.get(0)?,
+            None => 0,
+        };
+        log::info!("hello, {name}, asynchronously ({times} times)");
         Ok(())
     }
 }
@@ -598,18 +610,20 @@ export_async_job!(RustJob);
         Duration::from_secs(600),
     );
     wasmjobs_e2e::assert_success(&build, "wasmjobs build");
-    let exec = wasmjobs_in(
-        home.path(),
-        &["exec", "--plugins", ".", "RustJob", r#"["world"]"#],
-        &toolchain_env(),
-        Duration::from_secs(60),
-    );
-    wasmjobs_e2e::assert_success(&exec, "wasmjobs exec");
-    assert!(
-        printed(&exec).contains("hello, world, asynchronously"),
-        "{}",
-        printed(&exec)
-    );
+    for times in 1..=2 {
+        let exec = wasmjobs_in(
+            home.path(),
+            &["exec", "--plugins", ".", "--db", &db, "RustJob", r#"["world"]"#],
+            &toolchain_env(),
+            Duration::from_secs(60),
+        );
+        wasmjobs_e2e::assert_success(&exec, "wasmjobs exec");
+        assert!(
+            printed(&exec).contains(&format!("hello, world, asynchronously ({times} times)")),
+            "{}",
+            printed(&exec)
+        );
+    }
     let dead = wasmjobs_in(
         home.path(),
         &["exec", "--plugins", ".", "RustJob", r#"["nobody"]"#],
