@@ -6,7 +6,7 @@ use std::future::Future;
 use serde::de::DeserializeOwned;
 
 use crate::bindings::wasmjobs::job::types as wit;
-use crate::{JobError, JobInfo, decode_args, logging};
+use crate::{JobError, JobInfo};
 
 /// A job class whose jobs may run several at once in one instance.
 /// Implement it like [`Job`](crate::Job), with an `async fn perform`, and
@@ -81,9 +81,7 @@ pub trait AsyncJob {
 /// public API.
 #[doc(hidden)]
 pub async fn __perform_async<J: AsyncJob>(job: wit::Job) -> Result<(), wit::JobError> {
-    logging::init();
-    let info = JobInfo::from(job);
-    let args = decode_args::<J::Args>(&info.class, &info.args)?;
+    let (info, args) = crate::start::<J::Args>(job)?;
     J::perform(&info, args).await.map_err(Into::into)
 }
 

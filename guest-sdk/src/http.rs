@@ -165,8 +165,7 @@ impl Request {
     /// connection refused, TLS, timeout, request denied by the host), but
     /// not on a non-2xx status: see [`Response::error_for_status`].
     pub fn send(self) -> Result<Response, Error> {
-        let (request, url) = self.into_wire()?;
-        let method = request.method.clone();
+        let (request, method, url) = self.into_wire()?;
         let response = wire::send(&request).map_err(Error::from_host)?;
         Ok(Response::from_wire(method, url, response))
     }
@@ -182,14 +181,14 @@ impl Request {
     /// component-model async", which runs only with `[instances]
     /// concurrent`).
     pub async fn send_async(self) -> Result<Response, Error> {
-        let (request, url) = self.into_wire()?;
-        let method = request.method.clone();
+        let (request, method, url) = self.into_wire()?;
         let response = async_wire::send(request).await.map_err(Error::from_host)?;
         Ok(Response::from_wire(method, url, response))
     }
 
-    /// The request as the host's import takes it, and the URL as given.
-    fn into_wire(self) -> Result<(wire::Request, String), Error> {
+    /// The request as the host's import takes it, with its method and the
+    /// URL as given, which the [`Response`] keeps.
+    fn into_wire(self) -> Result<(wire::Request, String, String), Error> {
         if let Some(error) = self.error {
             return Err(error);
         }
@@ -207,7 +206,8 @@ impl Request {
                 .timeout
                 .map(|timeout| u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
         };
-        Ok((request, self.url))
+        let method = request.method.clone();
+        Ok((request, method, self.url))
     }
 }
 

@@ -439,10 +439,17 @@ fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
 /// [`export_job!`] generates. Not part of the public API.
 #[doc(hidden)]
 pub fn __perform<J: Job>(job: wit::Job) -> Result<(), wit::JobError> {
+    let (info, args) = start::<J::Args>(job)?;
+    J::perform(&info, args).map_err(Into::into)
+}
+
+/// What the export glue of either kind of job does before `perform`:
+/// install the logger and panic hook, and decode the args.
+fn start<A: DeserializeOwned>(job: wit::Job) -> Result<(JobInfo, A), JobError> {
     logging::init();
     let info = JobInfo::from(job);
-    let args = decode_args::<J::Args>(&info.class, &info.args)?;
-    J::perform(&info, args).map_err(Into::into)
+    let args = decode_args::<A>(&info.class, &info.args)?;
+    Ok((info, args))
 }
 
 /// Export a [`Job`] implementation as the plugin's `perform`.

@@ -89,11 +89,7 @@ pub use wit::Value;
 /// placeholders and returns all its rows (none for a statement without a
 /// result, such as an `INSERT` without `RETURNING`).
 pub fn query(db: &str, statement: &str, params: &[Value]) -> Result<Rows, Error> {
-    let rows = wit::query(db, statement, params)?;
-    Ok(Rows {
-        columns: rows.columns,
-        rows: rows.rows,
-    })
+    Ok(wit::query(db, statement, params)?.into())
 }
 
 /// Runs `statement` on database `db` with `params` bound to its
@@ -107,11 +103,9 @@ pub fn execute(db: &str, statement: &str, params: &[Value]) -> Result<u64, Error
 /// waits, the other jobs of the instance run. Only an `AsyncJob` can use
 /// it (its import, `async-sql`, is in the `async-plugin` world alone).
 pub async fn query_async(db: &str, statement: &str, params: &[Value]) -> Result<Rows, Error> {
-    let rows = async_wit::query(db.to_owned(), statement.to_owned(), params.to_vec()).await?;
-    Ok(Rows {
-        columns: rows.columns,
-        rows: rows.rows,
-    })
+    Ok(async_wit::query(db.to_owned(), statement.to_owned(), params.to_vec())
+        .await?
+        .into())
 }
 
 /// [`execute`] as a future, for an [`AsyncJob`](crate::AsyncJob) (see
@@ -187,6 +181,16 @@ impl Rows {
     /// The raw values, row by row, for code that wants to own them.
     pub fn into_values(self) -> Vec<Vec<Value>> {
         self.rows
+    }
+}
+
+/// The host's answer to a query, as the SDK's [`Rows`].
+impl From<wit::Rows> for Rows {
+    fn from(rows: wit::Rows) -> Self {
+        Rows {
+            columns: rows.columns,
+            rows: rows.rows,
+        }
     }
 }
 
