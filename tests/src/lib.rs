@@ -120,6 +120,14 @@ pub fn copy_plugin(src: &Path, dest: &Path) -> PathBuf {
     target
 }
 
+/// Appends the lines `toml` (a table, say) to the `wasmjobs.toml` of the
+/// plugin in `dir`.
+pub fn append_to_manifest(dir: &Path, toml: &str) {
+    let manifest = dir.join("wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("read manifest");
+    std::fs::write(&manifest, format!("{text}\n{toml}\n")).expect("write manifest");
+}
+
 /// Asserts that a finished command succeeded, showing what it printed if not.
 pub fn assert_success(output: &std::process::Output, what: &str) {
     assert!(

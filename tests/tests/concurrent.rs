@@ -18,7 +18,9 @@ use wasmjobs_e2e::cli::{printed, toolchain_env, wasmjobs_in};
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
-use wasmjobs_e2e::{cache, catalog, copy_plugin, executor, executor_with, messages, run, test_guests_dir};
+use wasmjobs_e2e::{
+    append_to_manifest, cache, catalog, copy_plugin, executor, executor_with, messages, run, test_guests_dir,
+};
 
 /// A private copy of the async chaos guest whose `[instances]` is `instances`.
 fn chaos_with(instances: &str) -> tempfile::TempDir {
@@ -375,40 +377,18 @@ async fn each_job_keeps_its_own_log_budget_in_a_shared_instance() {
 async fn the_world_and_the_manifest_must_agree() {
     let executor = executor(2);
     // A plugin-world component asked to run concurrently.
-    let temp = tempfile::tempdir().expect("tempdir");
-    let noop = copy_plugin(&wasmjobs_e2e::plugins_dir().join("py-noop"), temp.path());
-    let manifest = noop.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
-    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
-    let broken = &loaded.broken()[0].error;
+    let broken = refused_as_concurrent(&wasmjobs_e2e::plugins_dir().join("py-noop"), &executor);
     assert!(broken.contains("async-plugin"), "{broken}");
 
     // A plugin-world component that imports nothing the async world lacks
     // (Rust's NoopJob): Wasmtime would link its blocking perform, and its
     // jobs would run one at a time in a shared instance.
-    let temp = tempfile::tempdir().expect("tempdir");
-    let noop = copy_plugin(&wasmjobs_e2e::plugins_dir().join("noop"), temp.path());
-    let manifest = noop.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
-    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
-    assert!(
-        loaded.get("NoopJob").is_none(),
-        "a blocking perform was loaded as concurrent"
-    );
-    let broken = &loaded.broken()[0].error;
+    let broken = refused_as_concurrent(&wasmjobs_e2e::plugins_dir().join("noop"), &executor);
     assert!(broken.contains("this one's perform is a blocking `func`"), "{broken}");
     assert!(broken.contains("export_async_job!"), "{broken}");
 
     // A component of another world (a `wasi:cli/command`), no perform at all.
-    let temp = tempfile::tempdir().expect("tempdir");
-    let other = copy_plugin(&test_guests_dir().join("not-a-job"), temp.path());
-    let manifest = other.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
-    let loaded = Catalog::load(temp.path(), &executor, &cache()).expect("catalog");
-    let broken = &loaded.broken()[0].error;
+    let broken = refused_as_concurrent(&test_guests_dir().join("not-a-job"), &executor);
     assert!(broken.contains("exports no `perform` function"), "{broken}");
 
     // An async-plugin component without `concurrent`.
@@ -645,6 +625,22 @@ export_async_job!(RustJob);
     );
 }
 
+/// Why a copy of the plugin in `source` with `[instances] concurrent = 4`
+/// added is refused (it must be, with none of its classes loaded).
+fn refused_as_concurrent(source: &std::path::Path, executor: &Executor) -> String {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = copy_plugin(source, temp.path());
+    append_to_manifest(&dir, "[instances]\nconcurrent = 4");
+    let loaded = Catalog::load(temp.path(), executor, &cache()).expect("catalog");
+    assert_eq!(
+        loaded.classes().count(),
+        0,
+        "{} was loaded as concurrent",
+        source.display()
+    );
+    loaded.broken()[0].error.clone()
+}
+
 /// `wasmjobs new LANGUAGE LANGUAGE` in `home`, with `[instances]
 /// concurrent = 4` added to its manifest; returns the plugin directory.
 fn new_concurrent_plugin(home: &std::path::Path, language: &str) -> std::path::PathBuf {
@@ -656,9 +652,7 @@ fn new_concurrent_plugin(home: &std::path::Path, language: &str) -> std::path::P
     );
     wasmjobs_e2e::assert_success(&new, "wasmjobs new");
     let dir = home.join(language);
-    let manifest = dir.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write");
+    append_to_manifest(&dir, "[instances]\nconcurrent = 4");
     dir
 }
 

@@ -168,9 +168,7 @@ fn the_rust_snippets_build() {
 /// Adds `[instances] concurrent` to the manifest of the plugin in `dir`:
 /// an async job runs only so.
 fn run_concurrently(dir: &Path) {
-    let manifest = dir.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[instances]\nconcurrent = 4\n")).expect("write manifest");
+    wasmjobs_e2e::append_to_manifest(dir, "[instances]\nconcurrent = 4");
 }
 
 /// Builds every `language` snippet as the `file` of its own plugin.

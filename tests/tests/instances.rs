@@ -19,9 +19,7 @@ use wasmjobs_e2e::{cache, catalog, copy_plugin, executor, executor_with, message
 fn chaos_with(extra: &str) -> tempfile::TempDir {
     let temp = tempfile::tempdir().expect("tempdir");
     let dir = copy_plugin(&test_guests_dir().join("chaos"), temp.path());
-    let manifest = dir.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n{extra}\n")).expect("write manifest");
+    wasmjobs_e2e::append_to_manifest(&dir, extra);
     temp
 }
 
@@ -219,9 +217,7 @@ async fn python_and_javascript_instances_serve_jobs_in_turn() {
         let executor = executor(4);
         let temp = tempfile::tempdir().expect("tempdir");
         let dir = copy_plugin(&wasmjobs_e2e::plugins_dir().join(plugin), temp.path());
-        let manifest = dir.join("wasmjobs.toml");
-        let text = std::fs::read_to_string(&manifest).expect("manifest");
-        std::fs::write(&manifest, format!("{text}\n[instances]\nreuse = 100\n")).expect("write");
+        wasmjobs_e2e::append_to_manifest(&dir, "[instances]\nreuse = 100");
         let loaded = catalog(temp.path(), &executor);
         for i in 0..5 {
             let job = run(&executor, &loaded, class, "[]").await;

@@ -74,9 +74,7 @@ fn max_overlap<'a>(spans: impl Iterator<Item = &'a Span>) -> usize {
 /// A plugins directory with the chaos guest and `limits` appended to its manifest.
 fn chaos_with(limits: &str) -> tempfile::TempDir {
     let dir = plugins(&[], &["chaos"]);
-    let manifest = dir.path().join("chaos/wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n{limits}\n")).expect("manifest");
+    wasmjobs_e2e::append_to_manifest(&dir.path().join("chaos"), limits);
     dir
 }
 

@@ -522,9 +522,7 @@ async fn a_plugin_at_its_concurrency_limit_does_not_hold_the_runners_slots() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
     let dir = plugins(&["file-append"], &["chaos"]);
-    let manifest = dir.path().join("chaos/wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n[limits]\nconcurrency = 2\n")).expect("manifest");
+    wasmjobs_e2e::append_to_manifest(&dir.path().join("chaos"), "[limits]\nconcurrency = 2");
     let slow = dir.path().join("chaos/data/slow.txt");
     let fast = dir.path().join("file-append/data/fast.txt");
     // The slow jobs are first in line and could take all 10 runner slots.

@@ -22,9 +22,7 @@ const CHUNK: u64 = 64 << 10;
 fn chaos_with(extra: &str) -> (tempfile::TempDir, PathBuf) {
     let temp = tempfile::tempdir().expect("tempdir");
     let dir = copy_plugin(&test_guests_dir().join("chaos"), temp.path());
-    let manifest = dir.join("wasmjobs.toml");
-    let text = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{text}\n{extra}\n")).expect("write manifest");
+    wasmjobs_e2e::append_to_manifest(&dir, extra);
     std::fs::create_dir_all(dir.join("data")).expect("data dir");
     (temp, dir)
 }
