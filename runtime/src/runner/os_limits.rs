@@ -12,7 +12,10 @@
 //!   about six mappings (linear memory around its copy-on-write image, the
 //!   fiber stack and its guard page): 10,000 jobs in flight made ~60,000,
 //!   and Linux refuses new mappings past `vm.max_map_count` (65,530 by
-//!   default), which would make instantiation fail.
+//!   default), which would make instantiation fail. A job of a concurrent
+//!   plugin (`[instances] concurrent`) adds two while it waits (Wasmtime
+//!   keeps a fiber stack and its guard page per waiting guest task), within
+//!   the same allowance.
 
 /// Descriptors the runner keeps for itself: Redis connections, the plugin
 /// directory, log files, the compile cache.
@@ -40,14 +43,21 @@ pub fn check_map_count(concurrency: u32) {
     else {
         return;
     };
-    let needed = mappings_needed(concurrency);
-    if max < needed {
-        tracing::warn!(
-            max_map_count = max,
-            needed,
-            "vm.max_map_count is below what {concurrency} jobs in flight may need; raise it              (`sysctl -w vm.max_map_count={needed}`) or instantiations may fail when the runner is busy"
-        );
+    if let Some(warning) = map_count_warning(concurrency, max) {
+        tracing::warn!(max_map_count = max, needed = mappings_needed(concurrency), "{warning}");
     }
+}
+
+/// What to tell the user when `max` (`vm.max_map_count`) is below what
+/// `concurrency` jobs in flight may need.
+fn map_count_warning(concurrency: u32, max: u64) -> Option<String> {
+    let needed = mappings_needed(concurrency);
+    (max < needed).then(|| {
+        format!(
+            "vm.max_map_count is below what {concurrency} jobs in flight may need; raise it \
+             (`sysctl -w vm.max_map_count={needed}`) or instantiations may fail when the runner is busy"
+        )
+    })
 }
 
 /// Memory mappings `concurrency` instances in flight may need.
@@ -98,6 +108,17 @@ mod tests {
     fn ten_thousand_jobs_need_more_than_the_default_map_count() {
         assert!(super::mappings_needed(10_000) > 65_530);
         assert!(super::mappings_needed(100) < 65_530);
+    }
+
+    #[test]
+    fn the_map_count_warning_says_what_to_run() {
+        assert_eq!(super::map_count_warning(100, 65_530), None);
+        let warning = super::map_count_warning(10_000, 65_530).expect("a warning");
+        assert!(
+            warning.contains("raise it (`sysctl -w vm.max_map_count=82000`) or"),
+            "{warning}"
+        );
+        assert!(!warning.contains("  "), "{warning:?}");
     }
 
     #[test]
