@@ -540,7 +540,11 @@ fn wasmjobs_build_makes_a_rust_async_job_of_the_sdk_for_a_concurrent_plugin() {
     let manifest = dir.join("wasmjobs.toml");
     let text = std::fs::read_to_string(&manifest).expect("manifest");
     std::fs::write(&manifest, format!("sql = [\"main\"]\n{text}")).expect("grant sql");
+    append_to_manifest(&dir, "[http]\nallow = [\"127.0.0.1:*\"]");
     let db = format!("main=sqlite://{}", home.path().join("greet.db").display());
+    // `/sleep` answers after 5 s: longer than the job's 300 ms timeout.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(HttpServer::start(Duration::from_secs(5)));
     let blocking = wasmjobs_in(
         home.path(),
         &["build", "rust"],
@@ -556,7 +560,8 @@ fn wasmjobs_build_makes_a_rust_async_job_of_the_sdk_for_a_concurrent_plugin() {
 
     std::fs::write(
         dir.join("src/lib.rs"),
-        r#"use wasmjobs_guest::{AsyncJob, JobError, JobInfo, export_async_job, log, params, sql};
+        r#"use std::time::Duration;
+use wasmjobs_guest::{AsyncJob, JobError, JobInfo, export_async_job, http, log, params, sql};
 
 pub struct RustJob;
 
@@ -566,6 +571,25 @@ impl AsyncJob for RustJob {
     async fn perform(job: &JobInfo, (name,): Self::Args) -> Result<(), JobError> {
         if name == "nobody" {
             return Err(JobError::dead(format!("no one to greet in {}", job.jid)));
+        }
+        if let Some(server) = name.strip_prefix("server ") {
+            let echo = http::Request::post(format!("{server}/echo"))
+                .header("x-greeting", "hello")
+                .json(&["ping", "pong"])
+                .timeout(Duration::from_secs(10))
+                .send_async()
+                .await?;
+            let echoed = echo.text().replace('\n', "|");
+            log::info!("echo {} x-echo={}: {echoed}", echo.status(), echo.header("x-echo").unwrap_or("-"));
+            let slow = http::Request::get(format!("{server}/sleep"))
+                .timeout(Duration::from_millis(300))
+                .send_async()
+                .await;
+            match slow {
+                Err(err) if err.is_timeout() => log::info!("slow: timed out ({err})"),
+                other => return Err(JobError::dead(format!("/sleep did not time out: {other:?}"))),
+            }
+            return Ok(());
         }
         sql::execute_async("main", "CREATE TABLE IF NOT EXISTS greeted (name TEXT)", &[]).await?;
         sql::execute_async("main", "INSERT INTO greeted (name) VALUES (?)", &params![name.as_str()]).await?;
@@ -604,6 +628,24 @@ export_async_job!(RustJob);
             printed(&exec)
         );
     }
+    // `send_async` with a method, a header, a JSON body and a timeout.
+    let args = serde_json::json!([format!("server {}", server.url("").trim_end_matches('/'))]).to_string();
+    let http = wasmjobs_in(
+        home.path(),
+        &["exec", "--plugins", ".", "RustJob", &args],
+        &toolchain_env(),
+        Duration::from_secs(60),
+    );
+    wasmjobs_e2e::assert_success(&http, "wasmjobs exec (http)");
+    for part in [
+        "echo 200 x-echo=yes: POST|",
+        "|x-greeting: hello|",
+        "|content-type: application/json|",
+        r#"||["ping","pong"]"#,
+    ] {
+        assert!(printed(&http).contains(part), "{part:?} in {}", printed(&http));
+    }
+    assert!(printed(&http).contains("slow: timed out"), "{}", printed(&http));
     let dead = wasmjobs_in(
         home.path(),
         &["exec", "--plugins", ".", "RustJob", r#"["nobody"]"#],
