@@ -52,8 +52,7 @@ fn broken_plugins_are_refused_and_the_rest_still_load() {
 
     // A manifest with an unknown key.
     let bad_manifest = copy_plugin(&plugins_dir().join("fib"), root);
-    let text = std::fs::read_to_string(bad_manifest.join("wasmjobs.toml")).expect("manifest");
-    std::fs::write(bad_manifest.join("wasmjobs.toml"), format!("{text}\nthreads = 4\n")).expect("edit manifest");
+    wasmjobs_e2e::append_to_manifest(&bad_manifest, "threads = 4");
 
     // A manifest naming a missing component.
     let missing = root.join("missing");

@@ -64,10 +64,7 @@ async fn log_lines_past_the_default_budget_are_dropped_and_counted() {
 async fn the_manifest_sets_the_log_budget_in_bytes_and_lines() {
     let temp = tempfile::tempdir().expect("tempdir");
     let plugin = copy_plugin(&test_guests_dir().join("chaos"), temp.path());
-    let manifest = plugin.join("wasmjobs.toml");
-    let mut text = std::fs::read_to_string(&manifest).expect("manifest");
-    text.push_str("\n[limits]\nlog = { bytes = \"1KiB\", lines = 100 }\n");
-    std::fs::write(&manifest, text).expect("write manifest");
+    wasmjobs_e2e::append_to_manifest(&plugin, "[limits]\nlog = { bytes = \"1KiB\", lines = 100 }");
     let executor = executor(1);
     let catalog = catalog(temp.path(), &executor);
 
