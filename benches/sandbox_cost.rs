@@ -126,7 +126,7 @@ fn main() -> Result<()> {
             other => anyhow::bail!("SANDBOX_COST_ONLY={other}: expected native, fresh, async or noop"),
         };
         let spent = rt.block_on(run(&bench, kind, 20 * jobs))?;
-        println!("{}: {spent:.1} µs of CPU per job", kind.class());
+        println!("{only} ({}): {spent:.1} µs of CPU per job", kind.class());
         return Ok(());
     }
     // Warm up: connections, pool slots, code.
