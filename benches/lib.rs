@@ -144,14 +144,18 @@ pub fn thread_cpu_ns(pid: u32) -> std::collections::HashMap<u32, u64> {
         let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
             continue;
         };
-        let ns = std::fs::read_to_string(task.path().join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()));
-        if let Some(ns) = ns {
+        if let Some(ns) = schedstat_ns(&task.path().join("schedstat")) {
             times.insert(tid, ns);
         }
     }
     times
+}
+
+/// The time on CPU a `schedstat` file gives (its first field), in
+/// nanoseconds; `None` if the thread is gone or the file says nothing.
+pub fn schedstat_ns(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.split_whitespace().next()?.parse().ok()
 }
 
 /// CPU nanoseconds used so far by those threads of `pid` whose name

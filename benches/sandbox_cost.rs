@@ -31,6 +31,7 @@
 //! twenty times as long and prints its figure instead of a report, e.g.
 //! under `perf record` or `perf stat -e raw_syscalls:sys_enter`.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ use anyhow::{Context, Result, ensure};
 use wasmjobs::job::Job;
 use wasmjobs::plugin::Catalog;
 use wasmjobs::sandbox::{EngineConfig, ExecOptions, Executor};
-use wasmjobs_benches::Report;
+use wasmjobs_benches::{Report, percentile, schedstat_ns};
 use wasmjobs_e2e::http_server::HttpServer;
 
 #[path = "native/work.rs"]
@@ -139,7 +140,10 @@ fn main() -> Result<()> {
             per_job[i].push(rt.block_on(run(&bench, kind, jobs))?);
         }
     }
-    let [native, fresh, lane, noop] = [0, 1, 2, 3].map(|i| median(&mut per_job[i]));
+    let [native, fresh, lane, noop] = [0, 1, 2, 3].map(|i| {
+        per_job[i].sort_by(f64::total_cmp);
+        percentile(&per_job[i], 0.5)
+    });
 
     let mut report = Report::new("sandbox_cost", "The sandbox's own CPU per job, against native");
     let us = |v: f64| format!("{v:.1}");
@@ -206,19 +210,8 @@ async fn run(bench: &Arc<Bench>, kind: Kind, jobs: u32) -> Result<f64> {
     Ok(spent.as_secs_f64() * 1e6 / f64::from(each * IN_FLIGHT as u32))
 }
 
-/// CPU time of the calling thread so far (the first field of
-/// `/proc/thread-self/schedstat`, in ns).
+/// CPU time of the calling thread so far (`/proc/thread-self/schedstat`).
 fn thread_cpu() -> Result<Duration> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").context("reading schedstat")?;
-    let ns = text
-        .split_whitespace()
-        .next()
-        .and_then(|field| field.parse::<u64>().ok())
-        .context("schedstat without a run time")?;
+    let ns = schedstat_ns(Path::new("/proc/thread-self/schedstat")).context("reading this thread's schedstat")?;
     Ok(Duration::from_nanos(ns))
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
