@@ -40,6 +40,17 @@ impl Runner {
     /// runs the command line after it, e.g. `unshare --pid --fork ...`);
     /// [`Runner::pid`] and the signals then address the wrapper.
     pub fn start_wrapped(wrapper: &[&str], redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
+        Self::spawn(wrapper, None, redis_url, plugins, extra)
+    }
+
+    /// Starts `wasmjobs run --redis URL --plugins PLUGINS` plus `extra`
+    /// from the working directory `cwd`, as a user in a shell does:
+    /// `plugins` is passed as written (`./plugins`, `.`, a symlink).
+    pub fn start_in(cwd: &Path, redis_url: &str, plugins: &str, extra: &[&str]) -> Runner {
+        Self::spawn(&[], Some(cwd), redis_url, Path::new(plugins), extra)
+    }
+
+    fn spawn(wrapper: &[&str], cwd: Option<&Path>, redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("runner.log");
         let data_dir = crate::repo_root().join("target/wasmjobs-test-data");
@@ -51,6 +62,9 @@ impl Runner {
                 command
             }
         };
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         let child = command
             .arg("--data-dir")
             .arg(&data_dir)

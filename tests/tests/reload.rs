@@ -297,3 +297,82 @@ async fn removing_a_plugin_sends_its_jobs_to_retry_and_sighup_rescans() {
     runner.wait_for_log("SIGHUP: rescanning", Duration::from_secs(30));
     assert!(runner.stop().success(), "{}", runner.log());
 }
+
+/// How the user names the plugins directory on the command line.
+enum Named {
+    /// `--plugins ./plugins` from the directory holding it (the README's form).
+    Relative,
+    /// `--plugins ./plugins` where `plugins` is a symlink to a release directory.
+    Symlink,
+    /// `--plugins .` from inside the plugins directory.
+    Dot,
+}
+
+/// Hot reload with the plugins directory named as users name it: a
+/// relative path, a symlink, `.`. A new plugin moved into place and an
+/// edited manifest are both picked up, and the runner says at start which
+/// directory it watches (as an absolute path).
+async fn reloads_when_named(named: Named) {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let work = tempfile::tempdir().expect("working directory");
+    let real = match named {
+        Named::Symlink => work.path().join("releases/v1"),
+        Named::Relative | Named::Dot => work.path().join("plugins"),
+    };
+    std::fs::create_dir_all(&real).expect("plugins directory");
+    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::plugins_dir().join("noop"), &real);
+    if let Named::Symlink = named {
+        std::os::unix::fs::symlink("releases/v1", work.path().join("plugins")).expect("symlink");
+    }
+    let shown = work.path().join("plugins");
+    let (cwd, arg) = match named {
+        Named::Relative | Named::Symlink => (work.path().to_path_buf(), "./plugins"),
+        Named::Dot => (shown.clone(), "."),
+    };
+    let mut runner = Runner::start_in(&cwd, &redis.url(), arg, &[]);
+    runner.wait_running();
+
+    // A new plugin, staged in a hidden directory and renamed into place.
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(&shown)
+        .expect("staging dir");
+    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), staging.path());
+    std::fs::rename(staging.path().join("chaos"), shown.join("chaos")).expect("rename plugin dir");
+    runner.wait_for_log("plugin added", Duration::from_secs(30));
+    push_marked(&mut conn, "relative.txt", 0, 3, 0).await;
+    wait_lines(&shown.join("chaos/data/relative.txt"), 3, &runner).await;
+
+    // A manifest edited in place.
+    let manifest = shown.join("noop/wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{text}\n# edited\n")).expect("edit manifest");
+    runner.wait_for_log("plugin replaced", Duration::from_secs(30));
+    assert!(runner.stop().success(), "{}", runner.log());
+    assert_eq!(int(&mut conn, "stat:failed").await, 0, "{}", runner.log());
+    let log = runner.log();
+    let watching = log
+        .lines()
+        .find(|l| l.contains("hot reload: watching"))
+        .unwrap_or_else(|| panic!("no line saying what is watched:\n{log}"));
+    assert!(
+        watching.contains(&shown.display().to_string()),
+        "names the directory as an absolute path: {watching}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_with_a_relative_plugins_directory() {
+    reloads_when_named(Named::Relative).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_with_a_symlinked_plugins_directory() {
+    reloads_when_named(Named::Symlink).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_with_dot_from_inside_the_plugins_directory() {
+    reloads_when_named(Named::Dot).await;
+}
