@@ -349,6 +349,25 @@ async fn reloads_when_named(named: Named) {
     let text = std::fs::read_to_string(&manifest).expect("manifest");
     std::fs::write(&manifest, format!("{text}\n# edited\n")).expect("edit manifest");
     runner.wait_for_log("plugin replaced", Duration::from_secs(30));
+
+    if let Named::Symlink = named {
+        // A new release, the symlink re-pointed atomically, then SIGHUP:
+        // the new release serves, and is watched from then on.
+        let v2 = work.path().join("releases/v2");
+        std::fs::create_dir_all(&v2).expect("release v2");
+        for plugin in ["noop", "chaos"] {
+            wasmjobs_e2e::copy_plugin(&real.join(plugin), &v2);
+        }
+        std::fs::write(v2.join("noop/wasmjobs.toml"), format!("{text}\n# release 2\n")).expect("v2 manifest");
+        let link = work.path().join("plugins.new");
+        std::os::unix::fs::symlink("releases/v2", &link).expect("new symlink");
+        std::fs::rename(&link, &shown).expect("re-point the symlink");
+        let replaced = runner.log().matches("plugin replaced").count();
+        runner.signal("HUP");
+        wait_for_count(&runner, "plugin replaced", replaced + 1).await;
+        std::fs::write(v2.join("noop/wasmjobs.toml"), format!("{text}\n# release 2, edited\n")).expect("edit v2");
+        wait_for_count(&runner, "plugin replaced", replaced + 2).await;
+    }
     assert!(runner.stop().success(), "{}", runner.log());
     assert_eq!(int(&mut conn, "stat:failed").await, 0, "{}", runner.log());
     let log = runner.log();
@@ -360,6 +379,19 @@ async fn reloads_when_named(named: Named) {
         watching.contains(&shown.display().to_string()),
         "names the directory as an absolute path: {watching}"
     );
+}
+
+/// Waits until the runner's log holds `needle` `count` times.
+async fn wait_for_count(runner: &Runner, needle: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runner.log().matches(needle).count() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} not logged {count} times:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

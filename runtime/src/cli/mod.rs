@@ -149,6 +149,13 @@ pub struct PluginSource {
 }
 
 impl PluginSource {
+    /// The plugins directory as an absolute path (not resolving symlinks),
+    /// as every command uses it: the watcher reports absolute paths, and a
+    /// plugin is named after its directory, which `.` does not have.
+    pub fn dir(&self) -> Result<PathBuf> {
+        crate::plugin::catalog::absolute_dir(&self.plugins)
+    }
+
     /// The compilation cache under `data_dir`, unless disabled.
     pub fn cache(&self, data_dir: &std::path::Path) -> CompileCache {
         if self.no_cache {
@@ -168,7 +175,7 @@ impl PluginSource {
         protected: Vec<String>,
     ) -> Result<(Executor, Catalog)> {
         let executor = Executor::new(config)?.protect_env_values(protected);
-        let catalog = Catalog::load(&self.plugins, &executor, &self.cache(data_dir))?;
+        let catalog = Catalog::load(&self.dir()?, &executor, &self.cache(data_dir))?;
         Ok((executor, catalog))
     }
 }

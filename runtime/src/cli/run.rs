@@ -118,7 +118,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     let tracing = crate::otel::Tracing::from_args(&args.otel)?;
     let options = RunOptions {
         redis: args.redis.target(&cli.data_dir),
-        plugins: args.source.plugins.clone(),
+        plugins: args.source.dir()?,
         data_dir: cli.data_dir.clone(),
         cache: args.source.cache(&cli.data_dir),
         queues: args.queues.clone(),

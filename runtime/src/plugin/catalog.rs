@@ -144,6 +144,7 @@ impl Catalog {
     /// `wasmjobs.toml`, otherwise each immediate subdirectory that does.
     /// Fails only if `dir` cannot be read; broken plugins are collected.
     pub fn load(dir: &Path, executor: &Executor, cache: &CompileCache) -> Result<Self> {
+        let dir = &absolute_dir(dir)?;
         let mut catalog = Catalog {
             plugins_dir: Some(dir.to_path_buf()),
             scanned_at: Some(SystemTime::now()),
@@ -338,6 +339,15 @@ fn find_manifests(dir: &Path) -> Result<Vec<PathBuf>> {
         .map(|root| root.join(MANIFEST_FILE))
         .filter(|manifest| manifest.is_file())
         .collect())
+}
+
+/// `dir` as an absolute path, without resolving symlinks (so a symlinked
+/// plugins directory keeps its name, and a re-pointed symlink is followed
+/// by a rescan): the one form of the plugins directory every part uses.
+/// The watcher reports absolute paths, and a plugin is named after its
+/// directory, which `.` does not have.
+pub fn absolute_dir(dir: &Path) -> Result<PathBuf> {
+    std::path::absolute(dir).with_context(|| format!("cannot resolve the plugins directory {}", dir.display()))
 }
 
 /// The directories under `dir` that are (or may become) plugins: `dir`

@@ -19,6 +19,11 @@
 //!   [`SETTLE_WRITING`] is tried again later instead of being reported, so
 //!   an editor's or a copy's intermediate state never produces an error.
 //!
+//! The directory is used in its absolute form ([`absolute_dir`]): notify
+//! reports absolute paths whatever form the watch was given in, so
+//! `--plugins ./plugins` and `--plugins .` must be compared as absolute
+//! paths too. The reloader logs once, at start, what it watches.
+//!
 //! Rescans run on the blocking pool (compiling is CPU-heavy), one at a
 //! time. An unchanged version (same content hash) is a no-op. A version that
 //! does not load is logged with the file and the reason, and the previous
@@ -40,7 +45,7 @@ use tokio::sync::mpsc;
 
 use super::cron::PluginSchedules;
 use crate::metrics::Metrics;
-use crate::plugin::catalog::{Change, plugin_roots};
+use crate::plugin::catalog::{Change, absolute_dir, plugin_roots};
 use crate::plugin::{Catalog, CompileCache, MANIFEST_FILE};
 use crate::sandbox::Executor;
 
@@ -75,8 +80,12 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// A reloader for the plugins in `dir`, compiled by `executor`.
+    /// A reloader for the plugins in `dir`, compiled by `executor`. A
+    /// relative `dir` is made absolute (against the current directory, as
+    /// the catalog does): the watcher reports absolute paths, and a
+    /// relative one would match none of them.
     pub fn new(dir: PathBuf, executor: Arc<Executor>, cache: CompileCache, live: LiveCatalog) -> Self {
+        let dir = absolute_dir(&dir).unwrap_or(dir);
         Self {
             dir,
             executor,
@@ -140,6 +149,15 @@ impl Reloader {
         let mut watched = BTreeSet::new();
         if let Some(watcher) = watcher.as_mut() {
             let _ = self.update_watches(watcher, &mut watched);
+            if watched.contains(&self.dir) {
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    directories = watched.len(),
+                    "hot reload: watching the plugins directory and each plugin's directory"
+                );
+            } else {
+                tracing::error!(dir = %self.dir.display(), "hot reload is off: the plugins directory cannot be watched (SIGHUP still rescans)");
+            }
         }
         // A plugin replaced between the catalog's load and the watches
         // above was seen by neither: rescan what changed since the load
@@ -172,6 +190,14 @@ impl Reloader {
                 Next::Event(None) => watcher = None,
                 Next::Hangup => {
                     tracing::info!("SIGHUP: rescanning every plugin");
+                    // Watch anew: a re-pointed symlink (the plugins
+                    // directory or a plugin's) is followed from now on.
+                    if let Some(watcher) = watcher.as_mut() {
+                        for path in std::mem::take(&mut watched) {
+                            let _ = watcher.unwatch(&path);
+                        }
+                        let _ = self.update_watches(watcher, &mut watched);
+                    }
                     let now = Instant::now();
                     for root in self.all_roots() {
                         pending.insert(root, now);
