@@ -63,6 +63,13 @@ impl Browser {
     /// (used to name the failure screenshots). Panics, naming
     /// `scripts/setup.sh test`, if either is not installed.
     pub async fn start(name: &str) -> Browser {
+        Self::start_with(name, &[]).await
+    }
+
+    /// The same, with `extra` command-line switches for Chromium (e.g.
+    /// `--host-resolver-rules=MAP rebind.test 127.0.0.1`, so that the
+    /// browser itself resolves a foreign name to loopback).
+    pub async fn start_with(name: &str, extra: &[&str]) -> Browser {
         for (path, package) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")] {
             assert!(
                 Path::new(path).exists(),
@@ -74,11 +81,7 @@ impl Browser {
         let log = dir.path().join("chromedriver.log");
         let (driver, port) = start_driver(&log);
         let profile = dir.path().join("profile");
-        let capabilities = json!({
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": CHROMIUM,
-                "args": [
+        let mut args: Vec<String> = [
                     "--headless=new",
                     "--no-sandbox",
                     "--disable-dev-shm-usage",
@@ -89,8 +92,16 @@ impl Browser {
                     // No crash handler: it would leave the driver's process group.
                     "--disable-breakpad",
                     "--disable-crash-reporter",
-                    format!("--user-data-dir={}", profile.display()),
-                ],
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.push(format!("--user-data-dir={}", profile.display()));
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": CHROMIUM,
+                "args": args,
             },
             // Leave alerts open, so a test can see that one opened (the
             // default dismisses them and reports an error on the next command).
@@ -284,6 +295,16 @@ impl Browser {
     pub async fn execute(&self, script: &str) -> Value {
         self.client
             .execute(script, vec![])
+            .await
+            .unwrap_or_else(|e| panic!("running {script:?}: {e}"))
+    }
+
+    /// Runs `script` asynchronously on the page: a function body that
+    /// calls `done(value)` (bound for it) when it has a result.
+    pub async fn execute_async(&self, script: &str) -> Value {
+        let wrapped = format!("const done = arguments[arguments.length - 1];\n{script}");
+        self.client
+            .execute_async(&wrapped, vec![])
             .await
             .unwrap_or_else(|e| panic!("running {script:?}: {e}"))
     }
