@@ -81,6 +81,17 @@ impl TestRedis {
             .unwrap_or_else(|e| panic!("cannot connect to the test redis at {}: {e}", self.url()))
     }
 
+    /// A connection with no response timeout, for commands that move a
+    /// payload of many megabytes.
+    pub async fn patient_conn(&self) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the test redis at {}: {e}", self.url()))
+    }
+
     fn spawn(&mut self) {
         let dir = self.dir.path();
         let child = Command::new("redis-server")

@@ -10,5 +10,6 @@ mod hostile;
 mod http;
 mod limits;
 mod logs;
+mod payloads;
 mod poison;
 mod sql;
