@@ -1,9 +1,11 @@
 //! Metrics end to end: a real `wasmjobs run` with `--metrics-addr`, a
 //! known mix of jobs, the JSON and Prometheus endpoints read over HTTP, and
-//! `--exit-when-empty` with its JSON summary.
+//! `--exit-when-empty` with its JSON summary, and a heartbeat that Redis
+//! refuses for a while.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use redis::AsyncCommands;
 use serde_json::{Value, json};
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
@@ -302,4 +304,57 @@ async fn latency_percentiles_are_published_with_the_heartbeat_and_merged_across_
         text.lines().any(|l| l.starts_with("ChaosJob") && l.contains("ms/")),
         "{text}"
     );
+}
+
+/// A sample of the Prometheus text `body`, if there is one.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_that_cannot_be_written_is_counted_logged_and_recovers() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let plugins = plugins(&["noop"], &[]);
+    let addr = free_addr();
+    let mut runner = Runner::start(&redis.url(), plugins.path(), &["--metrics-addr", &addr]);
+    runner.wait_running();
+    let metrics = http_get(&addr, "/metrics");
+    assert_eq!(sample(&metrics, "wasmjobs_heartbeat_failures_total"), Some(0.0), "{metrics}");
+    let age = sample(&metrics, "wasmjobs_heartbeat_age_seconds").expect("the heartbeat's age");
+    assert!(age < 15.0, "{age}");
+
+    // Redis takes no writes for 20 s: the beats in that time fail.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(20_000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT PAUSE");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sample(&http_get(&addr, "/metrics"), "wasmjobs_heartbeat_failures_total").unwrap_or(0.0) < 1.0 {
+        assert!(Instant::now() < deadline, "no heartbeat failure counted:\n{}", runner.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(runner.log().contains("heartbeat: "), "{}", runner.log());
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT UNPAUSE");
+    // The next beat succeeds: the age falls back under a beat's interval.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = http_get(&addr, "/metrics");
+        if sample(&metrics, "wasmjobs_heartbeat_age_seconds").is_some_and(|age| age < 11.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the heartbeat did not recover:\n{metrics}\n{}", runner.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert_eq!(processes.len(), 1);
+    assert!(runner.stop().success(), "{}", runner.log());
 }
