@@ -109,9 +109,9 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
     // Refuse an exposed dashboard before loading anything.
     let web = match args.web {
         Some(addr) => {
-            let credentials = crate::web::Credentials::from_env()?;
-            credentials.required_for(addr)?;
-            Some((addr, credentials))
+            let access = crate::web::Access::from_env()?;
+            access.required_for(addr)?;
+            Some((addr, access))
         }
         None => None,
     };

@@ -10,7 +10,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{Cli, RedisArgs};
-use crate::web::{self, Credentials};
+use crate::web::{self, Access};
 
 /// Arguments of `wasmjobs web`.
 #[derive(Debug, Args)]
@@ -26,16 +26,16 @@ pub struct WebArgs {
 
 /// Runs the command until Ctrl-C or SIGTERM.
 pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
-    let credentials = Credentials::from_env()?;
+    let access = Access::from_env()?;
     // Refuse before connecting anywhere.
-    credentials.required_for(args.addr)?;
+    access.required_for(args.addr)?;
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let stop = CancellationToken::new();
     let (bound, serve) = web::bind(
         args.addr,
         redis.conn(),
         redis.location.clone(),
-        credentials,
+        access,
         stop.clone(),
     )
     .await?;

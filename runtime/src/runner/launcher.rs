@@ -181,9 +181,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         done.clone(),
     )
     .await?;
-    if let Some((addr, credentials)) = options.web.clone() {
-        let (bound, serve) =
-            crate::web::bind(addr, redis.conn(), redis.location.clone(), credentials, done.clone()).await?;
+    if let Some((addr, access)) = options.web.clone() {
+        let (bound, serve) = crate::web::bind(addr, redis.conn(), redis.location.clone(), access, done.clone()).await?;
         crate::web::announce(bound);
         tasks.spawn(serve);
     }

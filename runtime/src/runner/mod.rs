@@ -109,7 +109,7 @@ pub struct RunOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Where to serve the dashboard (`--web`), with the credentials it
     /// asks for, if anywhere.
-    pub web: Option<(std::net::SocketAddr, crate::web::Credentials)>,
+    pub web: Option<(std::net::SocketAddr, crate::web::Access)>,
     /// Record per-job metrics (off: no histograms, no per-class summary).
     pub metrics: bool,
     /// Stop once every queue is empty and no job is in flight.

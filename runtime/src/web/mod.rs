@@ -18,7 +18,10 @@
 //! | [`processes`] | `/processes`: quiet, stop, RSS, CPU, in flight, plugin versions; cancel a running job |
 //! | [`plugins`] | `/plugins`: versions and where they run, classes, grants, limits, load errors, reload history |
 //! | [`cron`] | `/cron`: schedules, next runs, enqueue now |
-//! | [`auth`] | credentials, CSRF and security headers, checked in one place for every request |
+//! | [`auth`] | the name asked for, credentials, CSRF and security headers, checked in one place for every request |
+//! | [`hosts`] | the names the dashboard answers to without credentials (DNS rebinding) |
+//! | [`login`] | the sign-in form for the token |
+//! | [`serve`] | connections, with header, idle and shutdown time limits |
 //! | [`view`] | the templates and the helpers they use |
 //! | [`pager`] | `?page=N` and the links to the pages around it |
 //!
@@ -28,11 +31,14 @@
 
 mod auth;
 mod cron;
+mod hosts;
+mod login;
 mod overview;
 mod pager;
 mod plugins;
 mod processes;
 mod queues;
+mod serve;
 mod sets;
 mod view;
 
@@ -49,7 +55,7 @@ use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::Credentials;
+pub use auth::{Access, Credentials};
 
 /// The default address of `wasmjobs web`.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9494";
@@ -58,7 +64,9 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:9494";
 pub(crate) struct Web {
     redis: ConnectionManager,
     location: String,
-    credentials: Credentials,
+    access: Access,
+    /// The names requests may address ([`hosts`]).
+    hosts: hosts::AllowedHosts,
     view: view::View,
 }
 
@@ -92,35 +100,28 @@ impl IntoResponse for Failure {
 
 /// Binds `addr` (refusing a non-loopback address without credentials) and
 /// returns the bound address and the serving future, which runs until
-/// `stop`.
+/// `stop` ([`serve`]).
 pub async fn bind(
     addr: SocketAddr,
     redis: ConnectionManager,
     location: String,
-    credentials: Credentials,
+    access: Access,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()>)> {
-    credentials.required_for(addr)?;
-    let web = Arc::new(Web {
-        redis,
-        location,
-        credentials,
-        view: view::View::new()?,
-    });
+    access.required_for(addr)?;
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
     let bound = listener.local_addr().context("dashboard listener address")?;
+    let web = Arc::new(Web {
+        redis,
+        location,
+        hosts: access.allowed_hosts(bound),
+        access,
+        view: view::View::new()?,
+    });
     let app = router(web);
-    let serve = async move {
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(err) = result {
-            tracing::warn!("web: {err}");
-        }
-    };
-    Ok((bound, serve))
+    Ok((bound, serve::serve(listener, app, stop)))
 }
 
 /// The line that tells the user (and tests) where the dashboard is.

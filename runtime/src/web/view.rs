@@ -15,7 +15,7 @@ pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 10] = [
+const TEMPLATES: [(&str, &str); 11] = [
     ("base.html", include_str!("templates/base.html")),
     ("pager.html", include_str!("templates/pager.html")),
     ("overview.html", include_str!("templates/overview.html")),
@@ -26,6 +26,7 @@ const TEMPLATES: [(&str, &str); 10] = [
     ("processes.html", include_str!("templates/processes.html")),
     ("cron.html", include_str!("templates/cron.html")),
     ("plugins.html", include_str!("templates/plugins.html")),
+    ("login.html", include_str!("templates/login.html")),
 ];
 
 impl View {
