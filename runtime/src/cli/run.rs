@@ -70,6 +70,11 @@ pub struct RunArgs {
     /// Average seconds between polls of the schedule and retry sets (per process).
     #[arg(long, default_value_t = 5.0)]
     pub poll_interval: f64,
+    /// Most bytes a job's payload may have; a larger job goes to the dead
+    /// set unrun, kept whole (0: no limit). Checked inside Redis, so a
+    /// huge payload never reaches this process.
+    #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
+    pub max_payload: usize,
     /// Recoveries from dead processes after which a job is a poison pill (sent to dead).
     #[arg(long, default_value_t = 3)]
     pub max_recoveries: u64,
@@ -135,6 +140,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         fuel: args.fuel,
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,
+        max_payload: args.max_payload,
         dead: DeadCaps {
             max_jobs: args.dead_max_jobs,
             timeout: seconds(args.dead_days * 86_400.0, "--dead-days")?,

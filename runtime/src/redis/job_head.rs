@@ -163,6 +163,39 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     Ok((job, enqueued))
 }
 
+/// A bounded stand-in for the payload `raw`, for places that show a job
+/// rather than run it (the heartbeat's `work` hash): its class, jid and
+/// queue (each cut to [`MAX_CLASS_LEN`] characters), its enqueue times, its
+/// size, and `args` replaced by one string saying how large the payload
+/// is. Valid JSON whatever `raw` is; a few hundred bytes at most.
+pub fn preview(raw: &str) -> String {
+    let cut = |text: Option<Cow<'_, str>>| -> Option<String> {
+        text.map(|t| t.chars().take(MAX_CLASS_LEN).collect())
+    };
+    let note = format!("(args not shown: the payload is {} bytes)", raw.len());
+    let mut preview = serde_json::Map::new();
+    match serde_json::from_str::<Head>(raw) {
+        Ok(head) => {
+            let number = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+            preview.insert("class".into(), cut(head.class).map_or(Value::Null, Value::String));
+            preview.insert("args".into(), Value::Array(vec![Value::String(note)]));
+            preview.insert("jid".into(), cut(head.jid).map_or(Value::Null, Value::String));
+            preview.insert("queue".into(), cut(head.queue).map_or(Value::Null, Value::String));
+            for (key, value) in [("enqueued_at", head.enqueued_at), ("created_at", head.created_at)] {
+                if let Some(value) = number(value).filter(Value::is_number) {
+                    preview.insert(key.into(), value);
+                }
+            }
+        }
+        Err(_) => {
+            preview.insert("class".into(), Value::String("(not a job payload)".into()));
+            preview.insert("args".into(), Value::Array(vec![Value::String(note)]));
+        }
+    }
+    preview.insert("payload_bytes".into(), Value::from(raw.len()));
+    Value::Object(preview).to_string()
+}
+
 #[cfg(test)]
 mod proptests;
 
@@ -172,6 +205,23 @@ mod tests {
 
     use super::*;
     use crate::redis::payload::RetryPolicy;
+
+    #[test]
+    fn previews_are_bounded_jobs_whatever_the_payload() {
+        let long = "y".repeat(1 << 20);
+        let raw = format!(r#"{{"class":"C","args":["{long}"],"jid":"{long}","queue":"q","enqueued_at":1764500000.5}}"#);
+        let preview: Value = serde_json::from_str(&super::preview(&raw)).unwrap();
+        assert_eq!(preview["class"], "C");
+        assert_eq!(preview["queue"], "q");
+        assert_eq!(preview["jid"].as_str().unwrap().len(), MAX_CLASS_LEN);
+        assert_eq!(preview["enqueued_at"], 1_764_500_000.5);
+        assert_eq!(preview["payload_bytes"], raw.len());
+        assert!(preview["args"][0].as_str().unwrap().contains(&raw.len().to_string()));
+        for junk in ["", "not json", "[1,2]", r#"{"class":5}"#] {
+            let preview: Value = serde_json::from_str(&super::preview(junk)).unwrap();
+            assert!(preview["args"].is_array(), "{junk:?}: {preview}");
+        }
+    }
 
     #[test]
     fn both_timestamp_styles_give_the_enqueue_time() {

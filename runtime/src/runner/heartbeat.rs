@@ -26,7 +26,7 @@ use serde_json::json;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::inflight::InFlightTable;
+use super::inflight::{InFlight, InFlightTable};
 use super::limiter::Limiter;
 use super::reloader::LiveCatalog;
 use super::source::JobSource;
@@ -262,7 +262,7 @@ impl Heartbeat {
         let rtt_us = self.rtt_us.load(Ordering::Relaxed);
 
         let id = &self.identity.identity;
-        let work = self.inflight.snapshot();
+        let work = self.inflight.describe(work_entry);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for key in [keys::work(id), keys::workers(id)] {
@@ -270,9 +270,8 @@ impl Heartbeat {
             if !work.is_empty() {
                 let mut hset = redis::cmd("HSET");
                 hset.arg(&key);
-                for (tid, job) in &work {
-                    let entry = json!({"queue": job.job.queue, "payload": job.job.raw, "run_at": job.run_at as i64});
-                    hset.arg(tid).arg(entry.to_string());
+                for (tid, entry) in &work {
+                    hset.arg(tid).arg(entry);
                 }
                 pipe.add_command(hset).ignore();
                 pipe.cmd("EXPIRE").arg(&key).arg(keys::HEARTBEAT_TTL_SECS).ignore();
@@ -387,9 +386,60 @@ impl Heartbeat {
     }
 }
 
+/// Largest payload written whole into the `work` hash.
+pub(crate) const WORK_PAYLOAD_MAX: usize = 64 << 10;
+
+/// The `work` hash entry of a job in flight: Sidekiq's
+/// `{"queue", "payload", "run_at"}`, with the payload whole up to
+/// [`WORK_PAYLOAD_MAX`] bytes and a bounded preview beyond (still a job:
+/// class, jid, queue, args replaced by a note of the size), so a beat stays
+/// small however large the jobs in flight, and Sidekiq's Web UI, the
+/// dashboard and `wasmjobs cancel` still read it.
+fn work_entry(job: &InFlight) -> String {
+    let raw = &job.job.raw;
+    let payload = if raw.len() <= WORK_PAYLOAD_MAX {
+        std::borrow::Cow::Borrowed(raw.as_str())
+    } else {
+        std::borrow::Cow::Owned(crate::redis::job_head::preview(raw))
+    };
+    json!({"queue": job.job.queue, "payload": payload, "run_at": job.run_at as i64}).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::fetched::Fetched;
+
+    #[test]
+    fn work_entries_stay_small_and_still_name_the_job() {
+        let small = r#"{"class":"A","args":[1],"jid":"abc","queue":"q"}"#;
+        let entry = work_entry(&InFlight {
+            job: Fetched::new(small.into(), "q".into()),
+            run_at: 5.0,
+        });
+        let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
+        assert_eq!(entry["payload"], small, "a small payload is written whole");
+        assert_eq!(entry["run_at"], 5);
+
+        let big = format!(
+            r#"{{"class":"Big","args":["{}"],"jid":"0123456789abcdef01234567","queue":"low"}}"#,
+            "x".repeat(10 << 20)
+        );
+        let entry = work_entry(&InFlight {
+            job: Fetched::new(big.clone(), "low".into()),
+            run_at: 5.0,
+        });
+        assert!(entry.len() < 4096, "{} bytes", entry.len());
+        let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
+        let payload: serde_json::Value = serde_json::from_str(entry["payload"].as_str().unwrap()).unwrap();
+        assert_eq!(payload["class"], "Big");
+        assert_eq!(payload["jid"], "0123456789abcdef01234567");
+        assert_eq!(payload["queue"], "low");
+        assert!(
+            payload["args"][0].as_str().unwrap().contains(&big.len().to_string()),
+            "{payload}"
+        );
+    }
 
     #[test]
     fn rss_is_measured() {

@@ -136,12 +136,13 @@ impl InFlightTable {
         self.inner().entries.values().map(|e| e.info.job.raw.clone()).collect()
     }
 
-    /// What is in flight, keyed by a per-job id (Sidekiq's "tid").
-    pub(crate) fn snapshot(&self) -> Vec<(String, InFlight)> {
+    /// `describe` of each job in flight, keyed by a per-job id (Sidekiq's
+    /// "tid"); nothing is cloned but what `describe` makes.
+    pub(crate) fn describe<T>(&self, mut describe: impl FnMut(&InFlight) -> T) -> Vec<(String, T)> {
         self.inner()
             .entries
             .iter()
-            .map(|(id, e)| (format!("{id:x}"), e.info.clone()))
+            .map(|(id, e)| (format!("{id:x}"), describe(&e.info)))
             .collect()
     }
 }

@@ -78,6 +78,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             queues: options.queues.clone(),
             identity: identity.identity.clone(),
             max_recoveries: options.max_recoveries,
+            max_payload: options.max_payload,
             dead: options.dead,
         },
         paused.clone(),
@@ -137,7 +138,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     }
 
     let tasks = TaskTracker::new();
-    let poller = Arc::new(Poller::new(redis.clone(), options.poll_interval, options.dead));
+    let poller = Arc::new(Poller::new(
+        redis.clone(),
+        options.poll_interval,
+        options.dead,
+        options.max_payload,
+    ));
     tasks.spawn(poller.clone().run(stop.clone()));
     let (served_tx, served) = mpsc::unbounded_channel();
     let (schedules_tx, schedules) = mpsc::unbounded_channel();

@@ -100,6 +100,9 @@ pub struct RunOptions {
     /// A job found in the in-progress list of a dead process more than this
     /// many times is a poison pill and goes to the dead set.
     pub max_recoveries: u64,
+    /// Bytes a job's payload may have (0: no limit); larger jobs go to the
+    /// dead set unrun (`--max-payload`).
+    pub max_payload: usize,
     /// What the dead set keeps (Sidekiq's `dead_max_jobs`, `dead_timeout_in_seconds`).
     pub dead: DeadCaps,
     /// The SQL databases plugins may use (`--db NAME=URL`), opened once and

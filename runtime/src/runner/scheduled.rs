@@ -25,8 +25,8 @@ use crate::redis::{Redis, keys, now_f64};
 /// The `error_class` of a job retried because no plugin served its class.
 const NO_PLUGIN: &str = super::job_retry::NO_PLUGIN;
 
-/// Jobs taken per `ZRANGEBYSCORE` round.
-const BATCH: isize = 100;
+/// Jobs read per round.
+const BATCH: usize = 100;
 
 /// The scheduled-job poller.
 pub(crate) struct Poller {
@@ -36,12 +36,13 @@ pub(crate) struct Poller {
 }
 
 impl Poller {
-    /// A poller whose average pause per process is `average`.
-    pub(crate) fn new(redis: Redis, average: Duration, dead: DeadCaps) -> Self {
+    /// A poller whose average pause per process is `average`; jobs over
+    /// `max_payload` bytes (0: no limit) go to the dead set unread.
+    pub(crate) fn new(redis: Redis, average: Duration, dead: DeadCaps, max_payload: usize) -> Self {
         Self {
             redis,
             average,
-            mover: DueMover::new(dead),
+            mover: DueMover::new(dead, max_payload),
         }
     }
 
@@ -73,8 +74,9 @@ impl Poller {
     async fn poll(&self) -> Result<(usize, u64)> {
         let now = now_f64();
         let mut pipe = redis::pipe();
+        self.mover.load(&mut pipe);
         for set in [keys::SCHEDULE, keys::RETRY] {
-            pipe.add_command(due_batch(set, now));
+            self.mover.stage_due(&mut pipe, set, BATCH, now);
         }
         pipe.cmd("SCARD").arg(keys::PROCESSES);
         let (schedule, retry, processes): (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) = pipe
@@ -87,10 +89,13 @@ impl Poller {
                 for member in &due {
                     moved += self.move_one(set, member, now).await? as usize;
                 }
-                if (due.len() as isize) < BATCH {
+                if due.len() < BATCH {
                     break;
                 }
-                due = due_batch(set, now_f64())
+                let mut pipe = redis::pipe();
+                self.mover.load(&mut pipe);
+                self.mover.stage_due(&mut pipe, set, BATCH, now_f64());
+                (due,) = pipe
                     .query_async(&mut self.redis.conn())
                     .await
                     .with_context(|| format!("reading due jobs from {set}"))?;
@@ -144,9 +149,3 @@ impl Poller {
     }
 }
 
-/// `ZRANGEBYSCORE set -inf now LIMIT 0 BATCH`: the next due members of `set`.
-fn due_batch(set: &str, now: f64) -> redis::Cmd {
-    let mut cmd = redis::cmd("ZRANGEBYSCORE");
-    cmd.arg(set).arg("-inf").arg(now).arg("LIMIT").arg(0).arg(BATCH);
-    cmd
-}

@@ -41,7 +41,14 @@ impl Basic {
         let dead = Arc::new(DeadSet::new(settings.dead));
         let waits = vec![Wait::Pop { queues: names.clone() }];
         // Nothing is held in Redis, so a lost reply leaves nothing to find.
-        let waiting = Waiting::start(&redis, waits, dead.clone(), Arc::new(Doubt::default()), paused.watch());
+        let waiting = Waiting::start(
+            &redis,
+            waits,
+            dead.clone(),
+            Arc::new(Doubt::default()),
+            paused.watch(),
+            settings.max_payload,
+        );
         Self {
             names,
             fetch: Script::new(scripts::FETCH),
@@ -61,6 +68,10 @@ impl JobSource for Basic {
             let mut jobs = self.waiting.take_found(max);
             if jobs.len() < max {
                 let paused = self.paused.current();
+                let oversized = take::Oversized {
+                    dead: &self.dead,
+                    max_payload: self.settings.max_payload,
+                };
                 let taken = take::take(
                     &self.redis,
                     &self.fetch,
@@ -68,6 +79,7 @@ impl JobSource for Basic {
                     &self.names,
                     None,
                     &paused,
+                    &oversized,
                     max - jobs.len(),
                 );
                 let taken = match taken.await {

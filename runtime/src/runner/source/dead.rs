@@ -115,6 +115,85 @@ impl DeadSet {
 }
 
 impl DeadSet {
+    /// Appends the settings the scripts' `bury_oversized` reads
+    /// ([`super::scripts`]) to `invocation`: the payload limit, the time,
+    /// and this set's caps.
+    pub(crate) fn cap_args(&self, invocation: &mut redis::ScriptInvocation<'_>, max_payload: usize, now: f64) {
+        invocation
+            .arg(max_payload)
+            .arg(now)
+            .arg(now - self.caps.timeout.as_secs_f64())
+            .arg(self.caps.max_jobs);
+    }
+
+    /// Buries `raw`, a payload over `max_payload` bytes that a blocking wait
+    /// took from `queue`, out of `place` (an in-progress list, or nowhere).
+    /// From a list it is found by its length and ends and buried inside
+    /// Redis ([`super::scripts::BURY_OVERSIZED_HELD`]): its bytes are not
+    /// sent back. Popped (nowhere), they are sent once
+    /// ([`super::scripts::BURY_OVERSIZED_POPPED`]). Returns false if it was
+    /// no longer in `place`.
+    pub(crate) async fn bury_oversized(
+        &self,
+        redis: &Redis,
+        place: Place<'_>,
+        raw: &[u8],
+        max_payload: usize,
+        queue: &str,
+    ) -> Result<bool> {
+        const ENDS: usize = 256;
+        let now = crate::redis::now_f64();
+        let (script, mut invocation);
+        match place {
+            Place::List { key, .. } => {
+                script = Script::new(scripts::BURY_OVERSIZED_HELD);
+                invocation = script.prepare_invoke();
+                invocation
+                    .key(keys::DEAD)
+                    .key(key)
+                    .arg(raw.len())
+                    .arg(&raw[..ENDS.min(raw.len())])
+                    .arg(&raw[raw.len().saturating_sub(ENDS)..]);
+            }
+            Place::Nowhere | Place::Set { .. } => {
+                script = Script::new(scripts::BURY_OVERSIZED_POPPED);
+                invocation = script.prepare_invoke();
+                invocation.key(keys::DEAD).arg(raw);
+            }
+        }
+        self.cap_args(&mut invocation, max_payload, now);
+        let mark: Option<Vec<u8>> = invocation
+            .invoke_async(&mut redis.conn())
+            .await
+            .context("sending a payload over --max-payload to the dead set")?;
+        match mark {
+            Some(mark) => {
+                oversized_buried(queue, &mark);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Whether the fetch script's `mark` for a job says it was over the
+/// payload limit and buried (`o<size> <jid>`); logs it if so.
+pub(crate) fn oversized_buried(queue: &str, mark: &[u8]) -> bool {
+    let Some(rest) = mark.strip_prefix(b"o") else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(rest);
+    let (bytes, jid) = text.split_once(' ').unwrap_or((&text, ""));
+    tracing::warn!(
+        queue = %queue,
+        jid = %jid,
+        bytes = %bytes,
+        "a job over --max-payload was sent to the dead set unrun (kept whole there)"
+    );
+    true
+}
+
+impl DeadSet {
     /// Buries a payload that is not UTF-8 text, taken from `queue`: its
     /// dead entry keeps the exact bytes ([`payload::undecodable`]).
     pub(crate) async fn bury_undecodable(

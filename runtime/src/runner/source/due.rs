@@ -6,7 +6,9 @@
 //! `enqueued_at` (in its own time style); everything else is kept. A member
 //! that is not a valid job (not UTF-8 text, not JSON, no class...) goes to
 //! the dead set instead, removed by its exact bytes, so a bad entry never
-//! stops the poller.
+//! stops the poller. Members over the payload limit are buried by the
+//! script that reads the due members, inside Redis: the poller never
+//! holds them.
 
 use anyhow::{Context, Result};
 use redis::Script;
@@ -19,16 +21,39 @@ use crate::redis::{Redis, keys};
 
 /// Moves due members of the sorted sets to their queues.
 pub(crate) struct DueMover {
+    due: Script,
     enqueue: Script,
     dead: DeadSet,
+    max_payload: usize,
 }
 
 impl DueMover {
-    pub(crate) fn new(dead: DeadCaps) -> Self {
+    /// A mover burying bad members in a dead set with `dead`'s caps, and
+    /// members over `max_payload` bytes (0: no limit) without reading them.
+    pub(crate) fn new(dead: DeadCaps, max_payload: usize) -> Self {
         Self {
+            due: Script::new(scripts::DUE),
             enqueue: Script::new(scripts::ENQUEUE_DUE),
             dead: DeadSet::new(dead),
+            max_payload,
         }
+    }
+
+    /// Adds to `pipe` the reading of up to `batch` members of `set` due at
+    /// `now` ([`scripts::DUE`]: those over the payload limit are buried in
+    /// Redis, never read). The script must be loaded first in the same
+    /// pipeline ([`DueMover::load`]).
+    pub(crate) fn stage_due(&self, pipe: &mut redis::Pipeline, set: &str, batch: usize, now: f64) {
+        let mut invocation = self.due.prepare_invoke();
+        invocation.key(set).key(keys::DEAD).arg(batch);
+        self.dead.cap_args(&mut invocation, self.max_payload, now);
+        pipe.invoke_script(&invocation);
+    }
+
+    /// Adds loading the due script to `pipe` (a pipeline cannot load a
+    /// missing script on demand).
+    pub(crate) fn load(&self, pipe: &mut redis::Pipeline) {
+        pipe.load_script(&self.due).ignore();
     }
 
     /// Enqueues the due `member` of `set` (or buries it if it is not a

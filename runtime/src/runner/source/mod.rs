@@ -86,6 +86,9 @@ pub(crate) struct Settings {
     pub(crate) max_recoveries: u64,
     /// What the dead set keeps.
     pub(crate) dead: DeadCaps,
+    /// Bytes a job's payload may have (0: no limit); a larger one goes to
+    /// the dead set unrun, from inside Redis when it can.
+    pub(crate) max_payload: usize,
 }
 
 /// The work protocol, as the runner sees it. Futures are boxed so the

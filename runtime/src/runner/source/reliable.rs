@@ -59,7 +59,14 @@ impl Reliable {
                 into: list.clone(),
             })
             .collect();
-        let waiting = Waiting::start(&redis, waits, dead.clone(), doubt.clone(), paused.watch());
+        let waiting = Waiting::start(
+            &redis,
+            waits,
+            dead.clone(),
+            doubt.clone(),
+            paused.watch(),
+            settings.max_payload,
+        );
         let origin = Origin::current();
         if origin.is_none() {
             tracing::warn!(
@@ -156,6 +163,10 @@ impl JobSource for Reliable {
             let mut jobs = self.waiting.take_found(max);
             if jobs.len() < max {
                 let paused = self.paused.current();
+                let oversized = take::Oversized {
+                    dead: &self.dead,
+                    max_payload: self.settings.max_payload,
+                };
                 let taken = take::take(
                     &self.redis,
                     &self.fetch,
@@ -163,6 +174,7 @@ impl JobSource for Reliable {
                     &self.names,
                     Some(&self.list),
                     &paused,
+                    &oversized,
                     max - jobs.len(),
                 )
                 .await;

@@ -4,9 +4,64 @@
 //! keys safe when several processes race for the same job: whoever removes
 //! the entry is the one who writes it elsewhere.
 
+/// The Lua function `bury_oversized(job, dead, at)` the scripts that take
+/// jobs share: it adds the job `job`, larger than the limit, to the dead
+/// set `dead` without it ever leaving Redis, and trims the set as
+/// [`BURY`] does. Its settings are four arguments from ARGV[at]: the
+/// limit in bytes, the time now, the dead set's oldest score kept and its
+/// most entries (`DeadSet::cap_args`). The entry keeps every byte: a JSON
+/// object gets the error fields appended before its closing brace (a key
+/// that appears twice is read as its last value by Sidekiq and
+/// wasmjobs), anything else is wrapped whole as `payload`. Returns
+/// `o<size> <jid>` (the jid found near either end, else empty) for the
+/// runner's log.
+macro_rules! bury_oversized_lua {
+    () => {
+        r#"
+local function bury_oversized(job, dead, at)
+  local max, now, before, keep = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local size = #job
+  local function jid_in(text)
+    local _, open = string.find(text, '"jid":"', 1, true)
+    if not open then return nil end
+    local close = string.find(text, '"', open + 1, true)
+    if not close or close - open > 129 then return nil end
+    return string.sub(text, open + 1, close - 1)
+  end
+  local jid = jid_in(string.sub(job, -4096)) or jid_in(string.sub(job, 1, 4096)) or ''
+  local reason = 'payload of ' .. size .. ' bytes is larger than the ' .. max ..
+    ' a job may have (wasmjobs run --max-payload); not run, kept whole'
+  local entry
+  local tail = string.sub(job, -64)
+  local close = string.find(tail, '}%s*$')
+  if string.sub(job, 1, 1) == '{' and close then
+    local cut = size - #tail + close - 1
+    entry = string.sub(job, 1, cut) .. ',"error_class":"wasmjobs::PayloadTooLarge","error_message":' ..
+      cjson.encode(reason) .. ',"failed_at":' .. now .. ',"payload_bytes":' .. size .. '}'
+  else
+    entry = cjson.encode({class = 'wasmjobs::PayloadTooLarge', args = {}, jid = jid,
+      error_class = 'wasmjobs::PayloadTooLarge', error_message = reason, failed_at = tonumber(now),
+      payload_bytes = size, payload = job})
+  end
+  redis.call('ZADD', dead, now, entry)
+  redis.call('ZREMRANGEBYSCORE', dead, '-inf', before)
+  redis.call('ZREMRANGEBYRANK', dead, 0, -(tonumber(keep) + 1))
+  return 'o' .. size .. ' ' .. jid
+end
+"#
+    };
+}
+
 /// Moves up to ARGV[1] jobs from KEYS[2..] (in order) to KEYS[1] (reliable),
 /// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job,
 /// cancel mark, …].
+///
+/// A job larger than ARGV[3] bytes (0 or absent: no limit) is not taken:
+/// it goes to the dead set KEYS[#KEYS] from inside Redis
+/// (`bury_oversized`, settings from ARGV[3]), and its entry in the
+/// reply is an empty job with the mark `o<size> <jid>`. A huge payload
+/// never crosses the network, so it cannot swell the runner's memory, and
+/// is never written into the heartbeat's `work` hash.
 ///
 /// The cancel mark saves a round trip per job. It is about the jid found
 /// at the first `"jid":"` in the payload (compact JSON, as Sidekiq and
@@ -20,9 +75,14 @@
 /// script costs Redis ~2.5 µs per job against ~1 µs without marks);
 /// `redis.pcall`: a key of another type is someone else's, not a reason
 /// to fail a fetch.
-pub const FETCH: &str = r#"
+pub const FETCH: &str = concat!(
+    bury_oversized_lua!(),
+    r#"
 local max = tonumber(ARGV[1])
 local keep = ARGV[2] == "1"
+local most = tonumber(ARGV[3]) or 0
+local queues = #KEYS
+if most > 0 then queues = #KEYS - 1 end
 local function mark(job)
   local _, open = string.find(job, '"jid":"', 1, true)
   if not open then return '' end
@@ -39,22 +99,35 @@ local function mark(job)
 end
 local out = {}
 local got = 0
-for i = 2, #KEYS do
+for i = 2, queues do
   local need = max - got
   if need <= 0 then break end
   local jobs = redis.call('RPOP', KEYS[i], need)
   if jobs then
-    if keep then redis.call('LPUSH', KEYS[1], unpack(jobs)) end
+    local held = jobs
+    if most > 0 then
+      held = {}
+      for _, job in ipairs(jobs) do
+        if #job <= most then held[#held + 1] = job end
+      end
+    end
+    if keep and #held > 0 then redis.call('LPUSH', KEYS[1], unpack(held)) end
     for _, job in ipairs(jobs) do
       out[#out + 1] = tostring(i - 2)
-      out[#out + 1] = job
-      out[#out + 1] = mark(job)
+      if most > 0 and #job > most then
+        out[#out + 1] = ''
+        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 3)
+      else
+        out[#out + 1] = job
+        out[#out + 1] = mark(job)
+      end
     end
     got = got + #jobs
   end
 end
 return out
-"#;
+"#
+);
 
 /// Puts ARGV[2] at the front of the queue KEYS[2] (the next job fetched)
 /// and adds ARGV[3] to the queue set KEYS[3] if ARGV[1] is still in the
@@ -80,6 +153,64 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
 end
 return 0
 "#;
+
+/// The next due members of the sorted set KEYS[1] (`schedule`, `retry`):
+/// up to ARGV[1] scored at or before ARGV[3] (the time now, which the
+/// settings from ARGV[2] carry). A member larger than ARGV[2] bytes (0: no
+/// limit) is moved to the dead set KEYS[2] inside Redis instead
+/// (`bury_oversized`) and not returned, so the poller never reads it.
+/// Returns the members.
+pub(super) const DUE: &str = concat!(
+    bury_oversized_lua!(),
+    r#"
+local most = tonumber(ARGV[2]) or 0
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3], 'LIMIT', 0, tonumber(ARGV[1]))
+if most == 0 then return members end
+local out = {}
+for _, member in ipairs(members) do
+  if #member > most then
+    redis.call('ZREM', KEYS[1], member)
+    bury_oversized(member, KEYS[2], 2)
+  else
+    out[#out + 1] = member
+  end
+end
+return out
+"#
+);
+
+/// Buries a job over the limit that a blocking wait moved into the list
+/// KEYS[2] (an in-progress list), found there by its length ARGV[1], its
+/// first bytes ARGV[2] and its last bytes ARGV[3], so its bytes need not
+/// be sent back: it is removed and buried inside Redis (`bury_oversized`,
+/// dead set KEYS[1], settings from ARGV[4]). A blocking move pushes to the
+/// list's head, so the search starts there. Returns the mark, or false if
+/// no such entry is there any more.
+pub(super) const BURY_OVERSIZED_HELD: &str = concat!(
+    bury_oversized_lua!(),
+    r#"
+local size, head, tail = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local n = redis.call('LLEN', KEYS[2])
+for i = 0, n - 1 do
+  local item = redis.call('LINDEX', KEYS[2], i)
+  if item and #item == size and string.sub(item, 1, #head) == head and string.sub(item, -#tail) == tail then
+    redis.call('LREM', KEYS[2], 1, item)
+    return bury_oversized(item, KEYS[1], 4)
+  end
+end
+return false
+"#
+);
+
+/// Buries ARGV[1], a job over the limit that a blocking wait popped (basic
+/// fetch: it is nowhere in Redis any more), with `bury_oversized` (dead
+/// set KEYS[1], settings from ARGV[2]). Returns the mark.
+pub(super) const BURY_OVERSIZED_POPPED: &str = concat!(
+    bury_oversized_lua!(),
+    r#"
+return bury_oversized(ARGV[1], KEYS[1], 2)
+"#
+);
 
 /// The one bury. Adds ARGV[1] to the dead set KEYS[1] with score ARGV[2],
 /// then trims the set as Sidekiq does: entries scored at or before ARGV[3]

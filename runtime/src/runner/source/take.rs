@@ -1,7 +1,8 @@
 //! The non-blocking fetch both modes share: one Lua call
 //! ([`super::scripts::FETCH`]) takes up to *n* jobs from the queues in
 //! order, moving them into the in-progress list (reliable) or popping them
-//! (basic).
+//! (basic). Jobs over the payload limit are buried by the script itself
+//! and never leave Redis.
 
 use std::collections::HashSet;
 
@@ -9,15 +10,24 @@ use anyhow::{Context, Result};
 use redis::Script;
 
 use super::MAX_BATCH;
-use crate::redis::{Redis, keys};
+use super::dead::{DeadSet, oversized_buried};
+use crate::redis::{Redis, keys, now_f64};
 use crate::runner::fetched::CancelMark;
 use crate::runner::queues::Queues;
 
 /// A job taken: its bytes, its queue, and the fetch script's cancel mark.
 pub(super) type Taken = (Vec<u8>, String, CancelMark);
 
+/// What a fetch does with payloads over the limit: bury them in `dead`
+/// from inside Redis (0: no limit).
+pub(super) struct Oversized<'a> {
+    pub(super) dead: &'a DeadSet,
+    pub(super) max_payload: usize,
+}
+
 /// Takes up to `max` jobs from `queues` (in this fetch's order), into
-/// `held_in` when given, leaving out the queues in `paused`.
+/// `held_in` when given, leaving out the queues in `paused`. A job over
+/// the payload limit is buried instead, logged, and not returned.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn take(
     redis: &Redis,
@@ -26,6 +36,7 @@ pub(super) async fn take(
     names: &[String],
     held_in: Option<&str>,
     paused: &HashSet<String>,
+    oversized: &Oversized<'_>,
     max: usize,
 ) -> Result<Vec<Taken>> {
     let mut order = queues.fetch_order();
@@ -44,6 +55,10 @@ pub(super) async fn take(
     invocation
         .arg(max.min(MAX_BATCH))
         .arg(if held_in.is_some() { "1" } else { "0" });
+    if oversized.max_payload > 0 {
+        invocation.key(keys::DEAD);
+        oversized.dead.cap_args(&mut invocation, oversized.max_payload, now_f64());
+    }
     let flat: Vec<Vec<u8>> = invocation
         .invoke_async(&mut redis.conn())
         .await
@@ -57,6 +72,9 @@ pub(super) async fn take(
             .and_then(|p| order.get(p))
             .and_then(|&i| names.get(i))
             .context("the fetch script returned a bad queue index")?;
+        if raw.is_empty() && oversized_buried(queue, &mark) {
+            continue;
+        }
         let mark = CancelMark::from_script(&raw, &mark);
         jobs.push((raw, queue.to_owned(), mark));
     }

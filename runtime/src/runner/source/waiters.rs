@@ -81,6 +81,7 @@ impl Waiting {
         dead: Arc<DeadSet>,
         doubt: Arc<Doubt>,
         paused: watch::Receiver<PausedSet>,
+        max_payload: usize,
     ) -> Self {
         let (armed, armed_rx) = watch::channel(false);
         let armed = Arc::new(armed);
@@ -97,6 +98,7 @@ impl Waiting {
                     doubt: doubt.clone(),
                     dead: dead.clone(),
                     paused: paused.clone(),
+                    max_payload,
                 };
                 (tokio::spawn(waiter.run(armed_rx.clone(), found_tx.clone())), client_id)
             })
@@ -237,6 +239,8 @@ struct Waiter {
     doubt: Arc<Doubt>,
     dead: Arc<DeadSet>,
     paused: watch::Receiver<PausedSet>,
+    /// Bytes a payload may have (0: no limit): a larger one is buried.
+    max_payload: usize,
 }
 
 impl Waiter {
@@ -386,6 +390,16 @@ impl Waiter {
                 (raw, queue, None)
             }
         };
+        if self.max_payload > 0 && raw.len() > self.max_payload {
+            let place = match place_key {
+                Some(key) => Place::List { key, member: &raw },
+                None => Place::Nowhere,
+            };
+            self.dead
+                .bury_oversized(&self.redis, place, &raw, self.max_payload, &queue)
+                .await?;
+            return Ok(None);
+        }
         match String::from_utf8(raw) {
             Ok(raw) => Ok(Some(Fetched::new(raw, queue))),
             Err(err) => {
