@@ -191,6 +191,30 @@ pub fn prometheus(metrics: &Metrics) -> String {
     let _ = writeln!(out, "wasmjobs_unique_locks_released_total {}", p.unique_locks_released);
     family(
         &mut out,
+        "wasmjobs_heartbeat_failures_total",
+        "counter",
+        "Heartbeats Redis refused or never answered; while they fail, other processes see this one as dead after 60 s.",
+    );
+    let _ = writeln!(out, "wasmjobs_heartbeat_failures_total {}", p.heartbeat_failures);
+    if p.heartbeat_at > 0.0 {
+        gauge(
+            &mut out,
+            "wasmjobs_heartbeat_age_seconds",
+            "Seconds since this process last wrote its heartbeat (every 10 s when well; others count it dead after 60 s).",
+            (crate::job::now_ms() as f64 / 1000.0 - p.heartbeat_at).max(0.0),
+        );
+    }
+    family(
+        &mut out,
+        "wasmjobs_background_task_panics_total",
+        "counter",
+        "Panics of the runner's background loops (heartbeat, pollers, reloader, ...), by loop; each is logged as an error.",
+    );
+    for (task, count) in &p.task_panics {
+        let _ = writeln!(out, "wasmjobs_background_task_panics_total{{task=\"{task}\"}} {count}");
+    }
+    family(
+        &mut out,
         "wasmjobs_plugin_reloads_total",
         "counter",
         "Hot reloads of plugins, by outcome.",

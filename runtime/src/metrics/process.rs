@@ -8,6 +8,8 @@
 //! reloader) store, readers (`/metrics`, `/stats`, the run summary) load;
 //! nothing here is on a job's path.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -73,6 +75,20 @@ pub struct ProcessGauges {
     pub cron_lost: AtomicU64,
     /// Unique-job locks this process released (see `docs/unique-jobs.md`).
     pub unique_locks_released: AtomicU64,
+    /// When the heartbeat was last written, epoch seconds × 1000 (0: not yet).
+    pub heartbeat_at_ms: AtomicU64,
+    /// Heartbeats Redis refused or never answered.
+    pub heartbeat_failures: AtomicU64,
+    /// Panics of background loops, by loop (`runner::supervise`).
+    pub task_panics: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl ProcessGauges {
+    /// Counts a panic of the background loop `name`.
+    pub fn task_panicked(&self, name: &'static str) {
+        let mut panics = self.task_panics.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *panics.entry(name).or_default() += 1;
+    }
 }
 
 /// A copy of the gauges, for the JSON document and the summary.
@@ -112,6 +128,12 @@ pub struct ProcessSnapshot {
     pub cron: CronTicks,
     /// Unique-job locks released.
     pub unique_locks_released: u64,
+    /// When the heartbeat was last written, epoch seconds (0: not yet).
+    pub heartbeat_at: f64,
+    /// Heartbeats that failed.
+    pub heartbeat_failures: u64,
+    /// Panics of background loops, by loop.
+    pub task_panics: BTreeMap<&'static str, u64>,
 }
 
 /// Cron ticks this process tried to claim, by outcome.
@@ -184,6 +206,13 @@ impl ProcessGauges {
                 lost: get(&self.cron_lost),
             },
             unique_locks_released: get(&self.unique_locks_released),
+            heartbeat_at: get(&self.heartbeat_at_ms) as f64 / 1000.0,
+            heartbeat_failures: get(&self.heartbeat_failures),
+            task_panics: self
+                .task_panics
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
         }
     }
 

@@ -38,6 +38,9 @@ use crate::redis::{Redis, keys, latency, now_f64};
 pub const INTERVAL: Duration = Duration::from_secs(10);
 /// Shortest time between beats when a reload asks for one early.
 pub const EARLIEST: Duration = Duration::from_secs(1);
+/// A heartbeat failing for this long is logged as an error: half the
+/// time after which the others count the process dead.
+const LOUD_AFTER: Duration = Duration::from_secs(30);
 
 /// Who this process is: `hostname:pid:nonce`, as Sidekiq names processes.
 #[derive(Debug, Clone)]
@@ -224,15 +227,32 @@ impl Heartbeat {
     /// Beats every [`INTERVAL`] until `stop`, forwarding the Web UI's
     /// signals to `commands`.
     pub(crate) async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>, stop: CancellationToken) {
+        let mut written = Instant::now();
         loop {
             match self.beat().await {
-                Ok(Some(command)) => {
-                    if commands.send(command).await.is_err() {
+                Ok(command) => {
+                    written = Instant::now();
+                    if let Some(command) = command
+                        && commands.send(command).await.is_err()
+                    {
                         return;
                     }
                 }
-                Ok(None) => {}
-                Err(err) => tracing::warn!("heartbeat: {err:#}"),
+                Err(err) => {
+                    if let Some(metrics) = &self.metrics {
+                        metrics.process.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let missing = written.elapsed();
+                    if missing >= LOUD_AFTER {
+                        tracing::error!(
+                            "heartbeat: {err:#}; not written for {}s: other processes count this one as dead after {}s and recover its jobs",
+                            missing.as_secs(),
+                            keys::HEARTBEAT_TTL_SECS
+                        );
+                    } else {
+                        tracing::warn!("heartbeat: {err:#}");
+                    }
+                }
             }
             let beaten = Instant::now();
             tokio::select! {
@@ -316,6 +336,10 @@ impl Heartbeat {
         self.rtt_us.store(rtt_us, Ordering::Relaxed);
         if let Some(metrics) = &self.metrics {
             metrics.process.redis_rtt_us.store(rtt_us, Ordering::Relaxed);
+            metrics
+                .process
+                .heartbeat_at_ms
+                .store(crate::job::now_ms(), Ordering::Relaxed);
         }
         Ok(signal.and_then(|s| match s.as_str() {
             "TSTP" | "USR1" => Some(Command::Quiet),

@@ -7,6 +7,10 @@
 //! outcome writer, the fetch loop, the scheduled poller, the cron poller,
 //! orphan recovery, the reloader, the monitor and the heartbeat.
 //!
+//! Every background loop is spawned through [`supervise`]: named, its
+//! panics logged as errors and counted, and restarted where it can be
+//! made again (the heartbeat among them).
+//!
 //! Shutdown is a tree of cancellation tokens: `done` (heartbeat, monitor)
 //! → `stop` (pollers, reloader, orphan recovery) → `quiet` (the fetch loop).
 //! SIGTSTP (or TSTP from the Web UI) cancels `quiet` only; "quiet" is
@@ -44,6 +48,7 @@ use super::scheduled::Poller;
 use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
+use super::supervise::{self, Restart};
 use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -138,13 +143,21 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     }
 
     let tasks = TaskTracker::new();
+    // Every background loop is named and supervised: a panic is logged
+    // and counted, and the loops that can be made again are restarted.
+    let supervised = |name: &'static str, stop: &CancellationToken, restart: Restart| {
+        supervise::spawn(&tasks, name, metrics.clone(), stop.clone(), restart);
+    };
     let poller = Arc::new(Poller::new(
         redis.clone(),
         options.poll_interval,
         options.dead,
         options.max_payload,
     ));
-    tasks.spawn(poller.clone().run(stop.clone()));
+    supervised("scheduled poller", &stop, {
+        let (poller, stop) = (poller.clone(), stop.clone());
+        Restart::With(Box::new(move || Box::pin(poller.clone().run(stop.clone()))))
+    });
     let (served_tx, served) = mpsc::unbounded_channel();
     let (schedules_tx, schedules) = mpsc::unbounded_channel();
     let loaded = catalog
@@ -156,28 +169,54 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             schedules: plugin.manifest.schedules.clone(),
         })
         .collect();
-    tasks.spawn(CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone()));
+    let cron = CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone());
+    supervised("cron", &stop, Restart::Never(Box::pin(cron), "cron"));
     let heartbeat = Arc::new(heartbeat);
-    tasks.spawn(
-        Reloader::new(
-            options.plugins.clone(),
-            executor.clone(),
-            options.cache.clone(),
-            catalog.clone(),
-        )
-        .on_change(heartbeat.reloaded())
-        .on_new_classes(served_tx)
-        .on_schedules(schedules_tx)
-        .with_metrics(metrics.clone())
-        .run(stop.clone()),
+    let reloader = Reloader::new(
+        options.plugins.clone(),
+        executor.clone(),
+        options.cache.clone(),
+        catalog.clone(),
+    )
+    .on_change(heartbeat.reloaded())
+    .on_new_classes(served_tx)
+    .on_schedules(schedules_tx)
+    .with_metrics(metrics.clone())
+    .run(stop.clone());
+    supervised("reloader", &stop, Restart::Never(Box::pin(reloader), "hot reload"));
+    supervised(
+        "unserved release",
+        &stop,
+        Restart::Never(
+            Box::pin(release_unserved(poller, served)),
+            "releasing retries when their plugin arrives",
+        ),
     );
-    tasks.spawn(release_unserved(poller, served));
-    tasks.spawn(source::recover_orphans_periodically(source.clone(), stop.clone()));
-    tasks.spawn(paused.clone().run(redis.clone(), stop.clone()));
-    tasks.spawn(cancels.clone().run(stop.clone()));
-    tasks.spawn(control::listen(redis.clone(), cancels, paused.clone(), stop.clone()));
+    supervised("orphan recovery", &stop, {
+        let (source, stop) = (source.clone(), stop.clone());
+        Restart::With(Box::new(move || {
+            Box::pin(source::recover_orphans_periodically(source.clone(), stop.clone()))
+        }))
+    });
+    supervised("paused poller", &stop, {
+        let (paused, redis, stop) = (paused.clone(), redis.clone(), stop.clone());
+        Restart::With(Box::new(move || Box::pin(paused.clone().run(redis.clone(), stop.clone()))))
+    });
+    supervised("cancel sweep", &stop, {
+        let (cancels, stop) = (cancels.clone(), stop.clone());
+        Restart::With(Box::new(move || Box::pin(cancels.clone().run(stop.clone()))))
+    });
+    supervised("control", &stop, {
+        let (redis, paused, stop) = (redis.clone(), paused.clone(), stop.clone());
+        Restart::With(Box::new(move || {
+            Box::pin(control::listen(redis.clone(), cancels.clone(), paused.clone(), stop.clone()))
+        }))
+    });
     let (commands_tx, mut commands) = mpsc::channel(4);
-    tasks.spawn(heartbeat.clone().run(commands_tx, done.clone()));
+    supervised("heartbeat", &done, {
+        let (heartbeat, done) = (heartbeat.clone(), done.clone());
+        Restart::With(Box::new(move || Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone()))))
+    });
     monitor::start(
         metrics.clone(),
         executor,
@@ -190,7 +229,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     if let Some((addr, access)) = options.web.clone() {
         let (bound, serve) = crate::web::bind(addr, redis.conn(), redis.location.clone(), access, done.clone()).await?;
         crate::web::announce(bound);
-        tasks.spawn(serve);
+        supervised("dashboard", &done, Restart::Never(Box::pin(serve), "the dashboard"));
     }
     let startup = clock.fetching();
     tracing::info!(identity = %identity.identity, startup_ms = startup.as_millis() as u64, "running");

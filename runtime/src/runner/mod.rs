@@ -48,6 +48,7 @@ pub(crate) mod reloader;
 pub(crate) mod scheduled;
 pub(crate) mod source;
 pub mod summary;
+pub(crate) mod supervise;
 pub(crate) mod unit;
 
 #[cfg(test)]
