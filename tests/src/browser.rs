@@ -82,16 +82,16 @@ impl Browser {
         let (driver, port) = start_driver(&log);
         let profile = dir.path().join("profile");
         let mut args: Vec<String> = [
-                    "--headless=new",
-                    "--no-sandbox",
-                    "--disable-dev-shm-usage",
-                    "--disable-gpu",
-                    "--window-size=1280,900",
-                    "--no-first-run",
-                    "--no-default-browser-check",
-                    // No crash handler: it would leave the driver's process group.
-                    "--disable-breakpad",
-                    "--disable-crash-reporter",
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-dev-shm-usage",
+            "--disable-gpu",
+            "--window-size=1280,900",
+            "--no-first-run",
+            "--no-default-browser-check",
+            // No crash handler: it would leave the driver's process group.
+            "--disable-breakpad",
+            "--disable-crash-reporter",
         ]
         .map(str::to_owned)
         .to_vec();

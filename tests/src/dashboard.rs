@@ -186,4 +186,3 @@ pub fn post_form(addr: &str, path: &str, form: &str) -> Response {
         form,
     )
 }
-

@@ -321,7 +321,11 @@ async fn a_heartbeat_that_cannot_be_written_is_counted_logged_and_recovers() {
     let mut runner = Runner::start(&redis.url(), plugins.path(), &["--metrics-addr", &addr]);
     runner.wait_running();
     let metrics = http_get(&addr, "/metrics");
-    assert_eq!(sample(&metrics, "wasmjobs_heartbeat_failures_total"), Some(0.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "wasmjobs_heartbeat_failures_total"),
+        Some(0.0),
+        "{metrics}"
+    );
     let age = sample(&metrics, "wasmjobs_heartbeat_age_seconds").expect("the heartbeat's age");
     assert!(age < 15.0, "{age}");
 
@@ -335,7 +339,11 @@ async fn a_heartbeat_that_cannot_be_written_is_counted_logged_and_recovers() {
         .expect("CLIENT PAUSE");
     let deadline = Instant::now() + Duration::from_secs(60);
     while sample(&http_get(&addr, "/metrics"), "wasmjobs_heartbeat_failures_total").unwrap_or(0.0) < 1.0 {
-        assert!(Instant::now() < deadline, "no heartbeat failure counted:\n{}", runner.log());
+        assert!(
+            Instant::now() < deadline,
+            "no heartbeat failure counted:\n{}",
+            runner.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(runner.log().contains("heartbeat: "), "{}", runner.log());
@@ -351,7 +359,11 @@ async fn a_heartbeat_that_cannot_be_written_is_counted_logged_and_recovers() {
         if sample(&metrics, "wasmjobs_heartbeat_age_seconds").is_some_and(|age| age < 11.0) {
             break;
         }
-        assert!(Instant::now() < deadline, "the heartbeat did not recover:\n{metrics}\n{}", runner.log());
+        assert!(
+            Instant::now() < deadline,
+            "the heartbeat did not recover:\n{metrics}\n{}",
+            runner.log()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");

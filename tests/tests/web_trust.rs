@@ -75,7 +75,10 @@ async fn a_page_rebound_to_loopback_can_neither_read_nor_change_the_dashboard() 
     assert_eq!(result["read"], 421, "the rebound page read the dashboard: {result}");
     assert_eq!(result["leaked"], false, "{result}");
     assert_eq!(result["token"], 0, "a CSRF token reached the rebound page: {result}");
-    assert_ne!(result["post"], 0, "the POST was answered with a redirect (done): {result}");
+    assert_ne!(
+        result["post"], 0,
+        "the POST was answered with a redirect (done): {result}"
+    );
     assert_eq!(queued(&mut conn).await, 1, "the queue was cleared: {result}");
     let dead: u64 = conn.zcard("dead").await.expect("ZCARD");
     assert_eq!(dead, 1);
@@ -130,7 +133,10 @@ async fn foreign_host_names_are_misdirected_unless_listed() {
         &addr,
         "POST",
         "/queues/default/clear",
-        &[("Origin", &origin), ("Content-Type", "application/x-www-form-urlencoded")],
+        &[
+            ("Origin", &origin),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
         "",
     );
     assert_eq!(cross.status, 403, "{cross:?}");
@@ -182,7 +188,10 @@ async fn the_token_is_typed_into_a_form_and_never_travels_in_a_url() {
 
     let anonymous = request(&addr, "GET", "/dead?page=1", &[], "");
     assert_eq!(anonymous.status, 401, "{anonymous:?}");
-    assert!(anonymous.body.contains(r#"name="token""#), "a sign-in form: {anonymous:?}");
+    assert!(
+        anonymous.body.contains(r#"name="token""#),
+        "a sign-in form: {anonymous:?}"
+    );
     assert!(!anonymous.body.contains(SECRET));
     let in_url = format!("/dead?token={}", url_encode(TOKEN));
     assert_eq!(
@@ -202,9 +211,15 @@ async fn the_token_is_typed_into_a_form_and_never_travels_in_a_url() {
     assert_eq!(signed_in.status, 303, "{signed_in:?}");
     assert_eq!(location(&signed_in.head).as_deref(), Some("/dead?page=1"));
     let cookie = set_cookie(&signed_in.head, "wasmjobs_token").expect("the sign-in cookie");
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     let pair = cookie.split(';').next().expect("name=value").to_owned();
-    assert!(!pair.contains("t0ken"), "the cookie holds a digest, not the token: {pair}");
+    assert!(
+        !pair.contains("t0ken"),
+        "the cookie holds a digest, not the token: {pair}"
+    );
     let page = request(&addr, "GET", "/dead", &[("Cookie", &pair)], "");
     assert_eq!(page.status, 200, "{page:?}");
     assert!(page.body.contains(SECRET));
@@ -246,7 +261,12 @@ fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
         match stream.read(&mut buf) {
             Ok(0) => return Some(started.elapsed()),
             Ok(_) => continue,
-            Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return None;
             }
             Err(_) => return Some(started.elapsed()),

@@ -31,14 +31,7 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
     access.required_for(args.addr)?;
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let stop = CancellationToken::new();
-    let (bound, serve) = web::bind(
-        args.addr,
-        redis.conn(),
-        redis.location.clone(),
-        access,
-        stop.clone(),
-    )
-    .await?;
+    let (bound, serve) = web::bind(args.addr, redis.conn(), redis.location.clone(), access, stop.clone()).await?;
     web::announce(bound);
     let server = tokio::spawn(serve);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

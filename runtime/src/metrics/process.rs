@@ -86,7 +86,10 @@ pub struct ProcessGauges {
 impl ProcessGauges {
     /// Counts a panic of the background loop `name`.
     pub fn task_panicked(&self, name: &'static str) {
-        let mut panics = self.task_panics.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut panics = self
+            .task_panics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *panics.entry(name).or_default() += 1;
     }
 }

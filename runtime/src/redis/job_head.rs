@@ -169,9 +169,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
 /// size, and `args` replaced by one string saying how large the payload
 /// is. Valid JSON whatever `raw` is; a few hundred bytes at most.
 pub fn preview(raw: &str) -> String {
-    let cut = |text: Option<Cow<'_, str>>| -> Option<String> {
-        text.map(|t| t.chars().take(MAX_CLASS_LEN).collect())
-    };
+    let cut = |text: Option<Cow<'_, str>>| -> Option<String> { text.map(|t| t.chars().take(MAX_CLASS_LEN).collect()) };
     let note = format!("(args not shown: the payload is {} bytes)", raw.len());
     let mut preview = serde_json::Map::new();
     match serde_json::from_str::<Head>(raw) {

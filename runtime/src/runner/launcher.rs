@@ -200,7 +200,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     });
     supervised("paused poller", &stop, {
         let (paused, redis, stop) = (paused.clone(), redis.clone(), stop.clone());
-        Restart::With(Box::new(move || Box::pin(paused.clone().run(redis.clone(), stop.clone()))))
+        Restart::With(Box::new(move || {
+            Box::pin(paused.clone().run(redis.clone(), stop.clone()))
+        }))
     });
     supervised("cancel sweep", &stop, {
         let (cancels, stop) = (cancels.clone(), stop.clone());
@@ -209,13 +211,20 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     supervised("control", &stop, {
         let (redis, paused, stop) = (redis.clone(), paused.clone(), stop.clone());
         Restart::With(Box::new(move || {
-            Box::pin(control::listen(redis.clone(), cancels.clone(), paused.clone(), stop.clone()))
+            Box::pin(control::listen(
+                redis.clone(),
+                cancels.clone(),
+                paused.clone(),
+                stop.clone(),
+            ))
         }))
     });
     let (commands_tx, mut commands) = mpsc::channel(4);
     supervised("heartbeat", &done, {
         let (heartbeat, done) = (heartbeat.clone(), done.clone());
-        Restart::With(Box::new(move || Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone()))))
+        Restart::With(Box::new(move || {
+            Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone()))
+        }))
     });
     monitor::start(
         metrics.clone(),

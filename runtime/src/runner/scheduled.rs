@@ -148,4 +148,3 @@ impl Poller {
         self.mover.move_one(&self.redis, set, member, now).await
     }
 }
-

@@ -29,7 +29,9 @@ pub(super) fn form(web: &Web, next: &str, wrong: bool) -> Response {
 /// `POST /login` with the urlencoded `form`: back to the page asked for
 /// with the cookie set, or the form again.
 pub(super) fn submit(web: &Web, form: &str) -> Response {
-    let next = query_param(form, "next").filter(|n| safe_next(n)).unwrap_or_else(|| "/".into());
+    let next = query_param(form, "next")
+        .filter(|n| safe_next(n))
+        .unwrap_or_else(|| "/".into());
     let given = query_param(form, "token").unwrap_or_default();
     let Some(cookie) = web.access.credentials.token_cookie(&given) else {
         return form_again(web, &next);
@@ -71,7 +73,14 @@ mod tests {
         for ok in ["/", "/dead?page=2", "/queues/default"] {
             assert!(safe_next(ok), "{ok}");
         }
-        for refused in ["", "//evil.example/", "/\\evil.example", "https://evil.example/", "dead", "/a\nb"] {
+        for refused in [
+            "",
+            "//evil.example/",
+            "/\\evil.example",
+            "https://evil.example/",
+            "dead",
+            "/a\nb",
+        ] {
             assert!(!safe_next(refused), "{refused:?}");
         }
     }

@@ -185,6 +185,10 @@ async fn a_large_job_in_flight_keeps_the_heartbeat_small() {
         .output()
         .expect("wasmjobs cancel");
     let said = String::from_utf8_lossy(&cancel.stdout);
-    assert!(said.contains("cancelled"), "{said}\n{}", String::from_utf8_lossy(&cancel.stderr));
+    assert!(
+        said.contains("cancelled"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&cancel.stderr)
+    );
     assert!(runner.stop().success(), "{}", runner.log());
 }

@@ -57,7 +57,9 @@ pub(super) async fn take(
         .arg(if held_in.is_some() { "1" } else { "0" });
     if oversized.max_payload > 0 {
         invocation.key(keys::DEAD);
-        oversized.dead.cap_args(&mut invocation, oversized.max_payload, now_f64());
+        oversized
+            .dead
+            .cap_args(&mut invocation, oversized.max_payload, now_f64());
     }
     let flat: Vec<Vec<u8>> = invocation
         .invoke_async(&mut redis.conn())
