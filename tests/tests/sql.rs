@@ -506,10 +506,12 @@ async fn wasmjobs_run_serves_sql_jobs_with_db_options() {
     let local = dir.path().join("local.db");
     let main = format!("main={}?pool=100", pg.url("app"));
     let local = format!("local=sqlite://{}", local.display());
+    // A plugin's own database for a plugin that is not there (a typo).
+    let typo = format!("main@sq1={}?pool=1", pg.url("app"));
     let mut runner = Runner::start(
         &redis.url(),
         dir.path(),
-        &["--concurrency", "100", "--db", &main, "--db", &local],
+        &["--concurrency", "100", "--db", &main, "--db", &local, "--db", &typo],
     );
     runner.wait_running();
     // The pool was filled before the first job: the first wave of 100
@@ -564,6 +566,10 @@ async fn wasmjobs_run_serves_sql_jobs_with_db_options() {
     assert!(log.contains("main: 1 row(s)"), "{log}");
     assert!(log.contains("local: first row: answer=42, word='ok'"), "{log}");
     assert!(log.contains("database configured"), "{log}");
+    assert!(
+        log.contains(r#"--db main@sq1: no plugin named "sq1" is loaded"#),
+        "{log}"
+    );
     let efficiency = (Duration::from_millis(100) * jobs / 100).as_secs_f64() / elapsed.as_secs_f64();
     eprintln!("wasmjobs run: PgSleepJob x{jobs} at concurrency 100: {elapsed:?} (efficiency {efficiency:.2})");
 }
@@ -616,15 +622,16 @@ fn wasmjobs_exec_takes_db_options() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("postgres://"));
 }
 
-/// `wasmjobs exec` with `--db`/`WASMJOBS_DB` as given; its output (stdout,
-/// stderr) and exit code.
-fn exec_sql_job(data_dir: &Path, env_db: Option<&str>, db_args: &[&str], args: &str) -> (String, String, Option<i32>) {
+/// `wasmjobs exec` of SqlJob from `dir/plugins` (its data directory `dir`)
+/// with `--db`/`WASMJOBS_DB` as given; its output (stdout, stderr) and exit
+/// code.
+fn exec_sql_job(dir: &Path, env_db: Option<&str>, db_args: &[&str], args: &str) -> (String, String, Option<i32>) {
     let mut command = std::process::Command::new(wasmjobs_e2e::runner::wasmjobs_bin());
     command
         .arg("--data-dir")
-        .arg(data_dir)
+        .arg(dir)
         .args(["exec", "--plugins"])
-        .arg(plugins_dir());
+        .arg(dir.join("plugins"));
     for spec in db_args {
         command.args(["--db", spec]);
     }
@@ -640,7 +647,7 @@ fn exec_sql_job(data_dir: &Path, env_db: Option<&str>, db_args: &[&str], args: &
     )
 }
 
-/// `NAME@PLUGIN=URL` gives one plugin (here `plugins/sql`, SqlJob's) its
+/// `NAME@PLUGIN=URL` gives one plugin (here `sql`, SqlJob's) its
 /// own credentials for `NAME`, beside `NAME=URL` for every other plugin,
 /// from the command line or `WASMJOBS_DB`; `application_name` names the
 /// plugin either way. A bad `--db` is refused with a reason and without
@@ -651,6 +658,8 @@ fn wasmjobs_exec_gives_a_plugin_its_own_db_credentials() {
     pg.create_database("app");
     pg.psql("postgres", "CREATE ROLE reporter LOGIN");
     let dir = tempfile::tempdir().expect("tempdir");
+    // SqlJob alone (a copy of plugins/sql), so that only it is compiled.
+    copy_plugin(&plugins_dir().join("sql"), &dir.path().join("plugins"));
     let who = r#"["main", "SELECT current_user AS who, current_setting('application_name') AS app"]"#;
     let default = format!("main={}", pg.url("app"));
     let own = format!("main@sql={}", pg.url_as("reporter", "app"));
