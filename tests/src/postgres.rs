@@ -141,7 +141,13 @@ impl TestPostgres {
 
     /// `postgres://wasmjobs@127.0.0.1:PORT/DB`.
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://{USER}@127.0.0.1:{}/{db}", self.port)
+        self.url_as(USER, db)
+    }
+
+    /// `postgres://ROLE@127.0.0.1:PORT/DB` (trust authentication: any
+    /// password in a URL is ignored).
+    pub fn url_as(&self, role: &str, db: &str) -> String {
+        format!("postgres://{role}@127.0.0.1:{}/{db}", self.port)
     }
 
     /// Creates database `name` (owned by the test superuser).

@@ -506,10 +506,12 @@ async fn wasmjobs_run_serves_sql_jobs_with_db_options() {
     let local = dir.path().join("local.db");
     let main = format!("main={}?pool=100", pg.url("app"));
     let local = format!("local=sqlite://{}", local.display());
+    // A plugin's own database for a plugin that is not there (a typo).
+    let typo = format!("main@sq1={}?pool=1", pg.url("app"));
     let mut runner = Runner::start(
         &redis.url(),
         dir.path(),
-        &["--concurrency", "100", "--db", &main, "--db", &local],
+        &["--concurrency", "100", "--db", &main, "--db", &local, "--db", &typo],
     );
     runner.wait_running();
     // The pool was filled before the first job: the first wave of 100
@@ -564,6 +566,10 @@ async fn wasmjobs_run_serves_sql_jobs_with_db_options() {
     assert!(log.contains("main: 1 row(s)"), "{log}");
     assert!(log.contains("local: first row: answer=42, word='ok'"), "{log}");
     assert!(log.contains("database configured"), "{log}");
+    assert!(
+        log.contains(r#"--db main@sq1: no plugin named "sq1" is loaded"#),
+        "{log}"
+    );
     let efficiency = (Duration::from_millis(100) * jobs / 100).as_secs_f64() / elapsed.as_secs_f64();
     eprintln!("wasmjobs run: PgSleepJob x{jobs} at concurrency 100: {elapsed:?} (efficiency {efficiency:.2})");
 }
@@ -614,4 +620,106 @@ fn wasmjobs_exec_takes_db_options() {
         .expect("run wasmjobs exec");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("postgres://"));
+}
+
+/// `wasmjobs exec` of SqlJob from `dir/plugins` (its data directory `dir`)
+/// with `--db`/`WASMJOBS_DB` as given; its output (stdout, stderr) and exit
+/// code.
+fn exec_sql_job(dir: &Path, env_db: Option<&str>, db_args: &[&str], args: &str) -> (String, String, Option<i32>) {
+    let mut command = std::process::Command::new(wasmjobs_e2e::runner::wasmjobs_bin());
+    command
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["exec", "--plugins"])
+        .arg(dir.join("plugins"));
+    for spec in db_args {
+        command.args(["--db", spec]);
+    }
+    command.args(["SqlJob", args]).env_remove("WASMJOBS_DB");
+    if let Some(value) = env_db {
+        command.env("WASMJOBS_DB", value);
+    }
+    let output = command.output().expect("run wasmjobs exec");
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        output.status.code(),
+    )
+}
+
+/// `NAME@PLUGIN=URL` gives one plugin (here `sql`, SqlJob's) its
+/// own credentials for `NAME`, beside `NAME=URL` for every other plugin,
+/// from the command line or `WASMJOBS_DB`; `application_name` names the
+/// plugin either way. A bad `--db` is refused with a reason and without
+/// the password it carries.
+#[test]
+fn wasmjobs_exec_gives_a_plugin_its_own_db_credentials() {
+    let pg = TestPostgres::start();
+    pg.create_database("app");
+    pg.psql("postgres", "CREATE ROLE reporter LOGIN");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // SqlJob alone (a copy of plugins/sql), so that only it is compiled.
+    copy_plugin(&plugins_dir().join("sql"), &dir.path().join("plugins"));
+    let who = r#"["main", "SELECT current_user AS who, current_setting('application_name') AS app"]"#;
+    let default = format!("main={}", pg.url("app"));
+    let own = format!("main@sql={}", pg.url_as("reporter", "app"));
+    let other = format!("main@other={}", pg.url_as("reporter", "app"));
+    for (env_db, db_args, expected) in [
+        (
+            Some(format!("{default} {own}")),
+            vec![],
+            "who='reporter', app='wasmjobs/sql'",
+        ),
+        (
+            None,
+            vec![own.clone(), default.clone()],
+            "who='reporter', app='wasmjobs/sql'",
+        ),
+        (None, vec![default.clone()], "who='wasmjobs', app='wasmjobs/sql'"),
+        (
+            Some(format!("{other} {default}")),
+            vec![],
+            "who='wasmjobs', app='wasmjobs/sql'",
+        ),
+        (None, vec![own.clone()], "who='reporter', app='wasmjobs/sql'"),
+        (
+            None,
+            vec![format!("{default}?application_name=mine")],
+            "who='wasmjobs', app='mine'",
+        ),
+    ] {
+        let db_args: Vec<&str> = db_args.iter().map(String::as_str).collect();
+        let (stdout, stderr, code) = exec_sql_job(dir.path(), env_db.as_deref(), &db_args, who);
+        assert_eq!(code, Some(0), "{env_db:?} {db_args:?}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("main: first row: {expected}")),
+            "{env_db:?} {db_args:?}: {stdout}"
+        );
+    }
+    // An override without a default serves only its plugin.
+    let (stdout, _, code) = exec_sql_job(dir.path(), None, &[&other], who);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("unknown-database"), "{stdout}");
+
+    let secret = "Zq-secret";
+    let url = format!("postgres://u:{secret}@127.0.0.1:1/app");
+    for (spec, needle) in [
+        (format!("main@={url}"), "plugin name"),
+        (format!("main@../sql={url}"), "plugin name"),
+        (format!("main@.hidden={url}"), "plugin name"),
+        (format!("main@a@b={url}"), "plugin name"),
+        (format!("@sql={url}"), "database name"),
+        (format!("main={url}?pool=0"), "pool=0"),
+        (format!("{url}?sslmode=disable"), "NAME=URL"),
+    ] {
+        for (env_db, db_args) in [(Some(spec.as_str()), vec![]), (None, vec![spec.as_str()])] {
+            let (stdout, stderr, code) = exec_sql_job(dir.path(), env_db, &db_args, who);
+            assert_eq!(code, Some(2), "{spec}: {stdout}\n{stderr}");
+            assert!(stderr.contains(needle), "{spec}: {stderr}");
+            assert!(!stderr.contains(secret) && !stdout.contains(secret), "{spec}: {stderr}");
+        }
+    }
+    let (_, stderr, code) = exec_sql_job(dir.path(), None, &[&own, &own], who);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("main@sql") && stderr.contains("twice"), "{stderr}");
 }

@@ -118,17 +118,48 @@ pub struct DbArgs {
     /// A database plugins may use if their manifest grants NAME
     /// (`sql = ["NAME"]`): `NAME=postgres://user:pass@host/db?pool=20` or
     /// `NAME=sqlite://file.db` (under the data directory; `sqlite:///abs`
-    /// for an absolute path). Repeatable; the env variable takes several,
+    /// for an absolute path). `NAME@PLUGIN=URL` is NAME for the plugin in
+    /// directory PLUGIN only, with its own credentials and pool (on
+    /// PostgreSQL, a role per plugin keeps plugins out of each other's
+    /// sessions). Repeatable; the env variable takes several,
     /// space-separated. URL parameters `pool`, `timeout` (seconds),
     /// `max_rows` and `max_bytes` are wasmjobs's (docs/sql.md).
     #[arg(
         long = "db",
-        value_name = "NAME=URL",
+        value_name = "NAME[@PLUGIN]=URL",
         env = "WASMJOBS_DB",
         hide_env_values = true,
-        value_delimiter = ' '
+        value_delimiter = ' ',
+        value_parser = DbSpecParser
     )]
     pub databases: Vec<crate::host::sql::DbSpec>,
+}
+
+/// Parses a `--db` value. An invalid one is reported with the reason
+/// alone: clap's own message repeats the value, password and all.
+#[derive(Debug, Clone, Copy)]
+struct DbSpecParser;
+
+impl clap::builder::TypedValueParser for DbSpecParser {
+    type Value = crate::host::sql::DbSpec;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let invalid = |reason: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid --db (or WASMJOBS_DB) value: {reason}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| invalid("it is not UTF-8".to_owned()))?;
+        text.parse()
+            .map_err(|error: anyhow::Error| invalid(format!("{error:#}")))
+    }
 }
 
 /// The compilation cache every command using `data_dir` shares (so what

@@ -413,9 +413,20 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
         tracing::error!("plugin refused: {}", broken.error);
     }
     for plugin in catalog.plugins() {
-        let unknown = |name: &&String| !databases.names().any(|d| d == name.as_str());
-        for name in plugin.manifest.sql.iter().filter(unknown) {
+        for name in plugin
+            .manifest
+            .sql
+            .iter()
+            .filter(|name| !databases.has(name, &plugin.name))
+        {
             tracing::warn!(plugin = %plugin.name, "the manifest grants database {name:?}, which this runner does not have (--db {name}=URL): its queries will fail");
+        }
+    }
+    for (name, owner) in databases.own() {
+        if !catalog.plugins().iter().any(|plugin| plugin.name == owner) {
+            tracing::warn!(
+                "--db {name}@{owner}: no plugin named {owner:?} is loaded (the name of its directory); it applies to a plugin of that name once one loads"
+            );
         }
     }
     if catalog.plugins().is_empty() {

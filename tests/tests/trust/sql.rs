@@ -2,8 +2,10 @@
 //! plugin, so nothing one job does to its session (settings, temp tables,
 //! advisory locks, SQLite pragmas and temp triggers) may reach the next;
 //! a read-only grant is enforced by the database, not by statement text; a
-//! plugin cannot hold more connections than its concurrency limit; and a
-//! SQLite file cannot grow past its size budget.
+//! plugin cannot hold more connections than its concurrency limit; a
+//! SQLite file cannot grow past its size budget; and plugins sharing one
+//! PostgreSQL role can watch and end each other's sessions, which a role
+//! per plugin (`--db NAME@PLUGIN=URL`) stops.
 //!
 //! The guest is `ChaosJob` (modes `sql`, `sql-exec`), copied per test so
 //! that its manifest can carry the grants and limits under test.
@@ -372,4 +374,239 @@ async fn a_plugin_holds_no_more_connections_than_its_concurrency() {
         let message = sleeper.await.expect("join").expect("cancelled, so an error");
         assert!(message.contains("cancel"), "{message}");
     }
+}
+
+/// A secret in the victim's statement text, and a `LIKE` pattern that finds
+/// it without matching the text of the query that looks for it.
+const SECRET: &str = "card 4111-1111";
+const SECRET_PATTERN: &str = "'%4111' || '-1111%'";
+
+/// The victim's statement: it carries [`SECRET`] and runs until the test
+/// puts a row into `gate` (so it is in flight for as long as the test needs,
+/// and finishes when told, without a fixed sleep).
+const VICTIM_STATEMENT: &str = "DO $$ BEGIN /* card 4111-1111 */ \
+     WHILE NOT EXISTS (SELECT FROM gate) LOOP PERFORM pg_sleep(0.01); END LOOP; END $$";
+
+/// Database `app` with a `gate` table and the plain LOGIN `roles` (not
+/// superusers, not members of each other, of `pg_read_all_stats` or of
+/// `pg_signal_backend`), each allowed to read `gate`.
+fn database_with_roles(pg: &TestPostgres, roles: &[&str]) {
+    pg.create_database("app");
+    for role in roles {
+        pg.psql("postgres", &format!("CREATE ROLE {role} LOGIN"));
+    }
+    pg.psql(
+        "app",
+        &format!(
+            "CREATE TABLE gate (open boolean); GRANT SELECT ON gate TO {}",
+            roles.join(", ")
+        ),
+    );
+}
+
+/// A copy of ChaosJob whose plugin directory is `dir/<name>` (so the
+/// plugin is named `name`), with `grants` as its `sql = ...` line.
+fn named_chaos(dir: &Path, name: &str, grants: &str) -> PathBuf {
+    let copy = chaos_plugin(dir, &format!("{name}.copy"), grants, "");
+    let plugin = dir.join(name);
+    std::fs::rename(&copy, &plugin).expect("rename the plugin copy");
+    plugin
+}
+
+/// Starts the victim's statement in a job of its own and waits (as the
+/// superuser) until it is running; returns the job and the running
+/// session's `usename application_name`.
+async fn start_victim(pg: &TestPostgres, victim: &Arc<Plugin>) -> (tokio::task::JoinHandle<Option<String>>, String) {
+    let job = {
+        let victim = victim.clone();
+        tokio::spawn(async move { victim.outcome("main", VICTIM_STATEMENT).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let session = pg.psql(
+            "app",
+            &format!(
+                "SELECT usename || ' ' || application_name FROM pg_stat_activity \
+                 WHERE query LIKE {SECRET_PATTERN} AND state = 'active' AND pid <> pg_backend_pid()"
+            ),
+        );
+        if !session.is_empty() {
+            return (job, session);
+        }
+        assert!(!job.is_finished(), "the victim's job ended before it was seen running");
+        assert!(
+            Instant::now() < deadline,
+            "the victim's statement never showed as running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What docs/capabilities.md warns about: plugins given one database role
+/// (two `--db` names on the same user are still one role) can watch and
+/// end each other's sessions, even through a read-only grant; and a
+/// read-write one can change the role's settings for every plugin's later
+/// connections. `application_name` says which plugin runs a statement, and
+/// is back to the pool's own once the statement is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shared_role_lets_a_plugin_watch_and_end_anothers_sessions() {
+    let pg = TestPostgres::start();
+    database_with_roles(&pg, &["jobs"]);
+    let url = pg.url_as("jobs", "app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let executor = Arc::new(executor(8).with_databases(databases(&[
+        format!("main={url}?pool=4&timeout=60"),
+        format!("own={url}?pool=1"),
+    ])));
+    let victim = Arc::new(Plugin::new(
+        &executor,
+        &named_chaos(dir.path(), "victim", "sql = [\"main\"]"),
+    ));
+    let spy = Plugin::new(
+        &executor,
+        &named_chaos(dir.path(), "spy", "sql = [{ name = \"main\", mode = \"ro\" }, \"own\"]"),
+    );
+
+    let (job, session) = start_victim(&pg, &victim).await;
+    assert_eq!(session, "jobs wasmjobs/victim");
+    // The spy, read-only, reads the victim's statement as it runs...
+    let seen = spy
+        .rows(
+            "main",
+            &format!(
+                "SELECT query FROM pg_stat_activity WHERE query LIKE {SECRET_PATTERN} AND pid <> pg_backend_pid()"
+            ),
+        )
+        .await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0][0].as_str().is_some_and(|q| q.contains(SECRET)), "{seen:?}");
+    // ...and ends its connection.
+    let ended = spy
+        .rows(
+            "main",
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE query LIKE {SECRET_PATTERN} AND pid <> pg_backend_pid()"
+            ),
+        )
+        .await;
+    assert_eq!(ended, [json!([true])]);
+    let message = job
+        .await
+        .expect("join")
+        .expect("the victim's statement was ended, so its job failed");
+    assert!(message.contains("57P01"), "{message}");
+
+    // Through its read-write grant (another name, the same role) the spy
+    // changes the settings every later connection of every plugin starts with.
+    spy.rows("own", "ALTER ROLE CURRENT_USER SET search_path = spy, public")
+        .await;
+    assert_eq!(
+        pg.psql(
+            "app",
+            "SELECT array_to_string(rolconfig, ';') FROM pg_roles WHERE rolname = 'jobs'"
+        ),
+        "search_path=spy, public"
+    );
+
+    // A plugin may call itself another for the length of its own statement;
+    // no connection keeps a plugin's name once its statement is done.
+    assert_eq!(
+        spy.rows(
+            "main",
+            "SELECT set_config('application_name', 'wasmjobs/victim', false)"
+        )
+        .await,
+        [json!(["wasmjobs/victim"])]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let labelled = pg.psql(
+            "app",
+            "SELECT string_agg(application_name, ',') FROM pg_stat_activity \
+             WHERE usename = 'jobs' AND application_name <> 'wasmjobs'",
+        );
+        if labelled.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "idle connections still named {labelled}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With a role of its own (`--db main@victim=URL`), the victim's sessions
+/// are out of the spy's reach: PostgreSQL shows another role's statement
+/// text as `<insufficient privilege>` and refuses to signal its backends,
+/// and the spy cannot change the victim's role either. The victim's job
+/// runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_plugin_roles_keep_plugins_out_of_each_others_sessions() {
+    let pg = TestPostgres::start();
+    database_with_roles(&pg, &["jobs", "victim_role"]);
+    let url = pg.url_as("jobs", "app");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let executor = Arc::new(executor(8).with_databases(databases(&[
+        format!("main={url}?pool=4&timeout=60"),
+        format!("main@victim={}?pool=2&timeout=60", pg.url_as("victim_role", "app")),
+        format!("own={url}?pool=1"),
+    ])));
+    let victim = Arc::new(Plugin::new(
+        &executor,
+        &named_chaos(dir.path(), "victim", "sql = [\"main\"]"),
+    ));
+    let spy = Plugin::new(
+        &executor,
+        &named_chaos(dir.path(), "spy", "sql = [{ name = \"main\", mode = \"ro\" }, \"own\"]"),
+    );
+
+    let (job, session) = start_victim(&pg, &victim).await;
+    assert_eq!(session, "victim_role wasmjobs/victim");
+    // The spy sees that the victim's session exists, not what it runs.
+    let seen = spy
+        .rows(
+            "main",
+            "SELECT usename, query FROM pg_stat_activity WHERE application_name = 'wasmjobs/victim'",
+        )
+        .await;
+    assert!(!seen.is_empty(), "the victim's session is not listed at all");
+    for row in &seen {
+        assert_eq!(*row, json!(["victim_role", "<insufficient privilege>"]), "{seen:?}");
+    }
+    assert_eq!(
+        spy.rows(
+            "main",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE {SECRET_PATTERN} AND pid <> pg_backend_pid()"
+            ),
+        )
+        .await,
+        [json!([0])]
+    );
+    // It can neither cancel nor end the victim's statement...
+    for signal in ["pg_cancel_backend", "pg_terminate_backend"] {
+        let message = spy
+            .fails(
+                "main",
+                &format!("SELECT {signal}(pid) FROM pg_stat_activity WHERE usename = 'victim_role'"),
+            )
+            .await;
+        assert!(
+            message.contains("42501") && message.contains("must be a member of the role"),
+            "{signal}: {message}"
+        );
+    }
+    // ...nor change the settings of the victim's role.
+    let message = spy
+        .fails("own", "ALTER ROLE victim_role SET search_path = spy, public")
+        .await;
+    assert!(message.contains("42501"), "{message}");
+
+    // The victim's statement was running all along, and finishes when let go.
+    assert!(!job.is_finished(), "the victim's job ended early");
+    pg.psql("app", "INSERT INTO gate VALUES (true)");
+    let outcome = tokio::time::timeout(Duration::from_secs(30), job)
+        .await
+        .expect("the victim's job finishes once the gate opens")
+        .expect("join");
+    assert_eq!(outcome, None, "the victim's job failed");
 }

@@ -19,6 +19,15 @@
 //! `application_name`, `options`). `sqlite://jobs.db` is a file under the
 //! runner's data directory, `sqlite:///var/lib/app/jobs.db` an absolute path;
 //! the file is created if missing.
+//!
+//! `NAME@PLUGIN=URL` is `NAME` for the plugin whose directory is named
+//! `PLUGIN` only: its own credentials (and pool, caps and timeout), in place
+//! of `NAME=URL`, which every other plugin granted `NAME` shares. On
+//! PostgreSQL a role per plugin is what keeps plugins out of each other's
+//! sessions (docs/sql.md, "One role per plugin").
+//!
+//! Nothing here echoes the text it refuses: a `--db` value holds a password,
+//! so errors name the part that is wrong, never the whole value.
 
 use std::fmt;
 use std::str::FromStr;
@@ -74,11 +83,14 @@ pub struct Settings {
     pub(crate) max_size: Option<u64>,
 }
 
-/// One `--db NAME=URL` option, parsed.
+/// One `--db NAME=URL` (or `NAME@PLUGIN=URL`) option, parsed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DbSpec {
     /// The name plugins use (`sql = ["main"]`, `sql::query("main", ...)`).
     pub(crate) name: String,
+    /// `Some(plugin)` for `NAME@PLUGIN=URL`: the database `name` of that
+    /// plugin alone (by its directory's name); `None` for every plugin's.
+    pub(crate) plugin: Option<String>,
     /// Which engine.
     pub(crate) backend: Backend,
     /// What the driver gets: the URL without wasmjobs's parameters
@@ -89,6 +101,15 @@ pub struct DbSpec {
 }
 
 impl DbSpec {
+    /// `NAME`, or `NAME@PLUGIN` for one plugin's own: how the operator wrote
+    /// it, for logs and errors.
+    pub(crate) fn label(&self) -> String {
+        match &self.plugin {
+            Some(plugin) => format!("{}@{plugin}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
     /// The target with any password replaced by `***`, for logs and errors.
     pub(crate) fn redacted(&self) -> String {
         match self.backend {
@@ -102,6 +123,7 @@ impl fmt::Debug for DbSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DbSpec")
             .field("name", &self.name)
+            .field("plugin", &self.plugin)
             .field("target", &self.redacted())
             .field("settings", &self.settings)
             .finish()
@@ -111,15 +133,40 @@ impl fmt::Debug for DbSpec {
 impl FromStr for DbSpec {
     type Err = anyhow::Error;
 
-    /// Parses `NAME=URL`.
+    /// Parses `NAME=URL` or `NAME@PLUGIN=URL`.
     fn from_str(text: &str) -> Result<Self> {
-        let (name, url) = text
-            .split_once('=')
-            .ok_or_else(|| anyhow!("expected NAME=URL, e.g. main=postgres://user@localhost/app"))?;
-        let name = name.trim();
-        if !valid_name(name) {
-            bail!("{name:?} is not a valid database name (1-64 letters, digits, '_' or '-')");
+        const EXPECTED: &str = "expected NAME=URL or NAME@PLUGIN=URL, e.g. main=postgres://user@localhost/app";
+        let (key, url) = text.split_once('=').ok_or_else(|| anyhow!(EXPECTED))?;
+        if key.contains("://") {
+            // `postgres://user:pass@host/db?sslmode=disable` without `NAME=`:
+            // the text before the first '=' holds the password.
+            bail!("{EXPECTED} (the text before the first '=' is a URL: is NAME= missing?)");
         }
+        let (db, plugin) = match key.trim().split_once('@') {
+            Some((db, plugin)) => (db, Some(plugin)),
+            None => (key.trim(), None),
+        };
+        if !valid_name(db) {
+            bail!(
+                "{} is not a valid database name (1-64 letters, digits, '_' or '-')",
+                shown(db)
+            );
+        }
+        if let Some(plugin) = plugin
+            && !valid_plugin_name(plugin)
+        {
+            bail!(
+                "database {db:?}: {} is not a valid plugin name in NAME@PLUGIN (the name of the plugin's \
+                 directory: 1-255 letters, digits, '.', '_' or '-', not starting with '.')",
+                shown(plugin)
+            );
+        }
+        // Errors below name the database as the operator wrote it.
+        let label = match plugin {
+            Some(plugin) => format!("{db}@{plugin}"),
+            None => db.to_owned(),
+        };
+        let name = label.as_str();
         let (backend, rest) = if let Some(rest) = url.strip_prefix("sqlite://") {
             (Backend::Sqlite, rest)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -191,7 +238,8 @@ impl FromStr for DbSpec {
             Backend::Sqlite => base.to_owned(),
         };
         Ok(DbSpec {
-            name: name.to_owned(),
+            name: db.to_owned(),
+            plugin: plugin.map(str::to_owned),
             backend,
             target,
             settings,
@@ -205,6 +253,28 @@ fn valid_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
+/// A name a plugin directory can have and the catalog loads (it skips
+/// hidden directories), in the characters that need no quoting anywhere:
+/// `application_name`, logs, shells.
+fn valid_plugin_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// `text` quoted for an error, unless it could be part of a URL (and so of
+/// a password): then only that it is not shown.
+fn shown(text: &str) -> String {
+    if text.contains([':', '/', '@', '?', '#', '%']) || text.len() > 64 {
+        "the text before '=' (not shown: it looks like part of a URL)".to_owned()
+    } else {
+        format!("{text:?}")
+    }
 }
 
 /// `postgres://user:secret@host/...` → `postgres://user:***@host/...`, for
@@ -269,6 +339,47 @@ mod tests {
         let absolute: DbSpec = "a=sqlite:///tmp/x.db?max_size=64MiB".parse().unwrap();
         assert_eq!(absolute.target, "/tmp/x.db");
         assert_eq!(absolute.settings.max_size, Some(64 << 20));
+    }
+
+    #[test]
+    fn parses_a_plugins_own_database() {
+        let spec: DbSpec = "main@reports-v2.1=postgres://reporter:pw@db/app?pool=2"
+            .parse()
+            .unwrap();
+        assert_eq!(spec.name, "main");
+        assert_eq!(spec.plugin.as_deref(), Some("reports-v2.1"));
+        assert_eq!(spec.label(), "main@reports-v2.1");
+        assert_eq!(spec.target, "postgres://reporter:pw@db/app");
+        assert_eq!(spec.settings.pool, 2);
+        let shown = format!("{spec:?}");
+        assert!(shown.contains("reports-v2.1") && !shown.contains("pw"), "{shown}");
+        let every: DbSpec = "main=postgres://db/app".parse().unwrap();
+        assert_eq!((every.plugin.as_deref(), every.label().as_str()), (None, "main"));
+        let lite: DbSpec = "local@a_b=sqlite://a.db".parse().unwrap();
+        assert_eq!((lite.plugin.as_deref(), lite.target.as_str()), (Some("a_b"), "a.db"));
+    }
+
+    #[test]
+    fn errors_never_show_the_url() {
+        let url = "postgres://u:Zq-secret@h/db";
+        for (text, needle) in [
+            (format!("main@={url}"), "not a valid plugin name"),
+            (format!("main@../x={url}"), "not a valid plugin name"),
+            (format!("main@.hidden={url}"), "\".hidden\" is not a valid plugin name"),
+            (format!("main@a b={url}"), "\"a b\" is not a valid plugin name"),
+            (format!("main@{}={url}", "p".repeat(256)), "not a valid plugin name"),
+            (format!("main@a@b={url}"), "not a valid plugin name"),
+            (format!("@a={url}"), "\"\" is not a valid database name"),
+            (format!("{url}?sslmode=disable"), "NAME= missing"),
+            (url.to_owned(), "expected NAME=URL"),
+            (format!("u:Zq-secret={url}"), "not shown"),
+            (format!("main@p={url}?pool=0"), "database \"main@p\": pool=0"),
+        ] {
+            let err = format!("{:#}", text.parse::<DbSpec>().unwrap_err());
+            assert!(err.contains(needle), "{text}: {err}");
+            assert!(!err.contains("Zq"), "{text}: {err}");
+        }
+        assert!("main@x.y-z_1=sqlite://a".parse::<DbSpec>().is_ok());
     }
 
     #[test]

@@ -7,6 +7,14 @@
 //!   every job, so connections are reused across jobs and a plugin never
 //!   sees a credential. A manifest only names what it may use
 //!   (`sql = ["main"]`); the per-job [`SqlView`] enforces that.
+//! - **A plugin may have credentials of its own** (`--db
+//!   main@reports=postgres://reports@...`): the view of a plugin (by its
+//!   directory's name) reaches its own pool for that name, the others the
+//!   shared one. On PostgreSQL the role is what separates plugins from each
+//!   other's sessions (statement text in `pg_stat_activity`,
+//!   `pg_cancel_backend`/`pg_terminate_backend`, `ALTER ROLE`): plugins
+//!   sharing a role are not separated there (docs/sql.md, "One role per
+//!   plugin"). Sessions are named `wasmjobs/<plugin>` (`postgres.rs`).
 //! - **Grants are checked before existence**: a name the manifest does not
 //!   grant is `not-granted` whether or not the runner has it (a plugin
 //!   cannot probe the runner's configuration); a granted name the runner
@@ -63,7 +71,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// shared (behind an `Arc`) by every job.
 #[derive(Default)]
 pub struct Databases {
+    /// `--db NAME=URL`: every plugin's, unless it has its own.
     by_name: BTreeMap<String, Arc<Database>>,
+    /// `--db NAME@PLUGIN=URL`: by name, then by plugin (directory name).
+    own: BTreeMap<String, BTreeMap<String, Arc<Database>>>,
     /// Per (manifest, database): the plugin's cap and the semaphore that
     /// enforces it. Made on a plugin's first statement on the database.
     plugin_slots: Mutex<HashMap<(PathBuf, String), PluginSlots>>,
@@ -101,25 +112,40 @@ impl Databases {
     /// runner at start-up; PostgreSQL pools connect lazily, so a database
     /// that is down only fails the jobs that use it (as `connection`
     /// errors, which they retry).
+    ///
+    /// Each spec is a pool of its own: a plugin's own database
+    /// (`NAME@PLUGIN=URL`) does not share connections with `NAME=URL`.
     pub fn open(specs: &[DbSpec], data_dir: &Path) -> Result<Self> {
         let mut by_name = BTreeMap::new();
+        let mut own: BTreeMap<String, BTreeMap<String, Arc<Database>>> = BTreeMap::new();
         for spec in specs {
-            if by_name.contains_key(&spec.name) {
-                bail!("--db {}: the name is configured twice", spec.name);
+            let taken = match &spec.plugin {
+                None => by_name.contains_key(&spec.name),
+                Some(plugin) => own.get(&spec.name).is_some_and(|of| of.contains_key(plugin)),
+            };
+            if taken {
+                bail!("--db {}: configured twice", spec.label());
             }
             let engine = match spec.backend {
                 Backend::Postgres => Engine::Postgres(postgres::Postgres::open(spec)?),
                 Backend::Sqlite => Engine::Sqlite(sqlite::Sqlite::open(spec, data_dir)?),
             };
-            tracing::info!(db = %spec.name, url = %spec.redacted(), pool = spec.settings.pool, "database configured");
-            let database = Database {
+            tracing::info!(db = %spec.label(), url = %spec.redacted(), pool = spec.settings.pool, "database configured");
+            let database = Arc::new(Database {
                 spec: spec.clone(),
                 engine,
+            });
+            match &spec.plugin {
+                None => by_name.insert(spec.name.clone(), database),
+                Some(plugin) => own
+                    .entry(spec.name.clone())
+                    .or_default()
+                    .insert(plugin.clone(), database),
             };
-            by_name.insert(spec.name.clone(), Arc::new(database));
         }
         Ok(Self {
             by_name,
+            own,
             plugin_slots: Mutex::default(),
         })
     }
@@ -160,26 +186,51 @@ impl Databases {
     /// connections opened.
     pub async fn warm_up(&self, count: usize) -> usize {
         let mut opened = 0;
-        for database in self.by_name.values() {
+        for database in self.all() {
             if let Engine::Postgres(pg) = &database.engine {
                 let warmed = tokio::time::timeout(WARM_UP_LIMIT, pg.warm_up(count))
                     .await
                     .unwrap_or(0);
-                tracing::info!(db = %database.spec.name, connections = warmed, "connection pool warmed");
+                tracing::info!(db = %database.spec.label(), connections = warmed, "connection pool warmed");
                 opened += warmed;
             }
         }
         opened
     }
 
-    /// The configured names, sorted.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(String::as_str)
+    /// Every configured database: every plugin's, then plugins' own.
+    fn all(&self) -> impl Iterator<Item = &Arc<Database>> {
+        self.by_name
+            .values()
+            .chain(self.own.values().flat_map(BTreeMap::values))
+    }
+
+    /// `(name, plugin)` of each plugin's own database (`--db
+    /// NAME@PLUGIN=URL`), sorted.
+    pub fn own(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.own
+            .iter()
+            .flat_map(|(name, of)| of.keys().map(move |plugin| (name.as_str(), plugin.as_str())))
+    }
+
+    /// Whether the plugin named `plugin` has a database `name` (its own or
+    /// every plugin's).
+    pub fn has(&self, name: &str, plugin: &str) -> bool {
+        self.database(name, plugin).is_some()
+    }
+
+    /// The database `name` as the plugin named `plugin` reaches it: its own
+    /// if it has one, else every plugin's.
+    fn database(&self, name: &str, plugin: &str) -> Option<&Arc<Database>> {
+        self.own
+            .get(name)
+            .and_then(|of| of.get(plugin))
+            .or_else(|| self.by_name.get(name))
     }
 
     /// Whether no database is configured.
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.by_name.is_empty() && self.own.is_empty()
     }
 }
 
@@ -195,6 +246,10 @@ pub struct SqlView {
     /// `limits.concurrency`: most connections of one database at once.
     concurrency: Option<usize>,
     manifest: PathBuf,
+    /// The plugin's name (its directory's): which database a name with a
+    /// `--db NAME@PLUGIN=URL` reaches, and (as `application_name`) what
+    /// PostgreSQL shows its sessions as.
+    plugin: String,
     /// The job's trace while it is sampled: each statement gets a span.
     trace: Option<JobTrace>,
 }
@@ -208,6 +263,7 @@ impl SqlView {
             read_only: manifest.sql_read_only.clone(),
             concurrency: manifest.limits.concurrency.map(|n| n as usize),
             manifest: manifest.path.clone(),
+            plugin: crate::plugin::catalog::plugin_name(&manifest.root),
             trace: None,
         }
     }
@@ -236,9 +292,11 @@ impl SqlView {
                 }
             )));
         }
-        self.databases.by_name.get(name).cloned().ok_or_else(|| {
+        self.databases.database(name, &self.plugin).cloned().ok_or_else(|| {
             SqlError::UnknownDatabase(format!(
-                "database {name:?} is granted but this runner has no such database (configure it with --db {name}=URL)"
+                "database {name:?} is granted but this runner has no such database \
+                 (configure it with --db {name}=URL, or --db {name}@{}=URL for this plugin alone)",
+                self.plugin
             ))
         })
     }
@@ -255,7 +313,7 @@ impl SqlView {
         };
         let output = match self.plugin_permit(db, &database).await {
             Ok(_permit) => match &database.engine {
-                Engine::Postgres(pg) => pg.run(&statement, &params, want_rows, read_only).await,
+                Engine::Postgres(pg) => pg.run(&statement, &params, want_rows, read_only, &self.plugin).await,
                 Engine::Sqlite(lite) => lite.run(statement, params, want_rows, read_only).await,
             },
             Err(error) => Err(error),
@@ -271,9 +329,12 @@ impl SqlView {
                 elapsed_us = started.elapsed().as_micros() as u64,
                 "sql statement done"
             ),
-            Err(SqlError::Connection(message)) => {
-                tracing::warn!(db, url = %database.spec.redacted(), "sql connection problem: {message}")
-            }
+            Err(SqlError::Connection(message)) => tracing::warn!(
+                db = %database.spec.label(),
+                plugin = %self.plugin,
+                url = %database.spec.redacted(),
+                "sql connection problem: {message}"
+            ),
             Err(error) => tracing::debug!(db, "sql statement failed: {error:?}"),
         }
         output

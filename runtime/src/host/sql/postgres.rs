@@ -29,6 +29,15 @@
 //!   guest cannot turn it off (`SET TRANSACTION READ WRITE` fails after
 //!   the transaction's first query, and a changed session default applies
 //!   only to later transactions, after the reset).
+//! - **Sessions say which plugin they serve**: `application_name` is
+//!   `wasmjobs/<plugin>` (unless the URL sets one). A plugin's own pool
+//!   (`--db NAME@PLUGIN=URL`) sets it when connecting; a pool shared by
+//!   every plugin connects as `wasmjobs` and sets the name of the plugin
+//!   at the start of each statement, in the same flight as the statement
+//!   (pipelined, no extra round trip), and the reset sets it back. It is a
+//!   label, not an identity: a statement can `set_config` it to anything
+//!   until its reset. The role in the URL is what PostgreSQL checks (who
+//!   sees a session's query text, who may cancel or end it).
 //! - No TLS: `sslmode=require` is refused at start-up rather than failing
 //!   every job.
 
@@ -56,17 +65,46 @@ const STATEMENT_CACHE: usize = 256;
 const RESET_SESSION: &str = "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
      SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
 
+/// `application_name` of a pool's connections while no plugin's
+/// statement runs on them, and the prefix of the plugins' names.
+const APPLICATION: &str = "wasmjobs";
+
+/// Longest `application_name` PostgreSQL keeps (`NAMEDATALEN - 1`).
+const MAX_APPLICATION_NAME: usize = 63;
+
 /// One PostgreSQL database: its pool and settings.
 pub(crate) struct Postgres {
+    /// The name plugins use, for the messages they get.
     name: String,
+    /// `NAME` or `NAME@PLUGIN`, for logs.
+    label: String,
     pool: Pool,
     settings: Settings,
+    /// Name each statement's session after its plugin (a pool shared by
+    /// every plugin, whose URL sets no `application_name`).
+    label_sessions: bool,
+}
+
+/// `wasmjobs/<plugin>`, in the characters PostgreSQL keeps (printable
+/// ASCII) and none that need quoting in SQL (others become `_`), at most
+/// as long as PostgreSQL keeps.
+pub(crate) fn application_name(plugin: &str) -> String {
+    let mut name = format!("{APPLICATION}/");
+    name.extend(plugin.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            c
+        } else {
+            '_'
+        }
+    }));
+    name.truncate(MAX_APPLICATION_NAME);
+    name
 }
 
 impl Postgres {
     /// Builds the pool for `spec`; connects lazily.
     pub(crate) fn open(spec: &DbSpec) -> Result<Self> {
-        let context = || format!("--db {}={}", spec.name, spec.redacted());
+        let context = || format!("--db {}={}", spec.label(), spec.redacted());
         let mut config: tokio_postgres::Config = spec.target.parse().with_context(context)?;
         if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
             bail!(
@@ -80,8 +118,12 @@ impl Postgres {
             None => format!("-c statement_timeout={timeout_ms}"),
         };
         config.options(options);
+        let label_sessions = config.get_application_name().is_none() && spec.plugin.is_none();
         if config.get_application_name().is_none() {
-            config.application_name("wasmjobs");
+            match &spec.plugin {
+                Some(plugin) => config.application_name(application_name(plugin)),
+                None => config.application_name(APPLICATION),
+            };
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(spec.settings.timeout);
@@ -103,8 +145,10 @@ impl Postgres {
             .with_context(|| format!("{}: cannot build the connection pool", context()))?;
         Ok(Self {
             name: spec.name.clone(),
+            label: spec.label(),
             pool,
             settings: spec.settings,
+            label_sessions,
         })
     }
 
@@ -119,29 +163,41 @@ impl Postgres {
         let opened = results.iter().filter(|r| r.is_ok()).count();
         if let Some(Err(err)) = results.iter().find(|r| r.is_err()) {
             tracing::warn!(
-                db = %self.name,
+                db = %self.label,
                 "opened {opened} of {count} connections at start-up: {err}; jobs will connect as they need"
             );
         }
         opened
     }
 
-    /// Runs one statement: its rows if `want_rows`, else the affected count.
-    /// `read_only` runs it in a read-only transaction.
+    /// Runs one statement of the plugin named `plugin`: its rows if
+    /// `want_rows`, else the affected count. `read_only` runs it in a
+    /// read-only transaction.
     pub(crate) async fn run(
         &self,
         statement: &str,
         params: &[Value],
         want_rows: bool,
         read_only: bool,
+        plugin: &str,
     ) -> Result<Output, SqlError> {
         let mut lease = self.lease(read_only).await?;
         let mut retried = false;
+        // On a shared pool's connection, a statement's session is named
+        // after its plugin first (once: a retry is on the same connection).
+        let naming = self
+            .label_sessions
+            .then(|| format!("SET application_name = '{}'", application_name(plugin)));
         loop {
             lease.healthy = false;
+            let label = if retried { None } else { naming.as_deref() };
             let attempt = tokio::time::timeout(
                 self.settings.timeout,
-                self.attempt(&lease, statement, params, want_rows, read_only, retried),
+                self.after_label(
+                    &lease,
+                    label,
+                    self.attempt(&lease, statement, params, want_rows, read_only, retried),
+                ),
             );
             let failure = match attempt.await {
                 Ok(Ok(output)) => {
@@ -182,6 +238,30 @@ impl Postgres {
                 Failure::Sql(error) => return Err(error),
             }
         }
+    }
+
+    /// `attempt` (an [`Self::attempt`] on `lease`), after `label` (a `SET
+    /// application_name`) if any. The `SET` is sent first and the
+    /// statement right behind it, without waiting for its answer
+    /// (tokio-postgres pipelines requests in the order they are first
+    /// polled, and `join` polls in order), so naming the session costs no
+    /// round trip. A `SET` that fails while the statement succeeds is
+    /// logged, not returned: the statement ran (it may have written), and
+    /// a retry would run it again.
+    async fn after_label(
+        &self,
+        lease: &Lease,
+        label: Option<&str>,
+        attempt: impl Future<Output = Result<Output, Failure>>,
+    ) -> Result<Output, Failure> {
+        let Some(label) = label else {
+            return attempt.await;
+        };
+        let (labelled, output) = futures_util::future::join(lease.client().batch_execute(label), attempt).await;
+        if let (Err(error), Ok(_)) = (&labelled, &output) {
+            tracing::warn!(db = %self.label, "naming a session after its plugin failed: {}", chain(error));
+        }
+        output
     }
 
     async fn attempt(
@@ -233,7 +313,7 @@ impl Postgres {
                 client: Some(client),
                 healthy: false,
                 in_transaction: read_only,
-                name: self.name.clone(),
+                name: self.label.clone(),
                 timeout: self.settings.timeout,
             }),
             Err(PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => Err(SqlError::Timeout(format!(
@@ -380,4 +460,23 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_names_need_no_quoting_and_fit() {
+        assert_eq!(application_name("reports"), "wasmjobs/reports");
+        assert_eq!(application_name("a.b_c-9"), "wasmjobs/a.b_c-9");
+        assert_eq!(
+            application_name("x'; DROP TABLE t; --\\"),
+            "wasmjobs/x___DROP_TABLE_t__--_"
+        );
+        assert_eq!(application_name("caf\u{e9}"), "wasmjobs/caf_");
+        let long = application_name(&"p".repeat(300));
+        assert_eq!(long.len(), MAX_APPLICATION_NAME);
+        assert!(long.starts_with("wasmjobs/ppp"));
+    }
 }

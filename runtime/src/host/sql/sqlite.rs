@@ -80,12 +80,12 @@ impl Sqlite {
         let path = data_dir.join(&spec.target);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
-                .with_context(|| format!("--db {}: cannot create {}", spec.name, parent.display()))?;
+                .with_context(|| format!("--db {}: cannot create {}", spec.label(), parent.display()))?;
         }
         let connections = (0..spec.settings.pool)
             .map(|_| connect(&path, spec.settings))
             .collect::<rusqlite::Result<Vec<_>>>()
-            .with_context(|| format!("--db {}: cannot open SQLite database {}", spec.name, path.display()))?;
+            .with_context(|| format!("--db {}: cannot open SQLite database {}", spec.label(), path.display()))?;
         Ok(Self {
             name: spec.name.clone(),
             path,
