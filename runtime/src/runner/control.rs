@@ -27,11 +27,23 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 
 /// Listens until `stop`, reconnecting with backoff.
 pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paused>, stop: CancellationToken) {
+    listen_pinging(redis, cancels, paused, stop, PING_EVERY).await;
+}
+
+/// [`listen`], pinging a quiet subscription every `ping_every` (tests
+/// shorten it).
+async fn listen_pinging(
+    redis: Redis,
+    cancels: Arc<Cancels>,
+    paused: Arc<Paused>,
+    stop: CancellationToken,
+    ping_every: Duration,
+) {
     let mut backoff = Duration::from_millis(100);
     let mut failing = false;
     loop {
         let ended = tokio::select! {
-            ended = subscribed(&redis, &cancels, &paused) => ended,
+            ended = subscribed(&redis, &cancels, &paused, ping_every) => ended,
             () = stop.cancelled() => return,
         };
         if let Err(err) = ended {
@@ -51,7 +63,7 @@ pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paus
 }
 
 /// One subscription, until its connection fails.
-async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused) -> anyhow::Result<()> {
+async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused, ping_every: Duration) -> anyhow::Result<()> {
     let mut pubsub = redis.pubsub().await?;
     pubsub
         .subscribe(keys::CONTROL_CHANNEL)
@@ -66,7 +78,7 @@ async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused) -> anyhow
     loop {
         let message = tokio::select! {
             message = messages.next() => message,
-            () = tokio::time::sleep(PING_EVERY) => {
+            () = tokio::time::sleep(ping_every) => {
                 let pong: redis::RedisResult<String> = sink.ping().await;
                 pong.map_err(|err| anyhow::anyhow!("the subscription does not answer: {err}"))?;
                 continue;
@@ -83,5 +95,105 @@ async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused) -> anyhow
             Some(Message::Paused) => paused.nudge(),
             None => tracing::debug!("ignoring {:?} on the control channel", crate::job::preview(&text)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::Target;
+
+    /// The ids of the connections subscribed to the control channel.
+    async fn subscribers(conn: &mut redis::aio::ConnectionManager) -> Vec<String> {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(conn)
+            .await
+            .expect("CLIENT LIST");
+        list.lines()
+            .filter(|line| line.split(' ').any(|field| field == "sub=1"))
+            .filter_map(|line| line.split(' ').find_map(|field| field.strip_prefix("id=")))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// How many PINGs the server has answered.
+    async fn pings(conn: &mut redis::aio::ConnectionManager) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("INFO");
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits (at most 10 s) until `check` holds.
+    async fn until<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !check().await {
+            assert!(std::time::Instant::now() < deadline, "not within 10 s: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_subscription_outlives_its_pings_and_still_hears_cancels() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
+            .await
+            .expect("the embedded redis-server");
+        let mut conn = redis.conn();
+        let cancels = Cancels::new(Some(redis.clone()), "test");
+        let paused = Paused::new(vec!["default".into()], None);
+        let stop = CancellationToken::new();
+        let listener = tokio::spawn(listen_pinging(
+            redis.clone(),
+            cancels.clone(),
+            paused,
+            stop.clone(),
+            Duration::from_millis(50),
+        ));
+
+        until("the control channel to be subscribed", || {
+            let mut conn = conn.clone();
+            async move { subscribers(&mut conn).await.len() == 1 }
+        })
+        .await;
+        let first = subscribers(&mut conn).await;
+        // Redis 7 answers a subscribed connection's PING with ["pong", ""].
+        until("five pings", || {
+            let mut conn = conn.clone();
+            async move { pings(&mut conn).await >= 5 }
+        })
+        .await;
+        assert_eq!(
+            subscribers(&mut conn).await,
+            first,
+            "the subscription was rebuilt after a ping"
+        );
+
+        // A cancel sent now arrives through the subscription: no sweep
+        // runs here, and the job started too recently for the one a
+        // resubscription does.
+        let job = cancels.register("0123456789abcdef01234567");
+        crate::redis::control::cancel(&mut conn, "0123456789abcdef01234567", "me")
+            .await
+            .expect("cancel");
+        tokio::time::timeout(Duration::from_secs(5), job.cancelled())
+            .await
+            .expect("the cancel was not heard on the control channel");
+        assert_eq!(job.requested().map(|request| request.by.as_str()), Some("me"));
+        assert_eq!(subscribers(&mut conn).await, first, "the subscription was rebuilt");
+
+        stop.cancel();
+        listener.await.expect("the listener ended");
+        drop((job, cancels, conn));
+        redis.close().await.expect("close");
     }
 }
