@@ -9,21 +9,35 @@
 //! delays an action by a second at most. On every (re)connection both are
 //! read again at once. Anyone can publish: text that is not a message is
 //! ignored ([`Message::decode`]).
+//!
+//! A subscription quiet for [`PING_EVERY`] is pinged (a subscribed RESP2
+//! connection, Redis 7's, answers `["pong", ""]`, not `PONG`); one that
+//! does not answer within [`RESPONSE_TIMEOUT`] is replaced. Reconnections
+//! back off from [`FIRST_BACKOFF`] to [`MAX_BACKOFF`], and start over from
+//! the first once subscribed again; the first failure of a run of them is
+//! logged, and so is the recovery.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use redis::Value;
+use redis::aio::{PubSub, PubSubSink};
 use tokio_util::sync::CancellationToken;
 
 use super::cancel::Cancels;
 use super::source::paused::Paused;
 use crate::redis::control::Message;
-use crate::redis::{Redis, keys};
+use crate::redis::{RESPONSE_TIMEOUT, Redis, keys};
 
 /// A subscription with no message for this long is checked with a ping,
 /// so a connection that died silently is replaced.
 const PING_EVERY: Duration = Duration::from_secs(30);
+/// The pause before the first reconnection; it doubles while Redis stays
+/// away, up to [`MAX_BACKOFF`], and starts over once subscribed again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest pause between two reconnections.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Listens until `stop`, reconnecting with backoff.
 pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paused>, stop: CancellationToken) {
@@ -39,36 +53,54 @@ async fn listen_pinging(
     stop: CancellationToken,
     ping_every: Duration,
 ) {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = FIRST_BACKOFF;
     let mut failing = false;
     loop {
-        let ended = tokio::select! {
-            ended = subscribed(&redis, &cancels, &paused, ping_every) => ended,
+        let subscribed = tokio::select! {
+            subscribed = subscribe(&redis) => subscribed,
             () = stop.cancelled() => return,
         };
-        if let Err(err) = ended {
-            if !failing {
-                tracing::warn!(
-                    "control channel: {err:#}; reconnecting (cancels and pauses are still read from Redis every second)"
-                );
+        let ended = match subscribed {
+            Ok(pubsub) => {
+                if failing {
+                    tracing::info!("control channel: subscribed again");
+                }
+                failing = false;
+                backoff = FIRST_BACKOFF;
+                tokio::select! {
+                    ended = heed(pubsub, &cancels, &paused, ping_every) => ended,
+                    () = stop.cancelled() => return,
+                }
             }
-            failing = true;
+            Err(err) => err,
+        };
+        if !failing {
+            tracing::warn!(
+                "control channel: {ended:#}; reconnecting (cancels and pauses are still read from Redis every second)"
+            );
         }
+        failing = true;
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             () = stop.cancelled() => return,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
-/// One subscription, until its connection fails.
-async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused, ping_every: Duration) -> anyhow::Result<()> {
+/// A connection subscribed to the control channel.
+async fn subscribe(redis: &Redis) -> anyhow::Result<PubSub> {
     let mut pubsub = redis.pubsub().await?;
-    pubsub
-        .subscribe(keys::CONTROL_CHANNEL)
+    tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.subscribe(keys::CONTROL_CHANNEL))
         .await
+        .map_err(|_| anyhow::anyhow!("cannot subscribe: no answer within {RESPONSE_TIMEOUT:?}"))?
         .map_err(|err| anyhow::anyhow!("cannot subscribe: {err}"))?;
+    Ok(pubsub)
+}
+
+/// Acts on the messages of `pubsub` until its connection fails; returns
+/// why it did.
+async fn heed(pubsub: PubSub, cancels: &Cancels, paused: &Paused, ping_every: Duration) -> anyhow::Error {
     // Whatever was announced while not subscribed.
     paused.nudge();
     if let Err(err) = cancels.sweep().await {
@@ -79,13 +111,14 @@ async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused, ping_ever
         let message = tokio::select! {
             message = messages.next() => message,
             () = tokio::time::sleep(ping_every) => {
-                let pong: redis::RedisResult<String> = sink.ping().await;
-                pong.map_err(|err| anyhow::anyhow!("the subscription does not answer: {err}"))?;
+                if let Err(err) = ping(&mut sink).await {
+                    return err;
+                }
                 continue;
             }
         };
         let Some(message) = message else {
-            anyhow::bail!("the subscription's connection closed");
+            return anyhow::anyhow!("the subscription's connection closed");
         };
         let Ok(text) = message.get_payload::<String>() else {
             continue;
@@ -95,6 +128,32 @@ async fn subscribed(redis: &Redis, cancels: &Cancels, paused: &Paused, ping_ever
             Some(Message::Paused) => paused.nudge(),
             None => tracing::debug!("ignoring {:?} on the control channel", crate::job::preview(&text)),
         }
+    }
+}
+
+/// Checks that the subscription still answers.
+async fn ping(sink: &mut PubSubSink) -> anyhow::Result<()> {
+    let reply = tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<Value>())
+        .await
+        .map_err(|_| anyhow::anyhow!("the subscription did not answer a ping within {RESPONSE_TIMEOUT:?}"))?
+        .map_err(|err| anyhow::anyhow!("the subscription does not answer: {err}"))?;
+    if !is_pong(&reply) {
+        anyhow::bail!("the subscription answered a ping with {reply:?}");
+    }
+    Ok(())
+}
+
+/// Whether `reply` answers a PING: `PONG`, or on a subscribed RESP2
+/// connection (Redis 7, Valkey) the array `["pong", ""]`.
+fn is_pong(reply: &Value) -> bool {
+    let pong = |value: &Value| match value {
+        Value::SimpleString(text) => text.eq_ignore_ascii_case("pong"),
+        Value::BulkString(bytes) => bytes.eq_ignore_ascii_case(b"pong"),
+        _ => false,
+    };
+    match reply {
+        Value::Array(items) => items.first().is_some_and(pong),
+        other => pong(other),
     }
 }
 
@@ -139,6 +198,23 @@ mod tests {
         while !check().await {
             assert!(std::time::Instant::now() < deadline, "not within 10 s: {what}");
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn pong_is_read_in_every_shape() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        assert!(is_pong(&Value::SimpleString("PONG".into())));
+        assert!(is_pong(&bulk("PONG")));
+        assert!(is_pong(&Value::Array(vec![bulk("pong"), bulk("")])));
+        for other in [
+            Value::Nil,
+            Value::Array(Vec::new()),
+            Value::Array(vec![bulk("message"), bulk("pong")]),
+            bulk("pang"),
+            Value::Int(1),
+        ] {
+            assert!(!is_pong(&other), "{other:?}");
         }
     }
 
