@@ -400,6 +400,16 @@ fn paused_gauge(addr: &str) -> u64 {
         .map_or(u64::MAX, |value| value as u64)
 }
 
+/// The value of the unlabelled gauge `name` on a runner's `/metrics` (NaN
+/// if it is not there).
+fn gauge(addr: &str, name: &str) -> f64 {
+    http_get(addr, "/metrics")
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
 /// Waits until the runner at `addr` reports its one queue paused.
 async fn wait_paused(addr: &str) {
     eventually(
@@ -570,8 +580,10 @@ async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_ca
     let mut conn = redis.conn().await;
     let dir = plugins(&[], &["chaos"]);
     let per_runner = (SPINNING / 2).to_string();
-    let mut runners: Vec<Runner> = (0..2)
-        .map(|_| Runner::start(&redis.url(), dir.path(), &["-c", &per_runner]))
+    let metrics: Vec<String> = (0..2).map(|_| free_addr()).collect();
+    let mut runners: Vec<Runner> = metrics
+        .iter()
+        .map(|addr| Runner::start(&redis.url(), dir.path(), &["-c", &per_runner, "--metrics-addr", addr]))
         .collect();
     runners.iter_mut().for_each(Runner::wait_running);
     let jids = push(
@@ -581,7 +593,8 @@ async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_ca
         (0..SPINNING).map(|_| json!(["loop"])).collect(),
     )
     .await;
-    // Both processes full: every job taken, none waiting.
+    // Both processes full: every job taken, none waiting, and every one
+    // spinning in its instance (the gauge is sampled every second).
     eventually(
         Duration::from_secs(60),
         || format!("all {SPINNING} jobs to run"),
@@ -594,6 +607,22 @@ async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_ca
         },
     )
     .await;
+    for addr in &metrics {
+        eventually(
+            Duration::from_secs(30),
+            || format!("{addr} to run {per_runner} instances"),
+            || {
+                let addr = addr.clone();
+                async move {
+                    let live = tokio::task::spawn_blocking(move || gauge(&addr, "wasmjobs_instances_live"))
+                        .await
+                        .unwrap_or(0.0);
+                    live == (SPINNING / 2) as f64
+                }
+            },
+        )
+        .await;
+    }
 
     let mut args = vec!["--by", "ops-test"];
     args.extend(jids.iter().map(String::as_str));
@@ -643,6 +672,20 @@ async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_ca
     assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0);
     assert_eq!(int(&mut conn, "stat:failed").await, 0);
     assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, SPINNING as u64);
+    // How each process learnt of its cancels ("sweep": the message came
+    // too late or not at all).
+    let logs: String = runners.iter().map(Runner::log).collect();
+    let via = |how: &str| {
+        logs.lines()
+            .filter(|l| l.contains("job cancelled") && l.contains(how))
+            .count()
+    };
+    eprintln!(
+        "learnt by message {}, by the sweep {}",
+        via("via=message"),
+        via("via=sweep")
+    );
+    assert_eq!(via("via=message") + via("via=sweep"), SPINNING, "{logs}");
     for runner in &mut runners {
         assert!(runner.stop().success(), "{}", runner.log());
     }
