@@ -17,7 +17,7 @@ use wasmjobs_e2e::cli::{printed, wasmjobs_in};
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, plugins, push, wait_processed};
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, jobs_in_progress, plugins, push, wait_processed};
 
 /// The bound the cancel promises: from the request written to the job
 /// recorded as cancelled by the process that ran it.
@@ -400,6 +400,16 @@ fn paused_gauge(addr: &str) -> u64 {
         .map_or(u64::MAX, |value| value as u64)
 }
 
+/// The value of the unlabelled gauge `name` on a runner's `/metrics` (NaN
+/// if it is not there).
+fn gauge(addr: &str, name: &str) -> f64 {
+    http_get(addr, "/metrics")
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
 /// Waits until the runner at `addr` reports its one queue paused.
 async fn wait_paused(addr: &str) {
     eventually(
@@ -559,4 +569,124 @@ async fn a_pause_written_only_to_the_paused_set_is_seen_within_a_second() {
     let _: () = conn.srem("paused", "default").await.expect("SREM");
     wait_processed(&mut conn, 5, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
+}
+
+/// Jobs spinning at once in the cancel-at-scale test, over two processes.
+const SPINNING: usize = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_call() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let per_runner = (SPINNING / 2).to_string();
+    let metrics: Vec<String> = (0..2).map(|_| free_addr()).collect();
+    let mut runners: Vec<Runner> = metrics
+        .iter()
+        .map(|addr| Runner::start(&redis.url(), dir.path(), &["-c", &per_runner, "--metrics-addr", addr]))
+        .collect();
+    runners.iter_mut().for_each(Runner::wait_running);
+    let jids = push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..SPINNING).map(|_| json!(["loop"])).collect(),
+    )
+    .await;
+    // Both processes full: every job taken, none waiting, and every one
+    // spinning in its instance (the gauge is sampled every second).
+    eventually(
+        Duration::from_secs(60),
+        || format!("all {SPINNING} jobs to run"),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                jobs_in_progress(&mut conn).await == SPINNING as u64
+                    && conn.llen::<_, u64>("queue:default").await.expect("LLEN") == 0
+            }
+        },
+    )
+    .await;
+    for addr in &metrics {
+        eventually(
+            Duration::from_secs(30),
+            || format!("{addr} to run {per_runner} instances"),
+            || {
+                let addr = addr.clone();
+                async move {
+                    let live = tokio::task::spawn_blocking(move || gauge(&addr, "wasmjobs_instances_live"))
+                        .await
+                        .unwrap_or(0.0);
+                    live == (SPINNING / 2) as f64
+                }
+            },
+        )
+        .await;
+    }
+
+    let mut args = vec!["--by", "ops-test"];
+    args.extend(jids.iter().map(String::as_str));
+    let asked = wasmjobs::redis::now_f64();
+    let started = Instant::now();
+    let output = wasmjobs(&redis, "cancel", &args);
+    let took = started.elapsed();
+    let text = printed(&output);
+    assert!(output.status.success(), "{text}");
+    let stopped = text.lines().filter(|l| l.contains("stopped while running")).count();
+    assert_eq!(stopped, SPINNING, "{text}");
+    // Every job recorded by the process that ran it, none twice.
+    let entries = cancelled(&mut conn).await;
+    let mut recorded: Vec<&str> = entries.iter().map(|(payload, _)| payload.jid()).collect();
+    recorded.sort_unstable();
+    let mut expected: Vec<&str> = jids.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(recorded, expected);
+    for (payload, _) in &entries {
+        let from = payload.str("cancelled_from").unwrap_or_default();
+        assert!(from.starts_with("process "), "{from}");
+    }
+    let last = entries.iter().map(|(_, at)| *at).fold(f64::MIN, f64::max);
+    let all_recorded = last - asked;
+    eprintln!(
+        "{SPINNING} running jobs: cancel command {:.0} ms, all stopped and recorded {:.0} ms after it started",
+        took.as_secs_f64() * 1000.0,
+        all_recorded * 1000.0
+    );
+    // The target is a second; this bound leaves room for a loaded CI
+    // machine (one job after another took minutes).
+    assert!(
+        took <= Duration::from_secs(10) && all_recorded <= 10.0,
+        "cancelling {SPINNING} running jobs took {took:?} (all recorded after {all_recorded:.3} s)"
+    );
+    // No job survives, none is retried or counted as failed.
+    eventually(
+        Duration::from_secs(5),
+        || "the in-progress lists to empty".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { jobs_in_progress(&mut conn).await == 0 }
+        },
+    )
+    .await;
+    assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0);
+    assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0);
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, SPINNING as u64);
+    // How each process learnt of its cancels ("sweep": the message came
+    // too late or not at all).
+    let logs: String = runners.iter().map(Runner::log).collect();
+    let via = |how: &str| {
+        logs.lines()
+            .filter(|l| l.contains("job cancelled") && l.contains(how))
+            .count()
+    };
+    eprintln!(
+        "learnt by message {}, by the sweep {}",
+        via("via=message"),
+        via("via=sweep")
+    );
+    assert_eq!(via("via=message") + via("via=sweep"), SPINNING, "{logs}");
+    for runner in &mut runners {
+        assert!(runner.stop().success(), "{}", runner.log());
+    }
 }

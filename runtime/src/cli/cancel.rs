@@ -3,21 +3,24 @@
 //! A job waiting in its queue, in `schedule` or in `retry` is taken out
 //! and recorded as cancelled; a job running in any process is stopped by
 //! that process within about 100 ms (it hears the cancel on the control
-//! channel) and recorded there. The command waits (up to `--wait`) for a
-//! running job's process to confirm, and says where each job was. A jid
-//! found nowhere is reported (exit status 1); its request stays in Redis
-//! for a day, so a job with that jid pushed or fetched meanwhile is still
-//! cancelled. `crate::redis::control` has the Redis side.
+//! channel) and recorded there. Every request is sent before anything is
+//! looked up, and the jobs are looked up together
+//! ([`control::cancel_all`]); the command then waits (up to `--wait`) for
+//! the running jobs' processes to confirm, all at once, and says where
+//! each job was. A jid found nowhere is reported (exit status 1); its
+//! request stays in Redis for a day, so a job with that jid pushed or
+//! fetched meanwhile is still cancelled. `crate::redis::control` has the
+//! Redis side.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 
 use super::{Cli, RedisArgs};
-use crate::redis::control::{self, Found};
-use crate::redis::payload::Payload;
+use crate::redis::control::{self, CancelRequest, Found};
 
 /// Arguments of `wasmjobs cancel`.
 #[derive(Debug, Args)]
@@ -27,13 +30,18 @@ pub struct CancelArgs {
     /// Who is cancelling, recorded with each job (default: user@host).
     #[arg(long)]
     pub by: Option<String>,
-    /// How long to wait for a running job's process to confirm it stopped.
+    /// How long to wait for the running jobs' processes to confirm they stopped.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     pub wait: f64,
     /// The jobs' ids.
     #[arg(required = true, value_name = "JID")]
     pub jids: Vec<String>,
 }
+
+/// How long a jid found nowhere is given to show up as cancelled.
+const UNKNOWN_GRACE: Duration = Duration::from_millis(500);
+/// Time between two looks at the cancelled jobs' counter.
+const POLL_EVERY: Duration = Duration::from_millis(20);
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
@@ -50,48 +58,15 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
     };
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let mut conn = redis.conn();
-    let mut unknown = 0;
-    let result = async {
-        for jid in &args.jids {
-            let found = control::cancel(&mut conn, jid, &by).await?;
-            let line = match found {
-                Found::Queue(queue) => format!("{jid}: cancelled; taken out of queue {queue} before it ran"),
-                Found::Scheduled => format!("{jid}: cancelled; taken out of the schedule before it ran"),
-                Found::Retry => format!("{jid}: cancelled; taken out of the retry set before it ran again"),
-                Found::Running(processes) => {
-                    let started = Instant::now();
-                    let confirmed = confirm(&mut conn, jid, Duration::from_secs_f64(args.wait.max(0.0))).await?;
-                    match confirmed {
-                        Some(from) => format!(
-                            "{jid}: cancelled; stopped while running ({from}, confirmed after {} ms)",
-                            started.elapsed().as_millis()
-                        ),
-                        None => format!(
-                            "{jid}: cancel sent to {} running it, not confirmed within {:.1} s (it stops as soon as that process hears it)",
-                            processes.join(", "),
-                            args.wait
-                        ),
-                    }
-                }
-                // A job taken in basic mode shows in Redis only with the
-                // next heartbeat: give its process a moment to record it.
-                Found::Unknown if confirm(&mut conn, jid, UNKNOWN_GRACE).await?.is_some() => {
-                    format!("{jid}: cancelled; stopped while running")
-                }
-                Found::Unknown => {
-                    unknown += 1;
-                    format!(
-                        "{jid}: no such job is queued, scheduled, retrying or running (it may have finished); the cancel is kept for 24 h in case it arrives"
-                    )
-                }
-            };
-            println!("{line}");
-        }
-        Ok::<_, anyhow::Error>(())
-    }
-    .await;
+    // At most a day; NaN or below zero: no wait.
+    let wait = Duration::try_from_secs_f64(args.wait.clamp(0.0, 86_400.0)).unwrap_or(Duration::ZERO);
+    let result = cancel(&mut conn, &args.jids, &CancelRequest::now(&by), wait).await;
     redis.close().await?;
-    result?;
+    let mut unknown = 0;
+    for (line, found) in result? {
+        unknown += usize::from(!found);
+        println!("{line}");
+    }
     Ok(if unknown > 0 {
         ExitCode::from(1)
     } else {
@@ -99,32 +74,98 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
     })
 }
 
-/// How long a jid found nowhere is given to show up as cancelled.
-const UNKNOWN_GRACE: Duration = Duration::from_millis(500);
-
-/// Waits up to `wait` for `jid` to be recorded as cancelled; where.
-async fn confirm(conn: &mut redis::aio::ConnectionManager, jid: &str, wait: Duration) -> Result<Option<String>> {
-    let deadline = Instant::now() + wait;
-    loop {
-        if let Some(from) = recorded(conn, jid).await? {
-            return Ok(Some(from));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Cancels `jids` with `request`, waiting up to `wait` for the running
+/// ones; a line for each jid (in the order given, each once), and whether
+/// the job was found.
+async fn cancel(
+    conn: &mut redis::aio::ConnectionManager,
+    jids: &[String],
+    request: &CancelRequest,
+    wait: Duration,
+) -> Result<Vec<(String, bool)>> {
+    let sent = Instant::now();
+    let found = control::cancel_all(conn, jids, request).await?;
+    let looked = Instant::now();
+    // The running jobs, and those found nowhere: a job taken in basic
+    // mode shows in Redis only with the next heartbeat, so its process
+    // gets a moment to record it.
+    let deadlines = found
+        .iter()
+        .filter_map(|(jid, found)| match found {
+            Found::Running(_) => Some((jid.as_str(), looked + wait)),
+            Found::Unknown => Some((jid.as_str(), looked + UNKNOWN_GRACE)),
+            _ => None,
+        })
+        .collect();
+    let mut confirmed = confirm(conn, request, deadlines, sent).await?;
+    Ok(found
+        .into_iter()
+        .map(|(jid, found)| {
+            let stopped = confirmed.remove(&jid);
+            line(&jid, found, stopped, wait)
+        })
+        .collect())
 }
 
-/// Where the cancelled set says `jid` was stopped, if it is among the
-/// newest entries.
-async fn recorded(conn: &mut redis::aio::ConnectionManager, jid: &str) -> Result<Option<String>> {
-    let newest = control::cancelled(conn, 100)
-        .await
-        .context("cannot read the cancelled set")?;
-    Ok(newest
-        .iter()
-        .filter_map(|raw| Payload::parse(raw).ok())
-        .find(|payload| payload.jid() == jid)
-        .map(|payload| payload.str("cancelled_from").unwrap_or("recorded").to_owned()))
+/// What is printed for `jid`, found at `found` and confirmed stopped by a
+/// process (where, how long after the requests were sent) or not; and
+/// whether it was found.
+fn line(jid: &str, found: Found, stopped: Option<(String, Duration)>, wait: Duration) -> (String, bool) {
+    let text = match (found, stopped) {
+        (Found::Queue(queue), _) => format!("{jid}: cancelled; taken out of queue {queue} before it ran"),
+        (Found::Scheduled, _) => format!("{jid}: cancelled; taken out of the schedule before it ran"),
+        (Found::Retry, _) => format!("{jid}: cancelled; taken out of the retry set before it ran again"),
+        (Found::Running(_), Some((from, after))) => format!(
+            "{jid}: cancelled; stopped while running ({from}, confirmed after {} ms)",
+            after.as_millis()
+        ),
+        (Found::Running(processes), None) => format!(
+            "{jid}: cancel sent to {} running it, not confirmed within {:.1} s (it stops as soon as that process hears it)",
+            processes.join(", "),
+            wait.as_secs_f64()
+        ),
+        (Found::Unknown, Some(_)) => format!("{jid}: cancelled; stopped while running"),
+        (Found::Unknown, None) => {
+            return (
+                format!(
+                    "{jid}: no such job is queued, scheduled, retrying or running (it may have finished); the cancel is kept for 24 h in case it arrives"
+                ),
+                false,
+            );
+        }
+    };
+    (text, true)
+}
+
+/// Waits until each jid of `deadlines` is recorded as cancelled by
+/// `request` (or a later cancel), or its deadline passes. Returns where
+/// each confirmed job was stopped and how long after `sent` that was seen.
+/// The cancelled set is read again only when its counter moved.
+async fn confirm(
+    conn: &mut redis::aio::ConnectionManager,
+    request: &CancelRequest,
+    mut deadlines: HashMap<&str, Instant>,
+    sent: Instant,
+) -> Result<HashMap<String, (String, Duration)>> {
+    let mut confirmed = HashMap::new();
+    let mut counted = None;
+    while !deadlines.is_empty() {
+        // The counter first: a record made after it was read moves it
+        // again, so none is missed.
+        let count = control::cancelled_count(conn).await?;
+        if count.is_none() || count != counted {
+            counted = count;
+            for (jid, from) in control::recorded_since(conn, request).await? {
+                if deadlines.remove(jid.as_str()).is_some() {
+                    confirmed.insert(jid, (from, sent.elapsed()));
+                }
+            }
+        }
+        let now = Instant::now();
+        deadlines.retain(|_, deadline| *deadline > now);
+        if !deadlines.is_empty() {
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+    Ok(confirmed)
 }

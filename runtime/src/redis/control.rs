@@ -13,12 +13,20 @@
 //!   day's TTL; wasmjobs writes who and when in it as JSON), then the job is
 //!   taken out of wherever it waits — its queue, `schedule` or `retry` —
 //!   and recorded in the cancelled set. A running job is stopped by the
-//!   process running it, which records it the same way.
+//!   process running it, which records it the same way. Many jobs are
+//!   cancelled together ([`cancel_all`]): every request is written and
+//!   announced first, then each queue and set is read once for all of
+//!   them (`find`), and [`recorded_since`] confirms the running ones
+//!   together.
 //!
 //! The cancelled set ([`keys::CANCELLED`]) keeps each cancelled payload
 //! with `cancelled_at`, `cancelled_by` and `cancelled_from` (a queue, a
 //! set or the process that stopped it), newest first, capped at
 //! [`CANCELLED_MAX`] entries and [`CANCELLED_MAX_AGE_SECS`].
+
+mod find;
+
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{Context, Result, bail};
 use redis::aio::ConnectionLike;
@@ -35,8 +43,11 @@ pub const CANCELLED_MAX: i64 = 10_000;
 pub const CANCELLED_MAX_AGE_SECS: f64 = 30.0 * 86_400.0;
 /// Longest jid accepted in a cancel (Sidekiq's are 24 characters).
 pub const MAX_JID_LEN: usize = 128;
-/// Entries read per round trip while looking for a job.
-const SCAN_CHUNK: isize = 1_000;
+/// Jobs whose requests are written, or records made, per round trip.
+const SEND_CHUNK: usize = 1_000;
+/// How far behind this machine's clock a process's may be for
+/// [`recorded_since`] to see the records it makes.
+pub const CLOCK_SKEW_SECS: f64 = 60.0;
 
 /// Who asked for a cancel and when, as written in `cancelled-<jid>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +59,14 @@ pub struct CancelRequest {
 }
 
 impl CancelRequest {
+    /// A request by `by`, now.
+    pub fn now(by: &str) -> Self {
+        Self {
+            by: by.to_owned(),
+            at: now_f64(),
+        }
+    }
+
     /// Reads a request from the value of `cancelled-<jid>` (ours is JSON;
     /// the wiki's is any value, often "1") or, with `iteration`, from the
     /// `cancelled` field of `it-<jid>` (epoch seconds).
@@ -171,83 +190,169 @@ pub enum Found {
     Unknown,
 }
 
-/// Cancels `jid`: writes the request, tells every process, and takes the
-/// job out of its queue, `schedule` or `retry` if it waits there. Returns
-/// where it was.
+/// Cancels `jid` ([`cancel_all`] for one job).
 pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str) -> Result<Found> {
-    valid_jid(jid)?;
-    let now = now_f64();
-    let request = CancelRequest {
-        by: by.to_owned(),
-        at: now,
-    };
-    let value = serde_json::to_string(&request).context("cannot encode the cancel request")?;
-    redis::pipe()
-        .cmd("SET")
-        .arg(keys::cancel_request(jid))
-        .arg(value)
-        .arg("EX")
-        .arg(keys::CANCEL_TTL_SECS)
-        .ignore()
-        .cmd("PUBLISH")
-        .arg(keys::CONTROL_CHANNEL)
-        .arg(Message::Cancel(jid.to_owned()).encode())
-        .ignore()
-        .exec_async(conn)
-        .await
-        .with_context(|| format!("cannot write the cancel request for {jid}"))?;
-
-    let queues: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::QUEUES)
-        .query_async(conn)
-        .await
-        .context("cannot read the queue names")?;
-    for queue in queues {
-        if let Some(raw) = find(conn, "LRANGE", &keys::queue(&queue), jid).await? {
-            let removed: i64 = redis::cmd("LREM")
-                .arg(keys::queue(&queue))
-                .arg(1)
-                .arg(&raw)
-                .query_async(conn)
-                .await
-                .context("cannot remove the job from its queue")?;
-            if removed == 1 {
-                record(conn, &raw, &request, &format!("queue {queue}")).await?;
-                return Ok(Found::Queue(queue));
-            }
-        }
-    }
-    for (set, found) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
-        if let Some(raw) = find(conn, "ZRANGE", set, jid).await? {
-            let removed: i64 = redis::cmd("ZREM")
-                .arg(set)
-                .arg(&raw)
-                .query_async(conn)
-                .await
-                .with_context(|| format!("cannot remove the job from {set}"))?;
-            if removed == 1 {
-                record(conn, &raw, &request, set).await?;
-                return Ok(found);
-            }
-        }
-    }
-    let running = running_in(conn, jid).await?;
-    if running.is_empty() {
-        return Ok(Found::Unknown);
-    }
-    Ok(Found::Running(running))
+    let found = cancel_all(conn, &[jid.to_owned()], &CancelRequest::now(by)).await?;
+    Ok(found.into_iter().next().map_or(Found::Unknown, |(_, found)| found))
 }
 
-/// Records `raw` as cancelled (the set, trimmed, and the counter) and
-/// releases its unique lock, if it holds one: it is gone for good.
-async fn record<C: ConnectionLike + Send>(conn: &mut C, raw: &str, request: &CancelRequest, from: &str) -> Result<()> {
-    let mut pipe = redis::pipe();
-    pipe.atomic();
-    stage_cancelled(&mut pipe, &cancelled_payload(raw, request, from), request.at);
-    if let Some((lock, _)) = super::unique::Lock::from_payload(raw) {
-        lock.stage_release(&mut pipe);
+/// Cancels the jobs `jids` with `request`: writes every request and tells
+/// every process (one round trip per [`SEND_CHUNK`] jobs, before any
+/// lookup, so running jobs stop at once), then takes the jobs waiting in a
+/// queue, `schedule` or `retry` out of it and records them (one pass over
+/// each for all the jobs), and finds the processes running the others.
+/// Returns where each job was, in the order of `jids` (a jid given twice
+/// is looked for once).
+pub async fn cancel_all<C: ConnectionLike + Send>(
+    conn: &mut C,
+    jids: &[String],
+    request: &CancelRequest,
+) -> Result<Vec<(String, Found)>> {
+    let mut wanted = HashSet::new();
+    let mut order = Vec::new();
+    for jid in jids {
+        valid_jid(jid)?;
+        if wanted.insert(jid.as_str()) {
+            order.push(jid.as_str());
+        }
     }
-    pipe.exec_async(conn).await.context("cannot record the cancelled job")
+    send(conn, &order, request).await?;
+
+    let mut found: HashMap<&str, Found> = HashMap::new();
+    for queue in find::members(conn, keys::QUEUES).await? {
+        if wanted.is_empty() {
+            break;
+        }
+        let key = keys::queue(&queue);
+        for jid in take(conn, Waiting::List(&key), &wanted, request, &format!("queue {queue}")).await? {
+            wanted.remove(jid);
+            found.insert(jid, Found::Queue(queue.clone()));
+        }
+    }
+    for (set, place) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
+        if wanted.is_empty() {
+            break;
+        }
+        for jid in take(conn, Waiting::SortedSet(set), &wanted, request, set).await? {
+            wanted.remove(jid);
+            found.insert(jid, place.clone());
+        }
+    }
+    let mut running = if wanted.is_empty() {
+        HashMap::new()
+    } else {
+        find::running(conn, &wanted).await?
+    };
+    Ok(order
+        .into_iter()
+        .map(|jid| {
+            let place = found
+                .remove(jid)
+                .or_else(|| running.remove(jid).map(Found::Running))
+                .unwrap_or(Found::Unknown);
+            (jid.to_owned(), place)
+        })
+        .collect())
+}
+
+/// Writes the request of each of `jids` and announces it.
+async fn send<C: ConnectionLike + Send>(conn: &mut C, jids: &[&str], request: &CancelRequest) -> Result<()> {
+    let value = serde_json::to_string(request).context("cannot encode the cancel request")?;
+    for chunk in jids.chunks(SEND_CHUNK) {
+        let mut pipe = redis::pipe();
+        for jid in chunk {
+            pipe.cmd("SET")
+                .arg(keys::cancel_request(jid))
+                .arg(&value)
+                .arg("EX")
+                .arg(keys::CANCEL_TTL_SECS)
+                .ignore();
+        }
+        for jid in chunk {
+            pipe.cmd("PUBLISH")
+                .arg(keys::CONTROL_CHANNEL)
+                .arg(Message::Cancel((*jid).to_owned()).encode())
+                .ignore();
+        }
+        pipe.exec_async(conn).await.with_context(|| match chunk {
+            [jid] => format!("cannot write the cancel request for {jid}"),
+            _ => format!("cannot write the cancel requests of {} jobs", chunk.len()),
+        })?;
+    }
+    Ok(())
+}
+
+/// Where jobs wait to run.
+#[derive(Clone, Copy)]
+enum Waiting<'k> {
+    /// A queue.
+    List(&'k str),
+    /// `schedule` or `retry`.
+    SortedSet(&'k str),
+}
+
+/// Takes the jobs of `wanted` waiting in `place` out of it and records
+/// them as cancelled from `from`; returns those taken (not one that a
+/// process took first meanwhile).
+async fn take<'a, C: ConnectionLike + Send>(
+    conn: &mut C,
+    place: Waiting<'_>,
+    wanted: &HashSet<&'a str>,
+    request: &CancelRequest,
+    from: &str,
+) -> Result<Vec<&'a str>> {
+    let (range, key) = match place {
+        Waiting::List(key) => ("LRANGE", key),
+        Waiting::SortedSet(key) => ("ZRANGE", key),
+    };
+    let hits = find::entries(conn, range, key, wanted).await?;
+    if hits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for (_, raw) in &hits {
+        match place {
+            Waiting::List(_) => pipe.cmd("LREM").arg(key).arg(1).arg(raw),
+            Waiting::SortedSet(_) => pipe.cmd("ZREM").arg(key).arg(raw),
+        };
+    }
+    let removed: Vec<i64> = pipe
+        .query_async(conn)
+        .await
+        .with_context(|| format!("cannot take the cancelled jobs out of {key}"))?;
+    let taken: Vec<(&'a str, String)> = hits
+        .into_iter()
+        .zip(removed)
+        .filter(|(_, removed)| *removed == 1)
+        .map(|(hit, _)| hit)
+        .collect();
+    record(conn, &taken, request, from).await?;
+    Ok(taken.into_iter().map(|(jid, _)| jid).collect())
+}
+
+/// Records each of `taken` as cancelled (the set, trimmed, and the
+/// counter) and releases its unique lock, if it holds one: it is gone for
+/// good.
+async fn record<C: ConnectionLike + Send>(
+    conn: &mut C,
+    taken: &[(&str, String)],
+    request: &CancelRequest,
+    from: &str,
+) -> Result<()> {
+    for chunk in taken.chunks(SEND_CHUNK) {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (_, raw) in chunk {
+            stage_cancelled(&mut pipe, &cancelled_payload(raw, request, from), request.at);
+            if let Some((lock, _)) = super::unique::Lock::from_payload(raw) {
+                lock.stage_release(&mut pipe);
+            }
+        }
+        pipe.exec_async(conn)
+            .await
+            .context("cannot record the cancelled jobs")?;
+    }
+    Ok(())
 }
 
 /// `raw` with the cancel's `cancelled_at`, `cancelled_by` and
@@ -286,96 +391,46 @@ pub fn stage_cancelled(pipe: &mut redis::Pipeline, payload: &str, now: f64) {
     pipe.cmd("INCR").arg(keys::STAT_CANCELLED).ignore();
 }
 
-/// Whether `raw` is the job `jid` (parsed, so a jid inside its args does
-/// not count).
-fn is_job(raw: &str, jid: &str) -> bool {
-    raw.contains(jid) && Payload::parse(raw).is_ok_and(|payload| payload.jid() == jid)
-}
-
-/// The entry of the list or sorted set `key` (read with `range`, by index,
-/// [`SCAN_CHUNK`] at a time) that is the job `jid`.
-async fn find<C: ConnectionLike + Send>(conn: &mut C, range: &str, key: &str, jid: &str) -> Result<Option<String>> {
-    let mut start = 0isize;
-    loop {
-        let chunk: Vec<Vec<u8>> = redis::cmd(range)
-            .arg(key)
-            .arg(start)
-            .arg(start + SCAN_CHUNK - 1)
-            .query_async(conn)
-            .await
-            .with_context(|| format!("cannot read {key}"))?;
-        let done = (chunk.len() as isize) < SCAN_CHUNK;
-        if let Some(raw) = chunk
-            .into_iter()
-            .filter_map(|raw| String::from_utf8(raw).ok())
-            .find(|raw| is_job(raw, jid))
-        {
-            return Ok(Some(raw));
-        }
-        if done {
-            return Ok(None);
-        }
-        start += SCAN_CHUNK;
-    }
-}
-
-/// The processes holding `jid`: in their in-progress list (reliable
-/// fetch, current to the moment) or their work hash (written with each
-/// heartbeat, the only trace of a job taken in basic mode).
-async fn running_in<C: ConnectionLike + Send>(conn: &mut C, jid: &str) -> Result<Vec<String>> {
-    let owners: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::INPROGRESS_OWNERS)
-        .query_async(conn)
-        .await
-        .context("cannot read the in-progress owners")?;
-    let mut running = Vec::new();
-    for owner in owners {
-        if find(conn, "LRANGE", &keys::inprogress(&owner), jid).await?.is_some() {
-            running.push(owner);
-        }
-    }
-    if !running.is_empty() {
-        return Ok(running);
-    }
-    let identities: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(keys::PROCESSES)
-        .query_async(conn)
-        .await
-        .context("cannot read the process set")?;
-    for identity in identities {
-        let work: Vec<String> = redis::cmd("HVALS")
-            .arg(keys::work(&identity))
-            .query_async(conn)
-            .await
-            .unwrap_or_default();
-        let holds = work.iter().any(|entry| {
-            serde_json::from_str::<Value>(entry).is_ok_and(|value| {
-                let payload = value.get("payload");
-                let payload = match payload {
-                    Some(Value::String(text)) => serde_json::from_str::<Value>(text).ok(),
-                    Some(other) => Some(other.clone()),
-                    None => None,
-                };
-                payload.is_some_and(|p| p.get("jid").and_then(Value::as_str) == Some(jid))
-            })
-        });
-        if holds {
-            running.push(identity);
-        }
-    }
-    Ok(running)
-}
-
-/// The most recently cancelled jobs, newest first (at most `max`).
-pub async fn cancelled<C: ConnectionLike + Send>(conn: &mut C, max: usize) -> Result<Vec<String>> {
-    redis::cmd("ZRANGE")
+/// The jobs recorded as cancelled by `request` or a later cancel: each
+/// one's jid and where it was stopped (`cancelled_from`). Read from the
+/// records scored from [`CLOCK_SKEW_SECS`] before the request on (a
+/// process scores a record with its own clock).
+pub async fn recorded_since<C: ConnectionLike + Send>(
+    conn: &mut C,
+    request: &CancelRequest,
+) -> Result<Vec<(String, String)>> {
+    let records: Vec<Vec<u8>> = redis::cmd("ZRANGE")
         .arg(keys::CANCELLED)
-        .arg(0)
-        .arg(max.saturating_sub(1))
-        .arg("REV")
+        .arg(request.at - CLOCK_SKEW_SECS)
+        .arg("+inf")
+        .arg("BYSCORE")
         .query_async(conn)
         .await
-        .context("cannot read the cancelled set")
+        .context("cannot read the cancelled set")?;
+    Ok(records
+        .iter()
+        .filter_map(|raw| Payload::parse(std::str::from_utf8(raw).ok()?).ok())
+        // Times are kept to the millisecond at least.
+        .filter(|payload| payload.time("cancelled_at").is_some_and(|at| at >= request.at - 0.002))
+        .map(|payload| {
+            let from = payload.str("cancelled_from").unwrap_or("recorded").to_owned();
+            (payload.jid().to_owned(), from)
+        })
+        .collect())
+}
+
+/// How many jobs were ever recorded as cancelled (`None` if the counter is
+/// not a number: another client wrote it).
+pub async fn cancelled_count<C: ConnectionLike + Send>(conn: &mut C) -> Result<Option<u64>> {
+    let count: Option<String> = match redis::cmd("GET").arg(keys::STAT_CANCELLED).query_async(conn).await {
+        Ok(count) => count,
+        Err(err) if err.code() == Some("WRONGTYPE") => return Ok(None),
+        Err(err) => return Err(err).context("cannot read the cancelled counter"),
+    };
+    Ok(match count {
+        None => Some(0),
+        Some(count) => count.trim().parse().ok(),
+    })
 }
 
 #[cfg(test)]
@@ -418,13 +473,6 @@ mod tests {
     }
 
     #[test]
-    fn a_jid_in_the_args_is_not_the_job() {
-        let raw = r#"{"class":"A","args":["0123"],"jid":"abcd"}"#;
-        assert!(is_job(raw, "abcd"));
-        assert!(!is_job(raw, "0123"));
-    }
-
-    #[test]
     fn cancelled_payloads_say_who_and_when() {
         let request = CancelRequest {
             by: "me".into(),
@@ -437,5 +485,99 @@ mod tests {
         assert_eq!(payload.time("cancelled_at"), Some(100.0));
         let junk = cancelled_payload("not json", &request, "x");
         assert_eq!(Payload::parse(&junk).unwrap().str("payload"), Some("not json"));
+    }
+
+    #[tokio::test]
+    async fn many_jobs_are_found_wherever_they_wait_and_foreign_keys_are_skipped() {
+        use super::super::client;
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = super::super::connect(&super::super::Target::Embedded(data.path().to_path_buf()))
+            .await
+            .expect("the embedded redis-server");
+        let mut conn = redis.conn();
+        let now = now_f64();
+        let job = |queue: &str| Payload::new("A", vec![Value::from("x")], queue, now);
+        let (mut queued, mut other, mut later, failed) = (job("default"), job("low"), job("default"), job("default"));
+        client::push(&mut conn, &mut queued).await.expect("push");
+        client::push(&mut conn, &mut other).await.expect("push");
+        client::schedule(&mut conn, &mut later, now + 3_600.0)
+            .await
+            .expect("schedule");
+        let _: () = redis::cmd("ZADD")
+            .arg(keys::RETRY)
+            .arg(now + 3_600.0)
+            .arg(failed.to_json())
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+        // Another client's keys: a hash where a queue should be, listed in
+        // `queues`, and a string as the in-progress owners.
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg("queue:junk")
+            .arg("a")
+            .arg("b")
+            .ignore()
+            .cmd("SADD")
+            .arg(keys::QUEUES)
+            .arg("junk")
+            .ignore()
+            .cmd("SET")
+            .arg(keys::INPROGRESS_OWNERS)
+            .arg("x")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .expect("foreign keys");
+        let unknown = "f".repeat(24);
+        let jids: Vec<String> = [
+            queued.jid(),
+            later.jid(),
+            failed.jid(),
+            other.jid(),
+            &unknown,
+            queued.jid(),
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        let request = CancelRequest::now("me");
+        let found = cancel_all(&mut conn, &jids, &request).await.expect("cancel");
+        let expected = vec![
+            (queued.jid().to_owned(), Found::Queue("default".into())),
+            (later.jid().to_owned(), Found::Scheduled),
+            (failed.jid().to_owned(), Found::Retry),
+            (other.jid().to_owned(), Found::Queue("low".into())),
+            (unknown.clone(), Found::Unknown),
+        ];
+        assert_eq!(found, expected);
+        // Each recorded once, with where it was; every request written.
+        let mut recorded = recorded_since(&mut conn, &request).await.expect("records");
+        recorded.sort();
+        let mut froms = vec![
+            (queued.jid().to_owned(), "queue default".to_owned()),
+            (later.jid().to_owned(), keys::SCHEDULE.to_owned()),
+            (failed.jid().to_owned(), keys::RETRY.to_owned()),
+            (other.jid().to_owned(), "queue low".to_owned()),
+        ];
+        froms.sort();
+        assert_eq!(recorded, froms);
+        assert_eq!(cancelled_count(&mut conn).await.expect("count"), Some(4));
+        for jid in &jids {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(keys::cancel_request(jid))
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            assert!(exists, "{jid}");
+        }
+        // A later cancel's records are not this one's.
+        let before = CancelRequest {
+            by: "me".into(),
+            at: request.at + 10.0,
+        };
+        assert!(recorded_since(&mut conn, &before).await.expect("records").is_empty());
+        drop(conn);
+        redis.close().await.expect("close");
     }
 }

@@ -12,7 +12,8 @@
 //! - **by message**: `wasmjobs cancel` publishes the jid on the control
 //!   channel ([`super::control`]); every process stops the job at once if it
 //!   runs it, and remembers the request for [`RECENT_FOR`] in case it is
-//!   about to start it;
+//!   about to start it (the messages that arrive together are looked up
+//!   together, [`LOOKUP_CHUNK`] per round trip);
 //! - **by sweep**: every [`SWEEP_EVERY`], the jobs running for longer than
 //!   that are looked up in one pipelined round trip (for a process that
 //!   missed the message, and for Sidekiq clients that only write the key);
@@ -23,6 +24,7 @@
 //! its in-flight HTTP requests and SQL statements with it). The job ends
 //! as **cancelled**: not retried, recorded in the cancelled set with who
 //! cancelled it, when, and where it was (see [`crate::redis::control`]).
+//! Its log line says which of these ways stopped it ([`Via`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use redis::aio::ConnectionLike;
 use tokio_util::sync::CancellationToken;
 
 use super::fetched::{CancelFound, CancelMark};
@@ -43,6 +46,34 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(1);
 pub(crate) const RECENT_FOR: Duration = Duration::from_secs(60);
 /// Most such cancels remembered.
 const RECENT_MAX: usize = 10_000;
+/// Most jobs looked up in one round trip.
+const LOOKUP_CHUNK: usize = 1_000;
+
+/// How this process learnt of a job's cancel (in the "job cancelled" log
+/// line: a cancel found by the sweep means the message never came).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// The fetch script's mark.
+    Fetch,
+    /// The lookup before the job started.
+    Start,
+    /// A message on the control channel.
+    Message,
+    /// The sweep of jobs running for a second or more.
+    Sweep,
+}
+
+impl Via {
+    /// Its name in logs.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Via::Fetch => "fetch",
+            Via::Start => "start",
+            Via::Message => "message",
+            Via::Sweep => "sweep",
+        }
+    }
+}
 
 /// The jobs running in this process, by jid, and the cancels heard.
 pub(crate) struct Cancels {
@@ -57,19 +88,19 @@ pub(crate) struct Cancels {
 #[derive(Default)]
 struct Inner {
     running: HashMap<String, Vec<(u64, Arc<Watch>)>>,
-    recent: HashMap<String, (CancelRequest, Instant)>,
+    recent: HashMap<String, (CancelRequest, Via, Instant)>,
 }
 
 /// One running job's cancel state.
 struct Watch {
     token: CancellationToken,
-    request: OnceLock<CancelRequest>,
+    request: OnceLock<(CancelRequest, Via)>,
     started: Instant,
 }
 
 impl Watch {
-    fn cancel(&self, request: CancelRequest) {
-        if self.request.set(request).is_ok() {
+    fn cancel(&self, request: CancelRequest, via: Via) {
+        if self.request.set((request, via)).is_ok() {
             self.token.cancel();
         }
     }
@@ -107,8 +138,8 @@ impl Cancels {
             started: Instant::now(),
         });
         let mut inner = self.inner();
-        if let Some((request, _)) = inner.recent.get(jid) {
-            watch.cancel(request.clone());
+        if let Some((request, via, _)) = inner.recent.get(jid) {
+            watch.cancel(request.clone(), *via);
         }
         inner
             .running
@@ -124,46 +155,65 @@ impl Cancels {
         }
     }
 
-    /// Cancels every running job `jid` with `request`; remembers it for a
-    /// while if none runs here. Returns whether one ran.
-    pub(crate) fn cancel(&self, jid: &str, request: CancelRequest) -> bool {
+    /// Cancels every running job `jid` with `request`, learnt `via`;
+    /// remembers it for a while if none runs here. Returns whether one ran.
+    pub(crate) fn cancel(&self, jid: &str, request: CancelRequest, via: Via) -> bool {
         let mut inner = self.inner();
         if let Some(watches) = inner.running.get(jid) {
             for (_, watch) in watches {
-                watch.cancel(request.clone());
+                watch.cancel(request.clone(), via);
             }
             return true;
         }
         let now = Instant::now();
         if inner.recent.len() >= RECENT_MAX {
-            inner.recent.retain(|_, (_, at)| now.duration_since(*at) < RECENT_FOR);
+            inner
+                .recent
+                .retain(|_, (_, _, at)| now.duration_since(*at) < RECENT_FOR);
         }
         if inner.recent.len() < RECENT_MAX {
-            inner.recent.insert(jid.to_owned(), (request, now));
+            inner.recent.insert(jid.to_owned(), (request, via, now));
         }
         false
     }
 
-    /// A cancel message for `jid`: looks the request up (who, when; and
-    /// that there is one: anyone can publish) and acts on it.
-    pub(crate) async fn heard(&self, jid: &str) {
-        match self.lookup(&[jid.to_owned()]).await {
-            Ok(found) => {
-                for (jid, request) in found {
-                    let running = self.cancel(&jid, request);
-                    tracing::debug!(jid = %jid, running, "cancel requested");
+    /// Cancel messages for `jids` (all those that arrived together):
+    /// looks the requests up on `conn`, [`LOOKUP_CHUNK`] jobs per round
+    /// trip (who, when; and that there is one: anyone can publish), and
+    /// acts on them.
+    pub(crate) async fn heard<C: ConnectionLike + Send>(&self, conn: &mut C, jids: &[String]) {
+        for chunk in jids.chunks(LOOKUP_CHUNK) {
+            match requests(conn, chunk).await {
+                Ok(found) => {
+                    for (jid, request) in found {
+                        let running = self.cancel(&jid, request, Via::Message);
+                        tracing::debug!(jid = %jid, running, "cancel requested");
+                    }
                 }
+                Err(err) => match chunk {
+                    [jid] => tracing::warn!(jid = %jid, "{err:#}; the next sweep will look again"),
+                    _ => tracing::warn!(jobs = chunk.len(), "{err:#}; the next sweep will look again"),
+                },
             }
-            Err(err) => tracing::warn!(jid = %jid, "{err:#}; the next sweep will look again"),
         }
     }
 
     /// Looks up the jobs running for longer than [`SWEEP_EVERY`].
     pub(crate) async fn sweep(&self) -> Result<()> {
+        match &self.redis {
+            Some(redis) => self.sweep_on(&mut redis.conn()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// [`Cancels::sweep`], on `conn`.
+    pub(crate) async fn sweep_on<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<()> {
         let jids: Vec<String> = {
             let mut inner = self.inner();
             let now = Instant::now();
-            inner.recent.retain(|_, (_, at)| now.duration_since(*at) < RECENT_FOR);
+            inner
+                .recent
+                .retain(|_, (_, _, at)| now.duration_since(*at) < RECENT_FOR);
             inner
                 .running
                 .iter()
@@ -175,10 +225,10 @@ impl Cancels {
                 .map(|(jid, _)| jid.clone())
                 .collect()
         };
-        for chunk in jids.chunks(1_000) {
-            for (jid, request) in self.lookup(chunk).await? {
+        for chunk in jids.chunks(LOOKUP_CHUNK) {
+            for (jid, request) in requests(conn, chunk).await? {
                 tracing::debug!(jid = %jid, "cancel found by the sweep");
-                self.cancel(&jid, request);
+                self.cancel(&jid, request, Via::Sweep);
             }
         }
         Ok(())
@@ -205,37 +255,40 @@ impl Cancels {
 
     /// The cancel requests in Redis for `jids`.
     async fn lookup(&self, jids: &[String]) -> Result<Vec<(String, CancelRequest)>> {
-        let Some(redis) = &self.redis else {
-            return Ok(Vec::new());
-        };
-        let mut pipe = redis::pipe();
-        for jid in jids {
-            pipe.cmd("GET").arg(keys::cancel_request(jid));
-            pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
+        match &self.redis {
+            Some(redis) => requests(&mut redis.conn(), jids).await,
+            None => Ok(Vec::new()),
         }
-        let values: Vec<redis::Value> = pipe
-            .query_async(&mut redis.conn())
-            .await
-            .context("cannot look up cancel requests")?;
-        let text = |value: &redis::Value| match value {
-            redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-            redis::Value::SimpleString(text) => Some(text.clone()),
-            // Missing, or a key of another type (someone else's): no request.
-            _ => None,
-        };
-        Ok(jids
-            .iter()
-            .zip(values.chunks(2))
-            .filter_map(|(jid, pair)| {
-                let request = match pair {
-                    [key, _] if text(key).is_some() => CancelRequest::from_value(&text(key)?, false),
-                    [_, field] => CancelRequest::from_value(&text(field)?, true),
-                    _ => return None,
-                };
-                Some((jid.clone(), request))
-            })
-            .collect())
     }
+}
+
+/// The cancel requests in Redis for `jids`, read on `conn` in one round
+/// trip.
+async fn requests<C: ConnectionLike + Send>(conn: &mut C, jids: &[String]) -> Result<Vec<(String, CancelRequest)>> {
+    let mut pipe = redis::pipe();
+    for jid in jids {
+        pipe.cmd("GET").arg(keys::cancel_request(jid));
+        pipe.cmd("HGET").arg(keys::iteration(jid)).arg("cancelled");
+    }
+    let values: Vec<redis::Value> = pipe.query_async(conn).await.context("cannot look up cancel requests")?;
+    let text = |value: &redis::Value| match value {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        redis::Value::SimpleString(text) => Some(text.clone()),
+        // Missing, or a key of another type (someone else's): no request.
+        _ => None,
+    };
+    Ok(jids
+        .iter()
+        .zip(values.chunks(2))
+        .filter_map(|(jid, pair)| {
+            let request = match pair {
+                [key, _] if text(key).is_some() => CancelRequest::from_value(&text(key)?, false),
+                [_, field] => CancelRequest::from_value(&text(field)?, true),
+                _ => return None,
+            };
+            Some((jid.clone(), request))
+        })
+        .collect())
 }
 
 impl Registration {
@@ -245,25 +298,30 @@ impl Registration {
     pub(crate) async fn check_at_start(&self, mark: &CancelMark) {
         let request = match mark {
             CancelMark::Checked { jid, request } if *jid == self.jid => request.as_ref().map(|found| match found {
-                CancelFound::Key(value) => CancelRequest::from_value(value, false),
-                CancelFound::Iteration(value) => CancelRequest::from_value(value, true),
+                CancelFound::Key(value) => (CancelRequest::from_value(value, false), Via::Fetch),
+                CancelFound::Iteration(value) => (CancelRequest::from_value(value, true), Via::Fetch),
             }),
             _ => match self.cancels.lookup(std::slice::from_ref(&self.jid)).await {
-                Ok(mut found) => found.pop().map(|(_, request)| request),
+                Ok(mut found) => found.pop().map(|(_, request)| (request, Via::Start)),
                 Err(err) => {
                     tracing::warn!(jid = %self.jid, "{err:#}; the job runs, and is checked again while it does");
                     None
                 }
             },
         };
-        if let Some(request) = request {
-            self.watch.cancel(request);
+        if let Some((request, via)) = request {
+            self.watch.cancel(request, via);
         }
     }
 
     /// The request, once the job is cancelled.
     pub(crate) fn requested(&self) -> Option<&CancelRequest> {
-        self.watch.request.get()
+        self.watch.request.get().map(|(request, _)| request)
+    }
+
+    /// How this process learnt of the request, once the job is cancelled.
+    pub(crate) fn via(&self) -> Option<Via> {
+        self.watch.request.get().map(|(_, via)| *via)
     }
 
     /// Resolves when the job is cancelled.
@@ -306,7 +364,7 @@ mod tests {
     async fn a_cancel_stops_every_job_with_that_jid_and_only_those() {
         let cancels = Cancels::new(None, "p");
         let (a, b, other) = (cancels.register("j"), cancels.register("j"), cancels.register("k"));
-        assert!(cancels.cancel("j", request()));
+        assert!(cancels.cancel("j", request(), Via::Message));
         a.cancelled().await;
         b.cancelled().await;
         assert_eq!(a.requested(), Some(&request()));
@@ -318,9 +376,10 @@ mod tests {
     #[tokio::test]
     async fn a_cancel_heard_before_the_job_starts_is_remembered() {
         let cancels = Cancels::new(None, "p");
-        assert!(!cancels.cancel("later", request()));
+        assert!(!cancels.cancel("later", request(), Via::Message));
         let job = cancels.register("later");
         assert_eq!(job.requested(), Some(&request()));
+        assert_eq!(job.via(), Some(Via::Message));
     }
 
     #[tokio::test]
@@ -339,5 +398,6 @@ mod tests {
         };
         job.check_at_start(&own).await;
         assert_eq!(job.requested().map(|r| r.at), Some(5.0));
+        assert_eq!(job.via(), Some(Via::Fetch));
     }
 }

@@ -28,7 +28,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::cancel::Registration;
+use super::cancel::{Registration, Via};
 use super::job_retry::{self, Write};
 use super::limiter::{Admission, Limiter, policy};
 use super::reloader::LiveCatalog;
@@ -128,7 +128,8 @@ impl Processor {
             _ => (UNSERVED, ""),
         };
         let write = cancel.write(&job.fetched.raw, &request);
-        tracing::info!(jid = %job.jid(), class = %class, by = %request.by, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
+        let via = cancel.via().map_or("", Via::as_str);
+        tracing::info!(jid = %job.jid(), class = %class, by = %request.by, via = %via, ran_ms = started.elapsed().as_millis() as u64, "job cancelled");
         failed(span, &format!("cancelled by {}", request.by));
         record(&self.metrics, class, version, &write, None, Some(started.elapsed()));
         write

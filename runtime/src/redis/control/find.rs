@@ -1,0 +1,187 @@
+//! Finding jobs by jid for a cancel: in a queue, `schedule` or `retry`
+//! (one pass over each for every jid asked), and in the processes running
+//! them.
+//!
+//! Every key read here can be written by any Redis client: an entry that is
+//! not a job is skipped, and a key of another type than expected (a hash
+//! at `queue:x`, a string in `processes`) is skipped with a warning instead
+//! of failing the whole cancel.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+
+use anyhow::{Context, Result};
+use redis::aio::ConnectionLike;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::super::keys;
+use super::super::payload::Payload;
+
+/// Entries read per round trip.
+const SCAN_CHUNK: isize = 1_000;
+/// Up to this many jids asked, an entry is searched for each as text
+/// before it is parsed (most entries are then never parsed).
+const SEARCH_AT_MOST: usize = 8;
+
+/// The members of the set `key` (none if another client wrote a key of
+/// another type there).
+pub(super) async fn members<C: ConnectionLike + Send>(conn: &mut C, key: &str) -> Result<Vec<String>> {
+    match redis::cmd("SMEMBERS").arg(key).query_async(conn).await {
+        Ok(members) => Ok(members),
+        Err(err) if err.code() == Some("WRONGTYPE") => {
+            tracing::warn!(key, "{key} is not a set (another client wrote it); skipped");
+            Ok(Vec::new())
+        }
+        Err(err) => Err(err).with_context(|| format!("cannot read {key}")),
+    }
+}
+
+/// The entries of the list or sorted set `key` (read with `range`,
+/// `LRANGE` or `ZRANGE`, by index, [`SCAN_CHUNK`] at a time) that are jobs
+/// of `wanted`: the first one of each, with its jid.
+pub(super) async fn entries<'a, C: ConnectionLike + Send>(
+    conn: &mut C,
+    range: &str,
+    key: &str,
+    wanted: &HashSet<&'a str>,
+) -> Result<Vec<(&'a str, String)>> {
+    let mut hits = Vec::new();
+    let mut seen = HashSet::new();
+    let mut start = 0isize;
+    loop {
+        let chunk: Vec<Vec<u8>> = match redis::cmd(range)
+            .arg(key)
+            .arg(start)
+            .arg(start + SCAN_CHUNK - 1)
+            .query_async(conn)
+            .await
+        {
+            Ok(chunk) => chunk,
+            Err(err) if err.code() == Some("WRONGTYPE") => {
+                tracing::warn!(
+                    key,
+                    "{key} holds no jobs (another client wrote a key of another type there); skipped"
+                );
+                return Ok(hits);
+            }
+            Err(err) => return Err(err).with_context(|| format!("cannot read {key}")),
+        };
+        let done = (chunk.len() as isize) < SCAN_CHUNK;
+        for raw in chunk {
+            let Ok(raw) = String::from_utf8(raw) else { continue };
+            if let Some(jid) = job_of(&raw, wanted)
+                && seen.insert(jid)
+            {
+                hits.push((jid, raw));
+            }
+        }
+        if done || seen.len() == wanted.len() {
+            return Ok(hits);
+        }
+        start += SCAN_CHUNK;
+    }
+}
+
+/// The jid of the job `raw` if it is one of `wanted` (parsed, so a jid
+/// inside its args does not count).
+pub(super) fn job_of<'a>(raw: &str, wanted: &HashSet<&'a str>) -> Option<&'a str> {
+    /// Only the jid: the rest of the entry is skipped, not built.
+    #[derive(Deserialize)]
+    struct Head<'r> {
+        #[serde(borrow, default)]
+        jid: Option<Cow<'r, str>>,
+    }
+    if wanted.len() <= SEARCH_AT_MOST && !wanted.iter().any(|jid| raw.contains(jid)) {
+        return None;
+    }
+    let head: Head<'_> = serde_json::from_str(raw).ok()?;
+    let jid = wanted.get(head.jid?.as_ref()).copied()?;
+    // The full parse, as the runner reads the job, has the last word.
+    Payload::parse(raw)
+        .is_ok_and(|payload| payload.jid() == jid)
+        .then_some(jid)
+}
+
+/// The processes holding each job of `wanted`: in their in-progress list
+/// (reliable fetch, current to the moment) or, for a job in none, their
+/// work hash (written with each heartbeat, the only trace of a job taken
+/// in basic mode). One pass over each list and hash for every job.
+pub(super) async fn running<'a, C: ConnectionLike + Send>(
+    conn: &mut C,
+    wanted: &HashSet<&'a str>,
+) -> Result<HashMap<&'a str, Vec<String>>> {
+    let mut running: HashMap<&'a str, Vec<String>> = HashMap::new();
+    for owner in members(conn, keys::INPROGRESS_OWNERS).await? {
+        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted).await? {
+            running.entry(jid).or_default().push(owner.clone());
+        }
+    }
+    let rest: HashSet<&'a str> = wanted
+        .iter()
+        .copied()
+        .filter(|jid| !running.contains_key(jid))
+        .collect();
+    if rest.is_empty() {
+        return Ok(running);
+    }
+    for identity in members(conn, keys::PROCESSES).await? {
+        let work: Vec<String> = redis::cmd("HVALS")
+            .arg(keys::work(&identity))
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        let held: HashSet<&'a str> = work
+            .iter()
+            .filter_map(|entry| work_jid(entry))
+            .filter_map(|jid| rest.get(jid.as_str()).copied())
+            .collect();
+        for jid in held {
+            running.entry(jid).or_default().push(identity.clone());
+        }
+    }
+    Ok(running)
+}
+
+/// The jid of the job a work-hash entry shows (its `payload` is the job's
+/// JSON as text, or an object).
+fn work_jid(entry: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(entry).ok()?;
+    let payload = match value.get("payload")? {
+        Value::String(text) => serde_json::from_str::<Value>(text).ok()?,
+        other => other.clone(),
+    };
+    payload.get("jid")?.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jid_in_the_args_is_not_the_job() {
+        let raw = r#"{"class":"A","args":["0123"],"jid":"abcd"}"#;
+        let wanted = |jids: &[&'static str]| jids.iter().copied().collect::<HashSet<&str>>();
+        assert_eq!(job_of(raw, &wanted(&["abcd"])), Some("abcd"));
+        assert_eq!(job_of(raw, &wanted(&["0123"])), None);
+        // Past the text search too.
+        let many: Vec<String> = (0..20).map(|n| format!("{n:04}")).collect();
+        let mut set: HashSet<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(job_of(raw, &set), None);
+        set.insert("abcd");
+        assert_eq!(job_of(raw, &set), Some("abcd"));
+        for junk in ["", "not json", "[\"abcd\"]", r#"{"jid":1}"#, r#"{"jid":"ab\u0063d"#] {
+            assert_eq!(job_of(junk, &set), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn work_entries_name_their_job_either_way() {
+        let text = r#"{"queue":"q","payload":"{\"class\":\"A\",\"jid\":\"j1\"}","run_at":1}"#;
+        let object = r#"{"queue":"q","payload":{"class":"A","jid":"j2"},"run_at":1}"#;
+        assert_eq!(work_jid(text).as_deref(), Some("j1"));
+        assert_eq!(work_jid(object).as_deref(), Some("j2"));
+        assert_eq!(work_jid(r#"{"payload":"not json"}"#), None);
+        assert_eq!(work_jid("[]"), None);
+    }
+}
