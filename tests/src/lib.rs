@@ -6,6 +6,7 @@
 
 pub mod browser;
 pub mod cli;
+pub mod dashboard;
 pub mod guests;
 pub mod http_server;
 pub mod otlp;

@@ -1,0 +1,297 @@
+//! What other writers leave in Redis: Sidekiq processes (a real one, and
+//! the records Sidekiq 7 and 8 or an older wasmjobs write), keys of the
+//! wrong type written by any client, entries that are not JSON or not
+//! UTF-8, and jobs of 100 MB. None of them may take a dashboard page,
+//! `wasmjobs stats` or a runner loop down: each is shown as unreadable
+//! and skipped, a loop that fails backs off and says so once, and a view
+//! never transfers a whole huge job.
+//!
+//! Everything is real: a real redis-server, real `wasmjobs run`, `wasmjobs
+//! web` and `wasmjobs stats` processes, Debian's `sidekiq` command, and
+//! headless Chromium for the buttons.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use serde_json::json;
+use wasmjobs::redis::now_f64;
+use wasmjobs_e2e::browser::Browser;
+use wasmjobs_e2e::dashboard::{get, wait_listening, wasmjobs_measured};
+use wasmjobs_e2e::eventually;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, plugins, push};
+use wasmjobs_e2e::sidekiq::SidekiqProcess;
+
+type Conn = redis::aio::MultiplexedConnection;
+
+/// Registers a process record `identity` with heartbeat `fields`, as a
+/// heartbeat does (expiring in two minutes).
+async fn write_process(conn: &mut Conn, identity: &[u8], fields: &[(&str, Vec<u8>)]) {
+    let mut pipe = redis::pipe();
+    pipe.sadd("processes", identity).ignore();
+    for (name, value) in fields {
+        pipe.hset(identity, *name, value.as_slice()).ignore();
+    }
+    pipe.expire(identity, 120).ignore();
+    let _: () = pipe.query_async(conn).await.expect("write a process record");
+}
+
+fn text(value: &str) -> Vec<u8> {
+    value.as_bytes().to_vec()
+}
+
+/// The identity in `processes` that contains `:PID:`, once one does.
+async fn identity_of(conn: &mut Conn, pid: u32, log: impl Fn() -> String) -> String {
+    let needle = format!(":{pid}:");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let members: Vec<Vec<u8>> = conn.smembers("processes").await.expect("SMEMBERS");
+        let members = members.into_iter().map(|m| String::from_utf8_lossy(&m).into_owned());
+        if let Some(identity) = members.into_iter().find(|m| m.contains(&needle)) {
+            return identity;
+        }
+        assert!(Instant::now() < deadline, "no process {pid} in `processes`:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The records other Sidekiq versions, an older wasmjobs and damaged or
+/// hostile writers leave in `processes`; returns the identities (as the
+/// page shows them) that must be listed.
+async fn write_odd_processes(conn: &mut Conn) -> Vec<String> {
+    let now = now_f64();
+    let sidekiq7 = json!({
+        "hostname": "sidekiq7.example", "started_at": now - 100.0, "pid": 7001, "tag": "shop",
+        "concurrency": 5, "queues": ["critical", "default"],
+        "weights": [{"critical": 0, "default": 0}], "labels": ["reliable"],
+        "identity": "sidekiq7.example:7001:0a1b2c", "version": "7.3.9", "embedded": false,
+    });
+    write_process(
+        conn,
+        b"sidekiq7.example:7001:0a1b2c",
+        &[
+            ("info", text(&sidekiq7.to_string())),
+            ("busy", text("1")),
+            ("beat", text(&now.to_string())),
+            ("quiet", text("false")),
+            ("rss", text("204800")),
+            ("rtt_us", text("250")),
+        ],
+    )
+    .await;
+    // Sidekiq 7 writes the job it runs as JSON text inside the work entry.
+    let job = json!({"class": "ShopJob", "args": [1], "jid": "0a0b0c0d0e0f0a0b0c0d0e0f", "queue": "default"});
+    let work = json!({"queue": "default", "payload": job.to_string(), "run_at": now - 5.0});
+    let _: () = conn
+        .hset("sidekiq7.example:7001:0a1b2c:work", "tid-1", work.to_string())
+        .await
+        .expect("HSET work");
+    // Sidekiq 8: times in milliseconds, weights as a hash.
+    let sidekiq8 = json!({
+        "hostname": "sidekiq8.example", "started_at": ((now - 50.0) * 1000.0) as u64, "pid": 8001,
+        "tag": "", "concurrency": 10, "queues": ["default"], "weights": {"default": 1},
+        "labels": [], "identity": "sidekiq8.example:8001:3d4e5f", "version": "8.0.4", "embedded": true,
+    });
+    write_process(
+        conn,
+        b"sidekiq8.example:8001:3d4e5f",
+        &[
+            ("info", text(&sidekiq8.to_string())),
+            ("busy", text("0")),
+            ("beat", text(&((now * 1000.0) as u64).to_string())),
+            ("quiet", text("false")),
+            ("rss", text("1024")),
+            ("rtt_us", text("99")),
+        ],
+    )
+    .await;
+    let old = json!({"hostname": "old", "pid": 9001, "concurrency": 4, "queues": ["default"], "plugins": {}, "version": "wasmjobs 0.1.0"});
+    write_process(
+        conn,
+        b"old-wasmjobs:9001:aaaa",
+        &[("info", text(&old.to_string())), ("beat", text(&now.to_string()))],
+    )
+    .await;
+    write_process(
+        conn,
+        b"no-info:1:bbbb",
+        &[("busy", text("2")), ("beat", text(&now.to_string()))],
+    )
+    .await;
+    write_process(
+        conn,
+        b"not-json:1:cccc",
+        &[("info", text("{oops")), ("beat", text(&now.to_string()))],
+    )
+    .await;
+    write_process(conn, b"json-array:1:dddd", &[("info", text("[1,2,3]"))]).await;
+    let odd = json!({
+        "hostname": 5, "pid": "12", "concurrency": -3, "queues": "default", "started_at": "yesterday",
+        "tag": null, "version": 7, "plugins": ["a"], "identity": 3,
+    });
+    write_process(
+        conn,
+        b"odd-types:1:eeee",
+        &[
+            ("info", text(&odd.to_string())),
+            ("busy", text("lots")),
+            ("beat", text("never")),
+            ("quiet", text("yes")),
+            ("rss", text("-5")),
+            ("rtt_us", text("1e99")),
+            ("cpu", text("NaN")),
+        ],
+    )
+    .await;
+    // Its work "hash" is a string.
+    let _: () = conn.set("odd-types:1:eeee:work", "not a hash").await.expect("SET");
+    write_process(
+        conn,
+        b"binary\xff:1:ffff",
+        &[
+            ("info", b"{\"hostname\":\"h\xff\",\"pid\":1}".to_vec()),
+            ("beat", b"\xfe\xff".to_vec()),
+        ],
+    )
+    .await;
+    let plugins = json!({"hostname": "p", "plugins": {"p": 1, "q": "v1", "<b>r</b>": "v2"}});
+    write_process(conn, b"plugins-odd:1:gggg", &[("info", text(&plugins.to_string()))]).await;
+    let huge = json!({"hostname": "huge", "tag": "t".repeat(3 << 20)});
+    write_process(conn, b"huge-info:1:hhhh", &[("info", text(&huge.to_string()))]).await;
+    vec![
+        "sidekiq7.example:7001:0a1b2c".into(),
+        "sidekiq8.example:8001:3d4e5f".into(),
+        "old-wasmjobs:9001:aaaa".into(),
+        "no-info:1:bbbb".into(),
+        "not-json:1:cccc".into(),
+        "json-array:1:dddd".into(),
+        "odd-types:1:eeee".into(),
+        "binary\u{fffd}:1:ffff".into(),
+        "plugins-odd:1:gggg".into(),
+        "huge-info:1:hhhh".into(),
+    ]
+}
+
+/// Item 3 of issue 32: `/processes` renders every process record Sidekiq
+/// (a real Sidekiq 6 process; 7 and 8 as they write) or another wasmjobs
+/// writes, and Quiet, Stop and Cancel still work on the good ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_record_renders_and_the_good_ones_obey() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let sidekiq = SidekiqProcess::start(&redis.url(), "ruby-only");
+    // A runner with an empty plugin directory, and one running chaos.
+    let empty = tempfile::tempdir().expect("tempdir");
+    let mut bare = Runner::start(&redis.url(), empty.path(), &["-q", "bare-only"]);
+    bare.wait_running();
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--web", "127.0.0.1:0", "-c", "2"]);
+    runner.wait_running();
+    let addr = wait_listening(|| runner.log());
+    let base = format!("http://{addr}");
+    let ruby = identity_of(&mut conn, sidekiq.pid(), || sidekiq.log()).await;
+    let bare_id = identity_of(&mut conn, bare.pid(), || bare.log()).await;
+    let runner_id = identity_of(&mut conn, runner.pid(), || runner.log()).await;
+    // The real processes alone: a Sidekiq process and a runner without
+    // plugins have no plugin versions to show.
+    let page = get(&addr, "/processes");
+    assert_eq!(page.status, 200, "/processes: {}\n{}", page.body, runner.log());
+    for identity in [&ruby, &bare_id, &runner_id] {
+        assert!(
+            page.body.contains(&format!("data-identity=\"{identity}\"")),
+            "{identity} not listed"
+        );
+    }
+    let odd = write_odd_processes(&mut conn).await;
+    // A member of `processes` that is a string, not a heartbeat hash.
+    let _: () = conn.sadd("processes", "a-string:1:iiii").await.expect("SADD");
+    let _: () = conn.set("a-string:1:iiii", "not a hash").await.expect("SET");
+
+    let page = get(&addr, "/processes");
+    assert_eq!(page.status, 200, "/processes: {}\n{}", page.body, runner.log());
+    for identity in odd.iter().chain([&ruby, &bare_id, &runner_id]) {
+        assert!(
+            page.body.contains(&format!("data-identity=\"{identity}\"")),
+            "{identity} not listed:\n{}",
+            page.body
+        );
+    }
+    assert!(
+        page.body.contains("a-string:1:iiii"),
+        "the string record is named as unreadable"
+    );
+    assert!(
+        page.body.contains("0a0b0c0d0e0f0a0b0c0d0e0f"),
+        "Sidekiq 7's running job is listed"
+    );
+    for other in ["/", "/api/overview", "/plugins", "/queues"] {
+        let page = get(&addr, other);
+        assert_eq!(page.status, 200, "{other}: {}", page.body);
+    }
+    let stats = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60)).0;
+    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+
+    // Cancel a job running in the chaos runner, from the page.
+    let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
+        .await
+        .remove(0);
+    let browser = Browser::start("every_process_record_renders_and_the_good_ones_obey").await;
+    let running = format!("tr.running[data-jid=\"{jid}\"]");
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || format!("{jid} to show as running on /processes"),
+            async |browser: &Browser| {
+                browser.goto(&format!("{base}/processes")).await;
+                browser.try_find(&running).await.is_some()
+            },
+        )
+        .await;
+    browser.click_to_navigate(&format!("{running} button.cancel")).await;
+    eventually(
+        Duration::from_secs(15),
+        || format!("{jid} to be recorded as cancelled:\n{}", runner.log()),
+        || {
+            let mut conn = conn.clone();
+            let jid = jid.clone();
+            async move {
+                let cancelled: Vec<String> = conn.zrange("wasmjobs:cancelled", 0, -1).await.expect("ZRANGE");
+                cancelled.iter().any(|c| c.contains(&jid))
+            }
+        },
+    )
+    .await;
+
+    // Quiet the Ruby process: Sidekiq pops the signal with its heartbeat.
+    browser.goto(&format!("{base}/processes")).await;
+    browser
+        .click_to_navigate(&format!("tr.process[data-identity=\"{ruby}\"] button.quiet"))
+        .await;
+    eventually(
+        Duration::from_secs(30),
+        || format!("Sidekiq to go quiet:\n{}", sidekiq.log()),
+        || {
+            let mut conn = conn.clone();
+            let ruby = ruby.clone();
+            async move {
+                conn.hget::<_, _, Option<String>>(&ruby, "quiet")
+                    .await
+                    .ok()
+                    .flatten()
+                    .as_deref()
+                    == Some("true")
+            }
+        },
+    )
+    .await;
+
+    // Stop the runner without plugins.
+    browser.goto(&format!("{base}/processes")).await;
+    browser
+        .click_to_navigate(&format!("tr.process[data-identity=\"{bare_id}\"] button.stop"))
+        .await;
+    let status = bare.wait(Duration::from_secs(60));
+    assert!(status.success(), "{status}:\n{}", bare.log());
+    drop(browser);
+    assert!(runner.stop().success());
+}
