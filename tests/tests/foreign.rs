@@ -10,16 +10,18 @@
 //! web` and `wasmjobs stats` processes, Debian's `sidekiq` command, and
 //! headless Chromium for the buttons.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use serde_json::json;
+use serde_json::{Value, json};
 use wasmjobs::redis::now_f64;
+use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::browser::Browser;
-use wasmjobs_e2e::dashboard::{get, wait_listening, wasmjobs_measured};
+use wasmjobs_e2e::dashboard::{Dashboard, get, wait_listening, wasmjobs_measured};
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, plugins, push};
+use wasmjobs_e2e::runner::{Runner, plugins, push, wait_processed};
 use wasmjobs_e2e::sidekiq::SidekiqProcess;
 
 type Conn = redis::aio::MultiplexedConnection;
@@ -293,5 +295,348 @@ async fn every_process_record_renders_and_the_good_ones_obey() {
     let status = bare.wait(Duration::from_secs(60));
     assert!(status.success(), "{status}:\n{}", bare.log());
     drop(browser);
+    assert!(runner.stop().success());
+}
+
+/// A hash map of field → value, as `HSET` takes it.
+fn fields<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    pairs.to_vec()
+}
+
+/// Fills Redis with keys of the wrong type and entries that are not jobs,
+/// beside good ones: three jobs in `default`, one plain schedule, one
+/// limit log of two starts.
+async fn write_foreign_keys(conn: &mut Conn) {
+    push(conn, "NoopJob", "default", vec![json!([1]), json!([2]), json!([3])]).await;
+    let _: () = conn.sadd("queues", &["junk", "bin"]).await.expect("SADD");
+    let _: () = conn.hset("queue:junk", "a", "hash, not a list").await.expect("HSET");
+    let _: () = conn
+        .rpush("queue:bin", &[b"\xff\xfe not utf-8".to_vec(), b"not json".to_vec()])
+        .await
+        .expect("RPUSH");
+    let _: () = conn.hset("stat:failed", "a", "1").await.expect("HSET");
+    let _: () = conn.set("retry", "a string, not a set").await.expect("SET");
+    let _: () = conn.zadd("dead", "not json", now_f64()).await.expect("ZADD");
+    let _: () = conn.rpush("paused", "a list").await.expect("RPUSH");
+    let _: () = conn.set("wasmjobs:cancelled", "x").await.expect("SET");
+    let _: () = conn.hset("wasmjobs:stat:cancelled", "a", "1").await.expect("HSET");
+    // Processes: one whose key is a string, one whose work is a string.
+    let _: () = conn.sadd("processes", "ghost:1:x").await.expect("SADD");
+    let _: () = conn.set("ghost:1:x", "x").await.expect("SET");
+    let info = json!({"hostname": "fake", "pid": 1, "concurrency": 2, "queues": ["default"]});
+    write_process(
+        conn,
+        b"fake:1:y",
+        &[
+            ("info", text(&info.to_string())),
+            ("beat", text(&now_f64().to_string())),
+        ],
+    )
+    .await;
+    let _: () = conn.set("fake:1:y:work", "x").await.expect("SET");
+    // Latency: this minute's hash is a string, the last one's is good.
+    let minute = (now_f64() / 60.0) as u64;
+    let _: () = conn.set(format!("wasmjobs:latency:{minute}"), "x").await.expect("SET");
+    let _: () = conn
+        .hset(format!("wasmjobs:latency:{}", minute - 1), "e:10:GoodJob", "3")
+        .await
+        .expect("HSET");
+    // Limits: two keys of the wrong type, one good log.
+    let _: () = conn.hset("wasmjobs:limit:p:rate", "a", "1").await.expect("HSET");
+    let _: () = conn.set("wasmjobs:limit:p:overrated", "x").await.expect("SET");
+    let _: () = conn.zadd("wasmjobs:limit:q:rate", "a", 1).await.expect("ZADD");
+    let _: () = conn.zadd("wasmjobs:limit:q:rate", "b", 2).await.expect("ZADD");
+    // Cron: a good schedule, a string, and a hash with a 100 KB field.
+    let good = fields(&[
+        ("name", "good"),
+        ("klass", "GoodJob"),
+        ("cron", "0 3 * * *"),
+        ("status", "enabled"),
+    ]);
+    let _: () = conn.hset_multiple("cron_job:default:good", &good).await.expect("HSET");
+    let _: () = conn.set("cron_job:default:str", "x").await.expect("SET");
+    let big = "a".repeat(100_000);
+    let oversized = fields(&[
+        ("name", "big"),
+        ("klass", "BigJob"),
+        ("cron", "* * * * *"),
+        ("description", big.as_str()),
+    ]);
+    let _: () = conn
+        .hset_multiple("cron_job:default:big", &oversized)
+        .await
+        .expect("HSET");
+    let _: () = conn
+        .sadd(
+            "cron_jobs:default",
+            &["cron_job:default:good", "cron_job:default:str", "cron_job:default:big"],
+        )
+        .await
+        .expect("SADD");
+}
+
+/// Item 4 of issue 32: one key of the wrong type (or one entry that is not
+/// a job) must not take a page or `wasmjobs stats` down; each is shown as
+/// unreadable and the rest is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_leave_every_page_and_stats_working() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    write_foreign_keys(&mut conn).await;
+    let web = Dashboard::start(&redis.url());
+    let pages = [
+        "/",
+        "/api/overview",
+        "/queues",
+        "/queues/default",
+        "/queues/junk",
+        "/queues/bin",
+        "/processes",
+        "/plugins",
+        "/cron",
+        "/scheduled",
+        "/retries",
+        "/dead",
+    ];
+    let mut bodies = HashMap::new();
+    let failed: Vec<String> = pages
+        .iter()
+        .filter_map(|path| {
+            let page = get(&web.addr, path);
+            let failed = (page.status != 200).then(|| format!("{path}: {} {}", page.status, page.body));
+            bodies.insert(*path, page.body);
+            failed
+        })
+        .collect();
+    assert!(failed.is_empty(), "pages failed:\n{}", failed.join("\n"));
+
+    let overview: Value = serde_json::from_str(&bodies["/api/overview"]).expect("JSON");
+    assert_eq!(overview["enqueued"], json!(5), "default's 3 and bin's 2: {overview}");
+    assert_eq!(overview["processes"], json!(1), "the fake process: {overview}");
+    for (path, needle) in [
+        ("/", "queue:junk"),
+        ("/queues", "queue:junk"),
+        ("/queues/junk", "not a list"),
+        ("/retries", "not a sorted set"),
+        ("/processes", "ghost:1:x"),
+        ("/cron", "cron_job:default:str"),
+        ("/cron", "cron_job:default:big"),
+        ("/cron", "GoodJob"),
+        ("/", "GoodJob"),
+    ] {
+        assert!(
+            bodies[path].contains(needle),
+            "{path} does not show {needle}:\n{}",
+            bodies[path]
+        );
+    }
+    assert_eq!(bodies["/queues/bin"].matches("<tr class=\"job\"").count(), 2);
+
+    let (json_out, _) = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60));
+    assert!(
+        json_out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&json_out.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&json_out.stdout).expect("stats JSON");
+    let size = |name: &str| {
+        stats["queues"]
+            .as_array()
+            .and_then(|queues| queues.iter().find(|q| q["name"] == json!(name)))
+            .map(|q| q["size"].clone())
+    };
+    assert_eq!(size("default"), Some(json!(3)), "{stats}");
+    assert_eq!(size("bin"), Some(json!(2)), "{stats}");
+    assert_eq!(
+        (stats["failed"].clone(), stats["retries"].clone()),
+        (json!(0), json!(0)),
+        "{stats}"
+    );
+    assert_eq!(stats["schedules"]["total"], json!(1), "{stats}");
+    assert_eq!(stats["latency"]["GoodJob"]["execution"]["count"], json!(3), "{stats}");
+    let limits = stats["limits"]["plugins"].as_array().expect("limits");
+    assert!(
+        limits
+            .iter()
+            .any(|p| p["plugin"] == json!("q") && p["starts"] == json!(2)),
+        "{stats}"
+    );
+    let unreadable = stats["unreadable"].to_string();
+    for key in [
+        "queue:junk",
+        "stat:failed",
+        "retry",
+        "paused",
+        "ghost:1:x",
+        "wasmjobs:cancelled",
+    ] {
+        assert!(unreadable.contains(key), "{key} not reported unreadable: {unreadable}");
+    }
+    let (text_out, _) = wasmjobs_measured(&["stats", "--redis", &redis.url()], Duration::from_secs(60));
+    assert!(
+        text_out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text_out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&text_out.stdout);
+    assert!(
+        printed.contains("unreadable") && printed.contains("queue:junk"),
+        "{printed}"
+    );
+}
+
+const EVERY_SECOND: &str = r#"
+[[schedule]]
+name = "every-second"
+cron = "*/1 * * * * *"
+class = "NoopJob"
+queue = "cron"
+"#;
+
+/// The jobs of `queue` enqueued for a tick, by tick (epoch seconds).
+async fn cron_ticks(conn: &mut Conn, queue: &str) -> Vec<i64> {
+    let raw: Vec<String> = conn.lrange(format!("queue:{queue}"), 0, -1).await.expect("LRANGE");
+    let mut ticks: Vec<i64> = raw
+        .iter()
+        .filter_map(|job| Payload::parse(job).ok())
+        .filter_map(|job| job.str("cron_tick").and_then(wasmjobs::cron::parse_last_enqueue_time))
+        .map(|t| t as i64)
+        .collect();
+    ticks.sort_unstable();
+    ticks
+}
+
+/// Item 4: a string member of `cron_jobs:default` (and a schedule whose
+/// claim set is a string) stops no other schedule, `/cron` renders, and
+/// the cron loop says so a few times, not thousands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_cron_entry_stops_no_schedule_and_no_loop_spins() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let _: () = conn.set("cron_job:default:str", "x").await.expect("SET");
+    let claims_are_a_string = fields(&[
+        ("name", "broken-claims"),
+        ("klass", "NoopJob"),
+        ("cron", "* * * * * *"),
+        ("message", r#"{"queue":"broken"}"#),
+        ("status", "enabled"),
+    ]);
+    let _: () = conn
+        .hset_multiple("cron_job:default:broken-claims", &claims_are_a_string)
+        .await
+        .expect("HSET");
+    let _: () = conn
+        .set("cron_job:default:broken-claims:enqueued", "x")
+        .await
+        .expect("SET");
+    let _: () = conn
+        .sadd(
+            "cron_jobs:default",
+            &["cron_job:default:str", "cron_job:default:broken-claims"],
+        )
+        .await
+        .expect("SADD");
+    let dir = plugins(&["noop"], &[]);
+    let manifest = dir.path().join("noop/wasmjobs.toml");
+    let base = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(&manifest, format!("{base}\n{EVERY_SECOND}")).expect("manifest");
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-q", "elsewhere"]);
+    runner.wait_running();
+    let started = now_f64();
+    let first = started.ceil() as i64 + 1;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cron_ticks(&mut conn, "cron")
+        .await
+        .iter()
+        .filter(|&&t| t >= first)
+        .count()
+        < 5
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the every-second schedule stopped: {:?}\n{}",
+            cron_ticks(&mut conn, "cron").await,
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = runner.log();
+    let warnings = log.lines().filter(|l| l.contains("cron") && l.contains("WARN")).count();
+    assert!(
+        (1..=6).contains(&warnings),
+        "{warnings} cron warnings in {:.1} s:\n{}",
+        now_f64() - started,
+        log.lines().take(40).collect::<Vec<_>>().join("\n")
+    );
+    assert!(
+        log.contains("cron_job:default:str"),
+        "the string member is named:\n{log}"
+    );
+    assert!(log.contains("broken-claims"), "the broken schedule is named:\n{log}");
+
+    let web = Dashboard::start(&redis.url());
+    let page = get(&web.addr, "/cron");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("every-second") && page.body.contains("cron_job:default:str"),
+        "{}",
+        page.body
+    );
+    assert!(runner.stop().success());
+}
+
+/// Item 4: a `schedule` key of the wrong type does not stop the retries
+/// (one poll read both sets in one pipeline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_schedule_key_does_not_stop_retries() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let _: () = conn.set("schedule", "a string, not a set").await.expect("SET");
+    let job = Payload::new("NoopJob", vec![json!("retried")], "default", now_f64());
+    let _: () = conn.zadd("retry", job.to_json(), 0).await.expect("ZADD");
+    let dir = plugins(&["noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--poll-interval", "0.2"]);
+    runner.wait_running();
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    // Fifteen more polls (one per 0.2 s): still said once.
+    let said = || {
+        let log = runner.log();
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("schedule"))
+            .count()
+    };
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert!(said() <= 1, "{} warnings about `schedule`:\n{}", said(), runner.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(said(), 1, "the unreadable `schedule` is said once:\n{}", runner.log());
+    assert!(runner.stop().success());
+}
+
+/// Item 4: an in-progress owner whose list is a string does not stop the
+/// recovery of the jobs of a process that died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_in_progress_owner_does_not_stop_recovery() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    for n in 0..8 {
+        let owner = format!("foreign-{n}:1:x");
+        let _: () = conn.sadd("wasmjobs:inprogress", &owner).await.expect("SADD");
+        let _: () = conn
+            .set(format!("wasmjobs:inprogress:{owner}"), "x")
+            .await
+            .expect("SET");
+    }
+    let job = Payload::new("NoopJob", vec![json!("orphan")], "default", now_f64());
+    let _: () = conn.sadd("wasmjobs:inprogress", "dead-host:1:zz").await.expect("SADD");
+    let _: () = conn
+        .lpush("wasmjobs:inprogress:dead-host:1:zz", job.to_json())
+        .await
+        .expect("LPUSH");
+    let dir = plugins(&["noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    runner.wait_running();
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
 }
