@@ -640,3 +640,111 @@ async fn a_foreign_in_progress_owner_does_not_stop_recovery() {
     wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
 }
+
+/// Bytes of the huge jobs.
+const HUGE: usize = 100 << 20;
+
+/// The first 4,000 characters of a page, for a failure message.
+fn start_of(text: &str) -> String {
+    text.chars().take(4_000).collect()
+}
+
+/// Item 5, its last sentence: a queue's 100 MB tail job (and a 100 MB dead
+/// job) are never transferred whole by a view: the pages and `wasmjobs
+/// stats` answer, show them as a preview with their size, the dashboard's
+/// memory does not grow by the job's size, and the jobs can be deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_job_is_shown_as_a_preview_and_never_read_whole() {
+    let redis = TestRedis::start();
+    // A connection that waits for 100 MB to be written.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(60)));
+    let mut conn = redis::Client::open(redis.url())
+        .expect("redis url")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect");
+    let now = now_f64();
+    let queued = Payload::new("BigJob", vec![json!("q".repeat(HUGE))], "big", now - 30.0);
+    let _: () = conn.sadd("queues", "big").await.expect("SADD");
+    let _: () = conn.lpush("queue:big", queued.to_json()).await.expect("LPUSH");
+    let mut dead = Payload::new("BigJob", vec![json!("d".repeat(HUGE))], "big", now - 60.0);
+    dead.set("error_message", json!("too big"));
+    let _: () = conn.zadd("dead", dead.to_json(), now).await.expect("ZADD");
+    let web = Dashboard::start(&redis.url());
+    let baseline = {
+        assert_eq!(get(&web.addr, "/processes").status, 200);
+        web.peak_rss_kb()
+    };
+    let dead_page = get(&web.addr, "/dead");
+    assert_eq!(dead_page.status, 200, "{}", dead_page.body);
+    let job_link = dead_page
+        .body
+        .split("href=\"/dead/job?key=")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a link to the dead job")
+        .to_owned();
+    let started = Instant::now();
+    for _ in 0..3 {
+        for path in [
+            "/",
+            "/api/overview",
+            "/queues",
+            "/queues/big",
+            "/dead",
+            &format!("/dead/job?key={job_link}"),
+        ] {
+            let page = get(&web.addr, path);
+            assert_eq!(page.status, 200, "{path}: {}", start_of(&page.body));
+            assert!(page.body.len() < 1 << 20, "{path} is {} bytes", page.body.len());
+        }
+    }
+    let views = started.elapsed();
+    let grown = web.peak_rss_kb().saturating_sub(baseline);
+    eprintln!("18 views with two 100 MB jobs: {views:?}; dashboard peak RSS grew {grown} KiB over {baseline} KiB");
+    assert!(grown < 40 << 10, "the dashboard's peak RSS grew by {grown} KiB");
+    let queue_page = get(&web.addr, "/queues/big").body;
+    assert!(queue_page.contains(queued.jid()), "the preview shows the jid");
+    assert!(
+        queue_page.contains("104857"),
+        "the size is shown: {}",
+        start_of(&queue_page)
+    );
+
+    let (out, peak) = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("wasmjobs stats with a 100 MB tail job: peak RSS {peak} KiB");
+    assert!(peak < 60 << 10, "wasmjobs stats peaked at {peak} KiB");
+    let stats: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let big = stats["queues"]
+        .as_array()
+        .and_then(|queues| queues.iter().find(|q| q["name"] == json!("big")).cloned())
+        .expect("queue big");
+    assert_eq!(big["size"], json!(1));
+    let latency = big["latency_secs"].as_f64().unwrap_or(0.0);
+    assert!(
+        (25.0..600.0).contains(&latency),
+        "the latency is read from the preview: {big}"
+    );
+
+    // Deleted from their pages.
+    let browser = Browser::start("a_100_mb_job_is_shown_as_a_preview_and_never_read_whole").await;
+    browser.goto(&format!("{}/queues/big", web.base())).await;
+    browser
+        .click_to_navigate(&format!("tr.job[data-jid=\"{}\"] button.delete", queued.jid()))
+        .await;
+    assert_eq!(
+        conn.llen::<_, u64>("queue:big").await.expect("LLEN"),
+        0,
+        "{}",
+        web.log()
+    );
+    browser.goto(&format!("{}/dead/job?key={job_link}", web.base())).await;
+    browser.click_to_navigate("button#delete").await;
+    assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0, "{}", web.log());
+    let grown = web.peak_rss_kb().saturating_sub(baseline);
+    assert!(
+        grown < 40 << 10,
+        "after the deletes the dashboard's peak RSS grew by {grown} KiB"
+    );
+}
