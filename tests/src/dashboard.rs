@@ -1,11 +1,10 @@
 //! `wasmjobs web` as a process of its own, read by a plain HTTP client,
-//! and what a process costs in memory (`VmHWM`, or a finished command's
-//! peak RSS from `wait4`).
+//! and what a process costs in memory (its `VmHWM`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::runner::wasmjobs_bin;
@@ -143,12 +142,15 @@ pub fn get(addr: &str, path: &str) -> Page {
     }
 }
 
-/// Runs `wasmjobs ARGS...` to completion (at most `timeout`); returns what
-/// it printed and its peak resident memory, KiB (`wait4`'s `ru_maxrss`).
-pub fn wasmjobs_measured(args: &[&str], timeout: Duration) -> (Output, u64) {
+/// Runs `wasmjobs ARGS...` (a command that keeps printing, such as
+/// `stats --watch 0.2 --json`) until it has printed `lines` lines (at most
+/// `timeout`), then kills it; returns what it printed and its peak
+/// resident memory, KiB (`VmHWM`, which starts again at `exec`, so the
+/// test process's own memory is not counted as it would be by `wait4`).
+pub fn wasmjobs_peak_rss(args: &[&str], lines: usize, timeout: Duration) -> (String, u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (stdout, stderr) = (dir.path().join("stdout"), dir.path().join("stderr"));
-    let child = Command::new(wasmjobs_bin())
+    let mut child = Command::new(wasmjobs_bin())
         .args(args)
         .current_dir(dir.path())
         .stdin(Stdio::null())
@@ -156,34 +158,26 @@ pub fn wasmjobs_measured(args: &[&str], timeout: Duration) -> (Output, u64) {
         .stderr(std::fs::File::create(&stderr).expect("stderr file"))
         .spawn()
         .expect("start wasmjobs");
-    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
     let deadline = Instant::now() + timeout;
-    let (status, usage) = loop {
-        let mut status = 0;
-        // SAFETY: an all-zero rusage is a valid value to be overwritten.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: waiting for our own child, with valid out-pointers.
-        let done = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
-        if done == pid {
-            break (status, usage);
+    let printed = loop {
+        let printed = std::fs::read_to_string(&stdout).unwrap_or_default();
+        if printed.matches('\n').count() >= lines {
+            break printed;
         }
-        assert!(done == 0, "wait4: {}", std::io::Error::last_os_error());
-        if Instant::now() > deadline {
-            // SAFETY: signalling the child we started and have not reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        let exited = child.try_wait().expect("try_wait");
+        if exited.is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
             panic!(
-                "wasmjobs {args:?} did not finish in {timeout:?}:\n{}",
+                "wasmjobs {args:?} printed {} of {lines} lines ({exited:?}):\n{printed}\n{}",
+                printed.matches('\n').count(),
                 std::fs::read_to_string(&stderr).unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // The child was reaped by wait4: `child` must not be waited for again.
-    drop(child);
-    let output = Output {
-        status: std::os::unix::process::ExitStatusExt::from_raw(status),
-        stdout: std::fs::read(&stdout).expect("read stdout"),
-        stderr: std::fs::read(&stderr).expect("read stderr"),
-    };
-    (output, u64::try_from(usage.ru_maxrss).unwrap_or(0))
+    let peak = peak_rss_kb(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    (printed, peak)
 }

@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use wasmjobs::redis::now_f64;
 use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::browser::Browser;
-use wasmjobs_e2e::dashboard::{Dashboard, get, wait_listening, wasmjobs_measured};
+use wasmjobs_e2e::cli::wasmjobs_in;
+use wasmjobs_e2e::dashboard::{Dashboard, get, wait_listening, wasmjobs_peak_rss};
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, plugins, push, wait_processed};
@@ -230,7 +231,14 @@ async fn every_process_record_renders_and_the_good_ones_obey() {
         let page = get(&addr, other);
         assert_eq!(page.status, 200, "{other}: {}", page.body);
     }
-    let stats = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60)).0;
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let none: [(&str, &str); 0] = [];
+    let stats = wasmjobs_in(
+        cwd.path(),
+        &["stats", "--json", "--redis", &redis.url()],
+        &none,
+        Duration::from_secs(60),
+    );
     assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
 
     // Cancel a job running in the chaos runner, from the page.
@@ -432,7 +440,14 @@ async fn foreign_keys_leave_every_page_and_stats_working() {
     }
     assert_eq!(bodies["/queues/bin"].matches("<tr class=\"job\"").count(), 2);
 
-    let (json_out, _) = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60));
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let none: [(&str, &str); 0] = [];
+    let json_out = wasmjobs_in(
+        cwd.path(),
+        &["stats", "--json", "--redis", &redis.url()],
+        &none,
+        Duration::from_secs(60),
+    );
     assert!(
         json_out.status.success(),
         "{}",
@@ -472,7 +487,12 @@ async fn foreign_keys_leave_every_page_and_stats_working() {
     ] {
         assert!(unreadable.contains(key), "{key} not reported unreadable: {unreadable}");
     }
-    let (text_out, _) = wasmjobs_measured(&["stats", "--redis", &redis.url()], Duration::from_secs(60));
+    let text_out = wasmjobs_in(
+        cwd.path(),
+        &["stats", "--redis", &redis.url()],
+        &none,
+        Duration::from_secs(60),
+    );
     assert!(
         text_out.status.success(),
         "{}",
@@ -664,12 +684,19 @@ async fn a_100_mb_job_is_shown_as_a_preview_and_never_read_whole() {
         .await
         .expect("connect");
     let now = now_f64();
-    let queued = Payload::new("BigJob", vec![json!("q".repeat(HUGE))], "big", now - 30.0);
-    let _: () = conn.sadd("queues", "big").await.expect("SADD");
-    let _: () = conn.lpush("queue:big", queued.to_json()).await.expect("LPUSH");
-    let mut dead = Payload::new("BigJob", vec![json!("d".repeat(HUGE))], "big", now - 60.0);
-    dead.set("error_message", json!("too big"));
-    let _: () = conn.zadd("dead", dead.to_json(), now).await.expect("ZADD");
+    // Only the jid is kept: a child forked from this process would count
+    // the jobs' pages in its own peak RSS.
+    let jid = {
+        let mut queued = Payload::new("BigJob", vec![json!("q".repeat(HUGE))], "big", now - 30.0);
+        // As a push writes it: last, after the args.
+        queued.set_time("enqueued_at", now - 30.0);
+        let _: () = conn.sadd("queues", "big").await.expect("SADD");
+        let _: () = conn.lpush("queue:big", queued.to_json()).await.expect("LPUSH");
+        let mut dead = Payload::new("BigJob", vec![json!("d".repeat(HUGE))], "big", now - 60.0);
+        dead.set("error_message", json!("too big"));
+        let _: () = conn.zadd("dead", dead.to_json(), now).await.expect("ZADD");
+        queued.jid().to_owned()
+    };
     let web = Dashboard::start(&redis.url());
     let baseline = {
         assert_eq!(get(&web.addr, "/processes").status, 200);
@@ -704,18 +731,21 @@ async fn a_100_mb_job_is_shown_as_a_preview_and_never_read_whole() {
     eprintln!("18 views with two 100 MB jobs: {views:?}; dashboard peak RSS grew {grown} KiB over {baseline} KiB");
     assert!(grown < 40 << 10, "the dashboard's peak RSS grew by {grown} KiB");
     let queue_page = get(&web.addr, "/queues/big").body;
-    assert!(queue_page.contains(queued.jid()), "the preview shows the jid");
+    assert!(queue_page.contains(&jid), "the preview shows the jid");
     assert!(
         queue_page.contains("104857"),
         "the size is shown: {}",
         start_of(&queue_page)
     );
 
-    let (out, peak) = wasmjobs_measured(&["stats", "--json", "--redis", &redis.url()], Duration::from_secs(60));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    eprintln!("wasmjobs stats with a 100 MB tail job: peak RSS {peak} KiB");
+    // Five refreshes of `wasmjobs stats --watch`.
+    let url = redis.url();
+    let args = ["stats", "--json", "--watch", "0.2", "--redis", &url];
+    let (printed, peak) = wasmjobs_peak_rss(&args, 5, Duration::from_secs(60));
+    eprintln!("wasmjobs stats --watch, 5 refreshes with a 100 MB tail job: peak RSS {peak} KiB");
     assert!(peak < 60 << 10, "wasmjobs stats peaked at {peak} KiB");
-    let stats: Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let last = printed.lines().last().expect("a line of stats");
+    let stats: Value = serde_json::from_str(last).expect("stats JSON");
     let big = stats["queues"]
         .as_array()
         .and_then(|queues| queues.iter().find(|q| q["name"] == json!("big")).cloned())
@@ -731,7 +761,7 @@ async fn a_100_mb_job_is_shown_as_a_preview_and_never_read_whole() {
     let browser = Browser::start("a_100_mb_job_is_shown_as_a_preview_and_never_read_whole").await;
     browser.goto(&format!("{}/queues/big", web.base())).await;
     browser
-        .click_to_navigate(&format!("tr.job[data-jid=\"{}\"] button.delete", queued.jid()))
+        .click_to_navigate(&format!("tr.job[data-jid=\"{jid}\"] button.delete"))
         .await;
     assert_eq!(
         conn.llen::<_, u64>("queue:big").await.expect("LLEN"),
