@@ -1,6 +1,7 @@
 //! The dashboard as a client sees it: a `wasmjobs web` process of the
-//! test's own, and plain HTTP/1.0 requests with whatever headers the test
-//! chooses (what a browser would never send, or an attacker would).
+//! test's own, plain HTTP/1.0 requests with whatever headers the test
+//! chooses (what a browser would never send, or an attacker would), and
+//! what a process costs in memory (its `VmHWM`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -102,6 +103,11 @@ impl Web {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Its peak resident memory so far, KiB.
+    pub fn peak_rss_kb(&self) -> u64 {
+        peak_rss_kb(self.child.id())
+    }
+
     /// Sends `signal` (e.g. "TERM").
     pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
@@ -185,4 +191,54 @@ pub fn post_form(addr: &str, path: &str, form: &str) -> Response {
         &[("Content-Type", "application/x-www-form-urlencoded")],
         form,
     )
+}
+
+/// The peak resident memory (`VmHWM`) of the running process `pid`, KiB.
+pub fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Runs `wasmjobs ARGS...` (a command that keeps printing, such as
+/// `stats --watch 0.2 --json`) until it has printed `lines` lines (at most
+/// `timeout`), then kills it; returns what it printed and its peak
+/// resident memory, KiB (`VmHWM`, which starts again at `exec`, so the
+/// test process's own memory is not counted as it would be by `wait4`).
+pub fn wasmjobs_peak_rss(args: &[&str], lines: usize, timeout: Duration) -> (String, u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (stdout, stderr) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(wasmjobs_bin())
+        .args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("start wasmjobs");
+    let deadline = Instant::now() + timeout;
+    let printed = loop {
+        let printed = std::fs::read_to_string(&stdout).unwrap_or_default();
+        if printed.matches('\n').count() >= lines {
+            break printed;
+        }
+        let exited = child.try_wait().expect("try_wait");
+        if exited.is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "wasmjobs {args:?} printed {} of {lines} lines ({exited:?}):\n{printed}\n{}",
+                printed.matches('\n').count(),
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let peak = peak_rss_kb(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    (printed, peak)
 }

@@ -33,3 +33,57 @@ pub fn ruby_json(url: &str, script: &str) -> Value {
     let printed = ruby(url, script);
     serde_json::from_str(&printed).unwrap_or_else(|e| panic!("ruby printed no JSON ({e}): {printed}"))
 }
+
+/// A real Sidekiq server process (Debian's `sidekiq` command) against the
+/// Redis under test: it writes its heartbeat into `processes` as Sidekiq
+/// does, and obeys the Web UI's signals. Killed when dropped.
+pub struct SidekiqProcess {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SidekiqProcess {
+    /// Starts `sidekiq -q QUEUE -c 1` with a worker class `RubyOnlyJob`.
+    pub fn start(url: &str, queue: &str) -> SidekiqProcess {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let worker = dir.path().join("worker.rb");
+        std::fs::write(
+            &worker,
+            "class RubyOnlyJob\n  include Sidekiq::Worker\n  def perform(*) end\nend\n",
+        )
+        .expect("worker.rb");
+        let log = dir.path().join("sidekiq.log");
+        let child = Command::new("sidekiq")
+            .arg("-r")
+            .arg(&worker)
+            .args(["-q", queue, "-c", "1"])
+            .env("REDIS_URL", url)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log file"))
+            .stderr(std::process::Stdio::from(
+                std::fs::File::options().append(true).open(&log).expect("log file"),
+            ))
+            .spawn()
+            .expect("sidekiq is not installed: apt-get install ruby-sidekiq");
+        SidekiqProcess { child, log, _dir: dir }
+    }
+
+    /// Its process id (Sidekiq's identity is `hostname:PID:nonce`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What it has logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SidekiqProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -116,6 +116,8 @@ struct Schedules {
     enabled: usize,
     /// Of those, declared by wasmjobs plugins.
     from_plugins: usize,
+    /// Members of `cron_jobs:default` that are not readable schedules.
+    unreadable: usize,
 }
 
 impl Schedules {
@@ -126,14 +128,19 @@ impl Schedules {
             total: entries.len(),
             enabled: entries.iter().filter(|e| e.enabled).count(),
             from_plugins: entries.iter().filter(|e| e.plugin.is_some()).count(),
+            unreadable: listing.invalid.len(),
         })
     }
 
     fn render(&self) -> String {
+        let unreadable = match self.unreadable {
+            0 => String::new(),
+            n => format!("   unreadable {n}"),
+        };
         match self.total {
-            0 => "\nno cron schedules\n".to_owned(),
+            0 => format!("\nno cron schedules{unreadable}\n"),
             total => format!(
-                "\ncron schedules {total}   enabled {}   from plugins {}   (wasmjobs schedule lists them)\n",
+                "\ncron schedules {total}   enabled {}   from plugins {}{unreadable}   (wasmjobs schedule lists them)\n",
                 self.enabled, self.from_plugins
             ),
         }
@@ -176,6 +183,13 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
     if stats.unique_locks > 0 {
         let more = if stats.unique_locks_exact { "" } else { "+" };
         let _ = writeln!(out, "unique locks {}{more}", stats.unique_locks);
+    }
+    for unreadable in &stats.unreadable {
+        let _ = writeln!(
+            out,
+            "unreadable {}: {} (counted as empty)",
+            unreadable.key, unreadable.why
+        );
     }
 
     out.push('\n');
@@ -366,12 +380,14 @@ mod tests {
                     size: 7,
                     latency_secs: 12.5,
                     paused: false,
+                    unreadable: None,
                 },
                 QueueStats {
                     name: "low".into(),
                     size: 0,
                     latency_secs: 0.0,
                     paused: true,
+                    unreadable: None,
                 },
             ],
             control: crate::redis::api::ControlStats {
@@ -395,15 +411,24 @@ mod tests {
                 cpu_percent: Some(12.5),
                 version: None,
                 plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
+                problem: None,
             }],
             unique_locks: 2,
             unique_locks_exact: false,
+            unreadable: vec![crate::redis::bounded::Unreadable::new(
+                "queue:junk",
+                "a hash, not a list",
+            )],
         };
         let text = render(&stats, "redis://x", 100.0);
         assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
         assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");
         assert!(text.contains("unique locks 2+"), "{text}");
+        assert!(
+            text.contains("unreadable queue:junk: a hash, not a list (counted as empty)"),
+            "{text}"
+        );
         assert!(text.contains("default           7      12.5s"), "{text}");
         assert!(text.contains("low               0          -  paused"), "{text}");
         assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");

@@ -11,15 +11,29 @@
 //! could shift. An action removes exactly those bytes (`ZREM` / `LREM`),
 //! so it never touches another job, and a job that moved meanwhile is
 //! reported as gone rather than guessed at.
+//!
+//! Nothing here reads a whole entry of unbounded size: a listing reads an
+//! entry whole up to [`LIST_MAX`] bytes and a single entry (a job's page,
+//! an action) up to [`ENTRY_MAX`]; a larger one is read as its size and
+//! ends ([`bounded`]), shown as a preview, named by a digest of its size
+//! and ends, deleted by a script that finds it again by them inside
+//! Redis, and not moved (Retry now) by the dashboard. A queue or set key
+//! of another type is shown as unreadable ([`Jobs::unreadable`]).
 
 use anyhow::{Context, Result, bail};
 use redis::aio::ConnectionLike;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
+use super::bounded::{self, Bytes, Read, Unreadable, Window};
 use super::keys;
 use super::now_f64;
 use super::payload::Payload;
+
+/// An entry of a listing longer than this is read as its size and ends.
+pub const LIST_MAX: usize = 16 << 10;
+/// A single entry (a job's page, an action on it) longer than this is
+/// read as its size and ends, and cannot be moved from the dashboard.
+pub const ENTRY_MAX: usize = 1 << 20;
 
 /// A sorted set of jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,24 +106,36 @@ pub struct Entry {
     pub retry_count: Option<u64>,
     /// Epoch seconds: the score of a set entry, else `enqueued_at`.
     pub at: Option<f64>,
+    /// Its length in bytes.
+    pub size: u64,
+    /// Whether only its ends were read (it is longer than the read's
+    /// bound): `text` and `pretty` are then a preview, and `jid`,
+    /// `class`, `queue` and `error` what the preview shows of them.
+    pub large: bool,
     #[serde(skip)]
-    raw: Vec<u8>,
-}
-
-/// The digest that names an entry's bytes (16 hex digits of SHA-256).
-fn digest(raw: &[u8]) -> String {
-    hex::encode(&Sha256::digest(raw)[..8])
+    bytes: Bytes,
 }
 
 impl Entry {
     /// Reads `raw` (with its `score` in a set).
     pub fn read(raw: Vec<u8>, score: Option<String>) -> Self {
+        Self::of(Bytes::Whole(raw), score)
+    }
+
+    /// Reads `bytes`, whole or large (with its `score` in a set).
+    pub fn of(bytes: Bytes, score: Option<String>) -> Self {
+        let digest = bytes.digest(LIST_MAX);
+        let key = match &score {
+            Some(score) => format!("{score}-{digest}"),
+            None => digest,
+        };
+        let size = bytes.len();
+        let raw = match bytes {
+            Bytes::Whole(raw) => raw,
+            Bytes::Large { len, head, tail } => return Self::preview(key, score, len, head, tail),
+        };
         let text = String::from_utf8_lossy(&raw).into_owned();
         let payload = std::str::from_utf8(&raw).ok().and_then(|t| Payload::parse(t).ok());
-        let key = match &score {
-            Some(score) => format!("{score}-{}", digest(&raw)),
-            None => digest(&raw),
-        };
         let at = score
             .as_deref()
             .and_then(|s| s.parse::<f64>().ok())
@@ -129,7 +155,9 @@ impl Entry {
                 backtrace: Vec::new(),
                 retry_count: None,
                 at,
-                raw,
+                size,
+                large: false,
+                bytes: Bytes::Whole(raw),
             };
         };
         let class = payload.str("wrapped").unwrap_or(payload.class()).to_owned();
@@ -166,7 +194,82 @@ impl Entry {
             retry_count: payload.retry_count(),
             at,
             text,
-            raw,
+            size,
+            large: false,
+            bytes: Bytes::Whole(raw),
+        }
+    }
+
+    /// An entry of `len` bytes of which only `head` and `tail` were read:
+    /// what they show of it, never parsed as a whole.
+    fn preview(key: String, score: Option<String>, len: u64, head: Vec<u8>, tail: Vec<u8>) -> Self {
+        let (start, end) = (String::from_utf8_lossy(&head), String::from_utf8_lossy(&tail));
+        let omitted = len.saturating_sub((head.len() + tail.len()) as u64);
+        let text = format!("{start} … [{omitted} bytes not shown] … {end}");
+        let sniff = |key: &str| bounded::sniff(&start, key).or_else(|| bounded::sniff(&end, key));
+        let string = |key: &str| sniff(key).and_then(|v| v.as_str().map(str::to_owned));
+        let error = match (string("error_class"), string("error_message")) {
+            (None, None) => None,
+            (class, message) => Some(format!(
+                "{}: {}",
+                class.as_deref().unwrap_or("Error"),
+                message.as_deref().unwrap_or("")
+            )),
+        };
+        let at = score.as_deref().and_then(|s| s.parse::<f64>().ok()).or_else(|| {
+            sniff("enqueued_at")
+                .and_then(|at| at.as_f64())
+                .map(super::payload::epoch_secs)
+        });
+        Self {
+            key,
+            score,
+            pretty: text.clone(),
+            text,
+            parsed: false,
+            jid: string("jid").unwrap_or_default(),
+            class: string("wrapped").or_else(|| string("class")).unwrap_or_default(),
+            queue: string("queue").unwrap_or_default(),
+            args: String::new(),
+            error,
+            backtrace: Vec::new(),
+            retry_count: sniff("retry_count").and_then(|n| n.as_u64()),
+            at,
+            size: len,
+            large: true,
+            bytes: Bytes::Large { len, head, tail },
+        }
+    }
+}
+
+/// A page of a queue or set.
+#[derive(Debug, Clone, Default)]
+pub struct Jobs {
+    /// The length of the whole queue or set.
+    pub size: u64,
+    /// The entries read.
+    pub entries: Vec<Entry>,
+    /// Why the key could not be read (another type), when it could not.
+    pub unreadable: Option<Unreadable>,
+}
+
+impl Jobs {
+    fn read(key: &str, read: Read<bounded::Ranged>, wanted: &str) -> Self {
+        match read {
+            Read::Found(ranged) => Jobs {
+                size: ranged.size,
+                entries: ranged
+                    .entries
+                    .into_iter()
+                    .map(|(bytes, score)| Entry::of(bytes, score))
+                    .collect(),
+                unreadable: None,
+            },
+            Read::WrongType(found) => Jobs {
+                unreadable: Some(Unreadable::wrong_type(key, &found, wanted)),
+                ..Jobs::default()
+            },
+            Read::Missing | Read::TooMany(_) => Jobs::default(),
         }
     }
 }
@@ -180,16 +283,13 @@ pub async fn queue_jobs<C: ConnectionLike + Send>(
     name: &str,
     start: usize,
     count: usize,
-) -> Result<(u64, Vec<Entry>)> {
+) -> Result<Jobs> {
     let key = keys::queue(name);
     let stop = (start + count.max(1) - 1) as isize;
-    let (len, raws): (u64, Vec<Vec<u8>>) = redis::pipe()
-        .llen(&key)
-        .lrange(&key, start as isize, stop)
-        .query_async(conn)
+    let read = bounded::range(conn, &key, &Window::List(start as isize, stop), LIST_MAX)
         .await
         .with_context(|| format!("cannot read queue {name:?}"))?;
-    Ok((len, raws.into_iter().map(|raw| Entry::read(raw, None)).collect()))
+    Ok(Jobs::read(&key, read, "list"))
 }
 
 /// The `count` jobs of `set` from `start` (scheduled: soonest first;
@@ -201,30 +301,24 @@ pub async fn set_jobs<C: ConnectionLike + Send>(
     start: usize,
     count: usize,
     class: Option<&str>,
-) -> Result<(u64, Vec<Entry>)> {
+) -> Result<Jobs> {
     let look = count.max(1);
-    let stop = (start + look - 1) as isize;
-    let mut range = redis::cmd(if set == JobSet::Scheduled {
-        "ZRANGE"
+    let (start, stop) = (start as isize, (start + look - 1) as isize);
+    let window = if set == JobSet::Scheduled {
+        Window::Rank(start, stop)
     } else {
-        "ZREVRANGE"
-    });
-    range.arg(set.key()).arg(start as isize).arg(stop).arg("WITHSCORES");
-    let (len, pairs): (u64, Vec<(Vec<u8>, String)>) = redis::pipe()
-        .zcard(set.key())
-        .add_command(range)
-        .query_async(conn)
+        Window::RevRank(start, stop)
+    };
+    let read = bounded::range(conn, set.key(), &window, LIST_MAX)
         .await
         .with_context(|| format!("cannot read the {} set", set.key()))?;
-    let entries = pairs
-        .into_iter()
-        .map(|(raw, score)| Entry::read(raw, Some(score)))
-        .filter(|e| class.is_none_or(|c| e.class.contains(c)))
-        .collect();
-    Ok((len, entries))
+    let mut jobs = Jobs::read(set.key(), read, "sorted set");
+    jobs.entries.retain(|e| class.is_none_or(|c| e.class.contains(c)));
+    Ok(jobs)
 }
 
-/// The entry of `set` named `key` (see [`Entry::key`]), if it is still there.
+/// The entry of `set` named `key` (see [`Entry::key`]), if it is still
+/// there; read whole up to [`ENTRY_MAX`] bytes.
 pub async fn set_entry<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, key: &str) -> Result<Option<Entry>> {
     let Some((score, _)) = key.rsplit_once('-') else {
         return Ok(None);
@@ -232,18 +326,12 @@ pub async fn set_entry<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, key:
     if score.parse::<f64>().is_ok_and(f64::is_nan) || score.parse::<f64>().is_err() {
         return Ok(None);
     }
-    let pairs: Vec<(Vec<u8>, String)> = redis::cmd("ZRANGE")
-        .arg(set.key())
-        .arg(score)
-        .arg(score)
-        .arg("BYSCORE")
-        .arg("WITHSCORES")
-        .query_async(conn)
+    let read = bounded::range(conn, set.key(), &Window::Score(score.to_owned()), ENTRY_MAX)
         .await
         .with_context(|| format!("cannot read the {} set", set.key()))?;
-    Ok(pairs
+    Ok(Jobs::read(set.key(), read, "sorted set")
+        .entries
         .into_iter()
-        .map(|(raw, score)| Entry::read(raw, Some(score)))
         .find(|e| e.key == key))
 }
 
@@ -256,8 +344,8 @@ pub async fn queue_entry<C: ConnectionLike + Send>(
     start: usize,
     look: usize,
 ) -> Result<Option<Entry>> {
-    let (_, entries) = queue_jobs(conn, name, start, look).await?;
-    Ok(entries.into_iter().find(|e| e.key == key))
+    let jobs = queue_jobs(conn, name, start, look).await?;
+    Ok(jobs.entries.into_iter().find(|e| e.key == key))
 }
 
 /// Moves `entry` from `set` to the front of its queue now, as Sidekiq's
@@ -266,7 +354,13 @@ pub async fn queue_entry<C: ConnectionLike + Send>(
 /// Atomic: false when the entry was gone (another process or click took
 /// it), and nothing is pushed then.
 pub async fn enqueue_now<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, entry: &Entry) -> Result<bool> {
-    let mut payload = match std::str::from_utf8(&entry.raw).ok().map(Payload::parse) {
+    let Some(raw) = entry.bytes.whole() else {
+        bail!(
+            "this job is {} bytes, more than the {ENTRY_MAX} the dashboard moves; delete it, or move it with Sidekiq's API",
+            entry.size
+        );
+    };
+    let mut payload = match std::str::from_utf8(raw).ok().map(Payload::parse) {
         Some(Ok(payload)) => payload,
         _ => bail!("this entry is not a job payload; it can only be deleted"),
     };
@@ -284,7 +378,7 @@ pub async fn enqueue_now<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, en
         .key(set.key())
         .key(keys::queue(&queue))
         .key(keys::QUEUES)
-        .arg(&entry.raw[..])
+        .arg(raw)
         .arg(payload.to_json())
         .arg(&queue)
         .invoke_async(conn)
@@ -306,25 +400,48 @@ return 0
 
 /// Removes `entry` from `set`; false when it was already gone.
 pub async fn delete_from_set<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, entry: &Entry) -> Result<bool> {
-    let removed: i64 = redis::cmd("ZREM")
-        .arg(set.key())
-        .arg(&entry.raw[..])
-        .query_async(conn)
-        .await
-        .context("cannot delete the job")?;
-    Ok(removed == 1)
+    match &entry.bytes {
+        Bytes::Whole(raw) => {
+            let removed: i64 = redis::cmd("ZREM")
+                .arg(set.key())
+                .arg(&raw[..])
+                .query_async(conn)
+                .await
+                .context("cannot delete the job")?;
+            Ok(removed == 1)
+        }
+        Bytes::Large { len, head, tail } => {
+            let score = entry.score.clone().unwrap_or_default();
+            bounded::remove_large(conn, set.key(), &Window::Score(score), *len, head, tail).await
+        }
+    }
 }
 
-/// Removes one copy of `entry` from queue `name`; false when it was gone.
-pub async fn delete_from_queue<C: ConnectionLike + Send>(conn: &mut C, name: &str, entry: &Entry) -> Result<bool> {
-    let removed: i64 = redis::cmd("LREM")
-        .arg(keys::queue(name))
-        .arg(1)
-        .arg(&entry.raw[..])
-        .query_async(conn)
-        .await
-        .context("cannot delete the job")?;
-    Ok(removed >= 1)
+/// Removes one copy of `entry` from queue `name`, where it was found among
+/// the entries `start..=stop`; false when it was gone.
+pub async fn delete_from_queue<C: ConnectionLike + Send>(
+    conn: &mut C,
+    name: &str,
+    entry: &Entry,
+    (start, stop): (usize, usize),
+) -> Result<bool> {
+    let key = keys::queue(name);
+    match &entry.bytes {
+        Bytes::Whole(raw) => {
+            let removed: i64 = redis::cmd("LREM")
+                .arg(&key)
+                .arg(1)
+                .arg(&raw[..])
+                .query_async(conn)
+                .await
+                .context("cannot delete the job")?;
+            Ok(removed >= 1)
+        }
+        Bytes::Large { len, head, tail } => {
+            let window = Window::List(start as isize, stop as isize);
+            bounded::remove_large(conn, &key, &window, *len, head, tail).await
+        }
+    }
 }
 
 /// Empties queue `name` and forgets it, as Sidekiq's `Queue#clear`;
@@ -371,41 +488,78 @@ pub struct Running {
     pub entry: Entry,
 }
 
-/// The jobs running in the processes `identities`, oldest first.
-pub async fn running<C: ConnectionLike + Send>(conn: &mut C, identities: &[String]) -> Result<Vec<Running>> {
-    if identities.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for identity in identities {
-        pipe.cmd("HGETALL").arg(keys::work(identity));
-    }
-    let hashes: Vec<std::collections::HashMap<Vec<u8>, Vec<u8>>> = pipe
-        .query_async(conn)
+/// Most entries read of one process's work hash (one per job it runs).
+const MAX_WORK: usize = 10_000;
+
+/// The jobs running in the processes `identities`, oldest first, and the
+/// work hashes that could not be read (another type, too many entries).
+/// An entry over [`LIST_MAX`] bytes is read as its ends and shown as a
+/// preview.
+pub async fn running<C: ConnectionLike + Send>(
+    conn: &mut C,
+    identities: &[String],
+) -> Result<(Vec<Running>, Vec<Unreadable>)> {
+    let work_keys: Vec<String> = identities.iter().map(|identity| keys::work(identity)).collect();
+    let hashes = bounded::hash_all(conn, &work_keys, LIST_MAX, MAX_WORK, (bounded::HEAD, bounded::TAIL))
         .await
         .context("cannot read the jobs running in each process")?;
     let mut running = Vec::new();
-    for (identity, work) in identities.iter().zip(hashes) {
-        for value in work.into_values() {
-            // `{"queue": …, "payload": <JSON text or object>, "run_at": …}`.
-            let Ok(Value::Object(work)) = serde_json::from_slice::<Value>(&value) else {
+    let mut unreadable = Vec::new();
+    for ((identity, key), work) in identities.iter().zip(&work_keys).zip(hashes) {
+        let work = match work {
+            Read::Found(work) => work,
+            Read::WrongType(found) => {
+                unreadable.push(Unreadable::wrong_type(key, &found, "hash"));
                 continue;
-            };
-            let raw = match work.get("payload") {
-                Some(Value::String(text)) => text.clone().into_bytes(),
-                Some(other) => other.to_string().into_bytes(),
-                None => continue,
-            };
-            running.push(Running {
-                identity: identity.clone(),
-                queue: work.get("queue").and_then(Value::as_str).unwrap_or("").to_owned(),
-                run_at: work.get("run_at").and_then(Value::as_f64).unwrap_or(0.0),
-                entry: Entry::read(raw, None),
-            });
+            }
+            Read::TooMany(n) => {
+                unreadable.push(Unreadable::new(key, format!("{n} entries, over {MAX_WORK}")));
+                continue;
+            }
+            Read::Missing => continue,
+        };
+        for (_, value) in work {
+            if let Some(job) = work_entry(identity, value) {
+                running.push(job);
+            }
         }
     }
     running.sort_by(|a, b| a.run_at.total_cmp(&b.run_at));
-    Ok(running)
+    Ok((running, unreadable))
+}
+
+/// A job from a work hash value: `{"queue": …, "payload": <JSON text or
+/// object>, "run_at": …}`, or a preview of a large one.
+fn work_entry(identity: &str, value: Bytes) -> Option<Running> {
+    let value = match value {
+        Bytes::Whole(value) => value,
+        Bytes::Large { len, head, tail } => {
+            let (start, end) = (String::from_utf8_lossy(&head), String::from_utf8_lossy(&tail));
+            let queue = bounded::sniff(&start, "queue").and_then(|q| q.as_str().map(str::to_owned));
+            let run_at = bounded::sniff(&end, "run_at").and_then(|t| t.as_f64());
+            let entry = Entry::of(Bytes::Large { len, head, tail }, None);
+            return Some(Running {
+                identity: identity.to_owned(),
+                queue: queue.unwrap_or_default(),
+                run_at: run_at.unwrap_or(0.0),
+                entry,
+            });
+        }
+    };
+    let Ok(Value::Object(work)) = serde_json::from_slice::<Value>(&value) else {
+        return None;
+    };
+    let raw = match work.get("payload") {
+        Some(Value::String(text)) => text.clone().into_bytes(),
+        Some(other) => other.to_string().into_bytes(),
+        None => return None,
+    };
+    Some(Running {
+        identity: identity.to_owned(),
+        queue: work.get("queue").and_then(Value::as_str).unwrap_or("").to_owned(),
+        run_at: work.get("run_at").and_then(Value::as_f64).unwrap_or(0.0),
+        entry: Entry::read(raw, None),
+    })
 }
 
 /// Asks process `identity` to go quiet (`TSTP`) or stop (`TERM`), as
@@ -455,6 +609,37 @@ mod tests {
         assert_eq!(entry.retry_count, Some(3));
         assert_eq!(entry.at, Some(5.0));
         assert!(entry.pretty.contains("\n"));
+    }
+
+    #[test]
+    fn a_large_entry_is_a_preview_named_as_its_whole_bytes_are() {
+        let raw = format!(
+            r#"{{"class":"Big","args":["{}"],"jid":"0123456789abcdef01234567","queue":"q","enqueued_at":5.5}}"#,
+            "x".repeat(100_000)
+        )
+        .into_bytes();
+        let whole = Entry::read(raw.clone(), Some("3".into()));
+        let large = Entry::of(
+            Bytes::Large {
+                len: raw.len() as u64,
+                head: raw[..bounded::HEAD].to_vec(),
+                tail: raw[raw.len() - bounded::TAIL..].to_vec(),
+            },
+            Some("3".into()),
+        );
+        assert_eq!(whole.key, large.key);
+        assert!(large.large && !large.parsed);
+        assert_eq!(large.size, raw.len() as u64);
+        assert_eq!(
+            (large.class.as_str(), large.jid.as_str(), large.queue.as_str()),
+            ("Big", "0123456789abcdef01234567", "q")
+        );
+        assert!(
+            large.text.len() < 4_000 && large.text.contains("bytes not shown"),
+            "{}",
+            large.text
+        );
+        assert_eq!(Entry::of(large.bytes.clone(), None).at, Some(5.5));
     }
 
     #[test]

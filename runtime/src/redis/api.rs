@@ -7,6 +7,15 @@
 //! whatever the number of queues and processes, plus a bounded `SCAN`
 //! counting the unique-job locks. [`processes`] reads the live processes
 //! alone, for `wasmjobs enqueue`.
+//!
+//! Whatever another client wrote is read without failing the rest: a key
+//! of another type counts as empty and is listed in [`Stats::unreadable`]
+//! (no pipeline lets one `WRONGTYPE` reply fail the others); a process
+//! record is listed however odd its fields ([`ProcessInfo::problem`] says
+//! what could not be read), its heartbeat fields read only up to 64 KiB
+//! each; and a queue's oldest job, read for its latency, is read inside
+//! Redis and only its ends come back when it is large
+//! ([`super::bounded`]).
 
 use anyhow::{Context, Result};
 use redis::Value;
@@ -14,6 +23,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use super::bounded::{self, Bytes, Read, Unreadable, Window};
 use super::keys;
 use super::now_f64;
 use super::payload::{Payload, epoch_secs};
@@ -46,6 +56,10 @@ pub struct Stats {
     pub unique_locks: u64,
     /// Whether the SCAN finished ([`MAX_SCANNED_KEYS`]).
     pub unique_locks_exact: bool,
+    /// Keys that could not be read (another type than Sidekiq's, written
+    /// by some other client), counted as empty; absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
@@ -63,6 +77,14 @@ pub struct ControlStats {
 /// at most 100 round trips); past it the count is a lower bound.
 pub const MAX_SCANNED_KEYS: u64 = 100_000;
 
+/// The oldest job of a queue is read whole up to this size, for its
+/// `enqueued_at`; a larger one only by its ends (where Sidekiq writes it).
+const MAX_OLDEST_BYTES: usize = 64 << 10;
+
+/// A heartbeat field longer than this is not read (Sidekiq's `info` is a
+/// few hundred bytes).
+pub const MAX_HEARTBEAT_FIELD_BYTES: usize = 64 << 10;
+
 /// One queue.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueueStats {
@@ -74,6 +96,10 @@ pub struct QueueStats {
     pub latency_secs: f64,
     /// Whether it is paused (no process fetches from it).
     pub paused: bool,
+    /// Why `queue:NAME` could not be read (a key of another type); absent
+    /// when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
 }
 
 /// One live worker process, from its heartbeat hash.
@@ -111,21 +137,46 @@ pub struct ProcessInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// Plugin name → version id of the plugins it has loaded now (wasmjobs
-    /// processes only; it changes as plugins are hot-reloaded).
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    /// processes only, empty for the others; it changes as plugins are
+    /// hot-reloaded).
     pub plugins: std::collections::BTreeMap<String, String>,
+    /// What could not be read of its heartbeat (no `info`, `info` not a
+    /// JSON object or too large), when something could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// The heartbeat fields read per process, in `ProcessSet`'s order, then ours.
 const HEARTBEAT_FIELDS: [&str; 7] = ["info", "busy", "beat", "quiet", "rss", "rtt_us", "cpu"];
 
+/// Collects what could not be read while reading the rest.
+#[derive(Debug, Default)]
+struct Damage(Vec<Unreadable>);
+
+impl Damage {
+    /// The value of one pipeline reply, or `default` (noting why).
+    fn take<T: redis::FromRedisValue>(&mut self, key: &str, wanted: &str, value: Value, default: T) -> T {
+        match bounded::reply(value) {
+            Ok(value) => value,
+            Err(why) => {
+                self.0.push(Unreadable::new(key, format!("not a {wanted}: {why}")));
+                default
+            }
+        }
+    }
+}
+
 /// Reads the current stats. Identities in `processes` whose heartbeat hash
 /// has expired are removed from the set, as Sidekiq's `ProcessSet` does.
+/// A key of another type (or a member that is not one of ours) is counted
+/// as empty and listed in [`Stats::unreadable`]; a queue's oldest job is
+/// never read whole beyond [`MAX_OLDEST_BYTES`].
 pub async fn stats<C>(conn: &mut C) -> Result<Stats>
 where
     C: ConnectionLike + Send,
 {
-    let (processed, failed, discarded, scheduled, retries, dead, queue_names, identities): Counters = redis::pipe()
+    let replies: Vec<Value> = redis::pipe()
+        .ignore_errors()
         .get(keys::STAT_PROCESSED)
         .get(keys::STAT_FAILED)
         .get(keys::STAT_DISCARDED)
@@ -137,19 +188,34 @@ where
         .query_async(conn)
         .await
         .context("cannot read counters and sets from Redis")?;
+    let mut damage = Damage::default();
+    let mut replies = replies.into_iter();
+    let mut next = || replies.next().unwrap_or(Value::Nil);
+    let processed = counter(damage.take(keys::STAT_PROCESSED, "counter", next(), None));
+    let failed = counter(damage.take(keys::STAT_FAILED, "counter", next(), None));
+    let discarded = counter(damage.take(keys::STAT_DISCARDED, "counter", next(), None));
+    let scheduled: u64 = damage.take(keys::SCHEDULE, "sorted set", next(), 0);
+    let retries: u64 = damage.take(keys::RETRY, "sorted set", next(), 0);
+    let dead: u64 = damage.take(keys::DEAD, "sorted set", next(), 0);
+    let queue_names: Vec<Vec<u8>> = damage.take(keys::QUEUES, "set", next(), Vec::new());
+    let identities: Vec<Vec<u8>> = damage.take(keys::PROCESSES, "set", next(), Vec::new());
     let mut queue_names: Vec<String> = queue_names.into_iter().map(lossy).collect();
-    let mut identities: Vec<String> = identities.into_iter().map(lossy).collect();
     queue_names.sort();
-    identities.sort();
 
     let mut pipe = redis::pipe();
+    pipe.ignore_errors();
     for name in &queue_names {
-        pipe.llen(keys::queue(name)).lindex(keys::queue(name), -1);
+        pipe.add_command(bounded::range_cmd(
+            &keys::queue(name),
+            &Window::List(-1, -1),
+            MAX_OLDEST_BYTES,
+        ));
     }
-    for identity in &identities {
-        pipe.cmd("HMGET").arg(identity).arg(&HEARTBEAT_FIELDS[..]);
+    let (identities, heartbeats) = heartbeats_cmd(identities);
+    if let Some(heartbeats) = heartbeats {
+        pipe.add_command(heartbeats);
     }
-    let replies: Vec<Value> = if queue_names.is_empty() && identities.is_empty() {
+    let replies: Vec<Value> = if pipe.is_empty() {
         Vec::new()
     } else {
         pipe.query_async(conn)
@@ -157,36 +223,45 @@ where
             .context("cannot read queues and heartbeats from Redis")?
     };
     let mut replies = replies.into_iter();
-    let mut next = || replies.next().unwrap_or(Value::Nil);
 
-    let control = control_stats(conn).await?;
+    let control = control_stats(conn, &mut damage).await?;
     let now = now_f64();
     let mut queues = Vec::with_capacity(queue_names.len());
     for name in queue_names {
-        let size: u64 = redis::from_redis_value(next()).with_context(|| format!("LLEN queue:{name}"))?;
-        // Any bytes can be pushed: a payload that is not text has no latency.
-        let oldest: Option<Vec<u8>> =
-            redis::from_redis_value(next()).with_context(|| format!("LINDEX queue:{name}"))?;
-        let enqueued_at = oldest
-            .and_then(|raw| String::from_utf8(raw).ok())
-            .and_then(|raw| Payload::parse(&raw).ok())
-            .and_then(|payload| payload.time("enqueued_at"));
-        let latency_secs = enqueued_at.map_or(0.0, |at| (now - at).max(0.0));
+        let key = keys::queue(&name);
+        let (size, oldest, unreadable) = match bounded::parse_range(replies.next().unwrap_or(Value::Nil), false) {
+            Ok(Read::Found(ranged)) => (ranged.size, ranged.entries.into_iter().next().map(|(b, _)| b), None),
+            Ok(Read::WrongType(found)) => (0, None, Some(Unreadable::wrong_type(&key, &found, "list"))),
+            Ok(_) => (0, None, None),
+            Err(why) => (0, None, Some(Unreadable::new(&key, why))),
+        };
+        let latency_secs = oldest
+            .as_ref()
+            .and_then(enqueued_at)
+            .map_or(0.0, |at| (now - at).max(0.0));
+        if let Some(unreadable) = &unreadable {
+            damage.0.push(unreadable.clone());
+        }
         queues.push(QueueStats {
             paused: control.paused.contains(&name),
             name,
             size,
             latency_secs,
+            unreadable: unreadable.map(|u| u.why),
         });
     }
 
-    let processes = live(conn, identities, next).await?;
+    let heartbeats = match replies.next() {
+        Some(reply) => bounded::parse_hash_fields(reply, identities.len())?,
+        None => Vec::new(),
+    };
+    let processes = live(conn, identities, heartbeats, &mut damage).await?;
 
     let (unique_locks, unique_locks_exact) = super::unique::count_locks(conn, MAX_SCANNED_KEYS).await?;
     Ok(Stats {
-        processed: counter(processed),
-        failed: counter(failed),
-        discarded: counter(discarded),
+        processed,
+        failed,
+        discarded,
         scheduled,
         retries,
         dead,
@@ -196,7 +271,24 @@ where
         control,
         unique_locks,
         unique_locks_exact,
+        unreadable: damage.0,
     })
+}
+
+/// The `enqueued_at` of a job, from its bytes or (a large one) from its
+/// ends; any bytes can be pushed, and a payload that is not a job has none.
+fn enqueued_at(job: &Bytes) -> Option<f64> {
+    match job {
+        Bytes::Whole(raw) => std::str::from_utf8(raw)
+            .ok()
+            .and_then(|raw| Payload::parse(raw).ok())
+            .and_then(|payload| payload.time("enqueued_at")),
+        Bytes::Large { tail, head, .. } => [tail, head].into_iter().find_map(|part| {
+            bounded::sniff(&String::from_utf8_lossy(part), "enqueued_at")
+                .and_then(|at| at.as_f64())
+                .map(epoch_secs)
+        }),
+    }
 }
 
 /// What the dashboard's overview polls every second, per open page:
@@ -225,16 +317,13 @@ pub struct Overview {
     pub processes: usize,
 }
 
-/// The overview's first round trip: the counters as bytes (anyone can
-/// write anything there), three set sizes, the queue names.
-type OverviewCounters = (Option<Vec<u8>>, Option<Vec<u8>>, u64, u64, u64, Vec<Vec<u8>>);
-
-/// Reads the [`Overview`].
+/// Reads the [`Overview`]; keys of another type count as empty.
 pub async fn overview<C>(conn: &mut C) -> Result<Overview>
 where
     C: ConnectionLike + Send,
 {
-    let (processed, failed, scheduled, retries, dead, queue_names): OverviewCounters = redis::pipe()
+    let replies: Vec<Value> = redis::pipe()
+        .ignore_errors()
         .get(keys::STAT_PROCESSED)
         .get(keys::STAT_FAILED)
         .zcard(keys::SCHEDULE)
@@ -244,25 +333,39 @@ where
         .query_async(conn)
         .await
         .context("cannot read counters from Redis")?;
+    let mut damage = Damage::default();
+    let mut replies = replies.into_iter();
+    let mut next = || replies.next().unwrap_or(Value::Nil);
+    let processed = counter(damage.take(keys::STAT_PROCESSED, "counter", next(), None));
+    let failed = counter(damage.take(keys::STAT_FAILED, "counter", next(), None));
+    let scheduled: u64 = damage.take(keys::SCHEDULE, "sorted set", next(), 0);
+    let retries: u64 = damage.take(keys::RETRY, "sorted set", next(), 0);
+    let dead: u64 = damage.take(keys::DEAD, "sorted set", next(), 0);
+    let queue_names: Vec<Vec<u8>> = damage.take(keys::QUEUES, "set", next(), Vec::new());
     let mut pipe = redis::pipe();
+    pipe.ignore_errors();
     for name in queue_names.into_iter().map(lossy) {
         pipe.llen(keys::queue(&name));
     }
-    let sizes: Vec<u64> = if pipe.is_empty() {
+    let sizes: Vec<Value> = if pipe.is_empty() {
         Vec::new()
     } else {
         pipe.query_async(conn)
             .await
             .context("cannot read queue sizes from Redis")?
     };
+    let enqueued = sizes
+        .into_iter()
+        .filter_map(|size| bounded::reply::<u64>(size).ok())
+        .sum();
     let processes = processes(conn).await?;
     Ok(Overview {
-        processed: counter(processed),
-        failed: counter(failed),
+        processed,
+        failed,
         scheduled,
         retries,
         dead,
-        enqueued: sizes.iter().sum(),
+        enqueued,
         busy: processes.iter().map(|p| p.busy).sum(),
         capacity: processes.iter().map(|p| p.concurrency).sum(),
         processes: processes.len(),
@@ -275,43 +378,91 @@ pub async fn processes<C>(conn: &mut C) -> Result<Vec<ProcessInfo>>
 where
     C: ConnectionLike + Send,
 {
-    let identities: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
-        .arg(keys::PROCESSES)
-        .query_async(conn)
-        .await
-        .context("cannot read the process set from Redis")?;
-    let mut identities: Vec<String> = identities.into_iter().map(lossy).collect();
-    identities.sort();
-    if identities.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for identity in &identities {
-        pipe.cmd("HMGET").arg(identity).arg(&HEARTBEAT_FIELDS[..]);
-    }
-    let replies: Vec<Value> = pipe
+    Ok(process_records(conn).await?.0)
+}
+
+/// The live processes, and the members of `processes` that are not
+/// heartbeat hashes (keys of another type), in two round trips.
+pub async fn process_records<C>(conn: &mut C) -> Result<(Vec<ProcessInfo>, Vec<Unreadable>)>
+where
+    C: ConnectionLike + Send,
+{
+    let mut damage = Damage::default();
+    let identities = match bounded::tolerate(redis::cmd("SMEMBERS").arg(keys::PROCESSES).query_async(conn).await)
+        .context("cannot read the process set from Redis")?
+    {
+        Ok(identities) => identities,
+        Err(why) => {
+            damage
+                .0
+                .push(Unreadable::new(keys::PROCESSES, format!("not a set: {why}")));
+            Vec::new()
+        }
+    };
+    let (identities, cmd) = heartbeats_cmd(identities);
+    let Some(cmd) = cmd else {
+        return Ok((Vec::new(), damage.0));
+    };
+    let reply: Value = cmd
         .query_async(conn)
         .await
         .context("cannot read heartbeats from Redis")?;
-    let mut replies = replies.into_iter();
-    live(conn, identities, || replies.next().unwrap_or(Value::Nil)).await
+    let heartbeats = bounded::parse_hash_fields(reply, identities.len())?;
+    let processes = live(conn, identities, heartbeats, &mut damage).await?;
+    Ok((processes, damage.0))
 }
 
-/// The processes of `identities` whose heartbeat `next` yields (one HMGET
-/// reply each, in order); the others are removed from the process set.
-async fn live<C>(conn: &mut C, identities: Vec<String>, mut next: impl FnMut() -> Value) -> Result<Vec<ProcessInfo>>
+/// `identities` sorted (as text), and the command reading their
+/// heartbeats (none when there are none).
+fn heartbeats_cmd(mut identities: Vec<Vec<u8>>) -> (Vec<Vec<u8>>, Option<redis::Cmd>) {
+    identities.sort_by(|a, b| String::from_utf8_lossy(a).cmp(&String::from_utf8_lossy(b)));
+    let cmd = (!identities.is_empty())
+        .then(|| bounded::hash_fields_cmd(&identities, &HEARTBEAT_FIELDS, MAX_HEARTBEAT_FIELD_BYTES));
+    (identities, cmd)
+}
+
+/// The processes of `identities` whose heartbeat hash exists (`heartbeats`,
+/// in order); those whose hash is gone are removed from the process set,
+/// those whose key is of another type are noted in `damage`.
+async fn live<C>(
+    conn: &mut C,
+    identities: Vec<Vec<u8>>,
+    heartbeats: Vec<Read<bounded::Fields>>,
+    damage: &mut Damage,
+) -> Result<Vec<ProcessInfo>>
 where
     C: ConnectionLike + Send,
 {
     let mut processes = Vec::with_capacity(identities.len());
     let mut gone = Vec::new();
-    for identity in identities {
-        let fields: Vec<Option<Vec<u8>>> =
-            redis::from_redis_value(next()).with_context(|| format!("HMGET {identity}"))?;
-        let fields: Vec<Option<String>> = fields.into_iter().map(|f| f.map(lossy)).collect();
-        match process_info(&identity, &fields) {
-            Some(info) => processes.push(info),
-            None => gone.push(identity),
+    for (identity, heartbeat) in identities.into_iter().zip(heartbeats) {
+        match heartbeat {
+            Read::Found(fields) => {
+                let mut problem = None;
+                let fields: Vec<Option<String>> = fields
+                    .into_iter()
+                    .zip(HEARTBEAT_FIELDS)
+                    .map(|(field, name)| match field {
+                        Some(Bytes::Whole(bytes)) => Some(lossy(bytes)),
+                        Some(Bytes::Large { len, .. }) => {
+                            problem.get_or_insert(format!(
+                                "its {name} is {len} bytes, over {MAX_HEARTBEAT_FIELD_BYTES}: not read"
+                            ));
+                            None
+                        }
+                        None => None,
+                    })
+                    .collect();
+                let mut info = process_info(&lossy(identity), &fields);
+                if problem.is_some() {
+                    info.problem = problem;
+                }
+                processes.push(info);
+            }
+            Read::WrongType(found) => damage
+                .0
+                .push(Unreadable::wrong_type(&identity, &found, "heartbeat hash")),
+            Read::Missing | Read::TooMany(_) => gone.push(identity),
         }
     }
     if !gone.is_empty() {
@@ -326,38 +477,51 @@ where
 }
 
 /// Paused queues and the cancelled counters, one round trip.
-async fn control_stats<C>(conn: &mut C) -> Result<ControlStats>
+async fn control_stats<C>(conn: &mut C, damage: &mut Damage) -> Result<ControlStats>
 where
     C: ConnectionLike + Send,
 {
-    let (paused, cancelled, cancelled_kept): (Vec<Vec<u8>>, Option<Vec<u8>>, u64) = redis::pipe()
+    let replies: Vec<Value> = redis::pipe()
+        .ignore_errors()
         .smembers(keys::PAUSED)
         .get(keys::STAT_CANCELLED)
         .zcard(keys::CANCELLED)
         .query_async(conn)
         .await
         .context("cannot read paused queues and cancelled jobs from Redis")?;
+    let mut replies = replies.into_iter();
+    let mut next = || replies.next().unwrap_or(Value::Nil);
+    let paused: Vec<Vec<u8>> = damage.take(keys::PAUSED, "set", next(), Vec::new());
+    let cancelled = counter(damage.take(keys::STAT_CANCELLED, "counter", next(), None));
+    let cancelled_kept: u64 = damage.take(keys::CANCELLED, "sorted set", next(), 0);
     let mut paused: Vec<String> = paused.into_iter().map(lossy).collect();
     paused.sort();
     Ok(ControlStats {
         paused,
-        cancelled: counter(cancelled),
+        cancelled,
         cancelled_kept,
     })
 }
 
-/// The first pipeline's replies, as bytes: anyone can write anything into
-/// these keys, and one bad value must not break `wasmjobs stats`.
-type Counters = (
-    Option<Vec<u8>>,
-    Option<Vec<u8>>,
-    Option<Vec<u8>>,
-    u64,
-    u64,
-    u64,
-    Vec<Vec<u8>>,
-    Vec<Vec<u8>>,
-);
+/// Whether queue `name` is paused, and why that could not be read when
+/// `paused` is not a set (then: not paused).
+pub async fn is_paused<C>(conn: &mut C, name: &str) -> Result<(bool, Option<Unreadable>)>
+where
+    C: ConnectionLike + Send,
+{
+    let answer = bounded::tolerate(
+        redis::cmd("SISMEMBER")
+            .arg(keys::PAUSED)
+            .arg(name)
+            .query_async(conn)
+            .await,
+    )
+    .context("cannot read the paused set")?;
+    Ok(match answer {
+        Ok(paused) => (paused, None),
+        Err(why) => (false, Some(Unreadable::new(keys::PAUSED, format!("not a set: {why}")))),
+    })
+}
 
 /// Bytes as text, invalid UTF-8 shown as U+FFFD.
 fn lossy(bytes: Vec<u8>) -> String {
@@ -372,18 +536,26 @@ fn counter(value: Option<Vec<u8>>) -> u64 {
         .map_or(0, |n| n.max(0) as u64)
 }
 
-/// A process from its `HMGET` reply; `None` when its heartbeat hash is gone.
-fn process_info(identity: &str, fields: &[Option<String>]) -> Option<ProcessInfo> {
+/// A process from the fields of its heartbeat hash (which exists), however
+/// odd: a field missing or of another JSON type reads as empty, and what
+/// could not be read at all is said in [`ProcessInfo::problem`].
+fn process_info(identity: &str, fields: &[Option<String>]) -> ProcessInfo {
     let field = |i: usize| fields.get(i).and_then(Option::as_deref);
-    let info: Json = serde_json::from_str(field(0)?).unwrap_or(Json::Null);
+    let (info, problem) = match field(0).map(serde_json::from_str::<Json>) {
+        None => (Json::Null, Some("no info in its heartbeat".to_owned())),
+        Some(Ok(info @ Json::Object(_))) => (info, None),
+        Some(Ok(_)) => (Json::Null, Some("its info is not a JSON object".to_owned())),
+        Some(Err(_)) => (Json::Null, Some("its info is not JSON".to_owned())),
+    };
     let text = |key: &str| info.get(key).and_then(Json::as_str).unwrap_or_default().to_owned();
     let number = |key: &str| info.get(key).and_then(Json::as_u64).unwrap_or(0);
     let int = |i: usize| {
         field(i)
             .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|n| n.is_finite())
             .map_or(0, |n| n.max(0.0) as u64)
     };
-    Some(ProcessInfo {
+    ProcessInfo {
         identity: identity.to_owned(),
         hostname: text("hostname"),
         pid: number("pid"),
@@ -394,10 +566,15 @@ fn process_info(identity: &str, fields: &[Option<String>]) -> Option<ProcessInfo
             .and_then(Json::as_array)
             .map(|queues| queues.iter().filter_map(Json::as_str).map(str::to_owned).collect())
             .unwrap_or_default(),
-        started_at: info.get("started_at").and_then(Json::as_f64).map_or(0.0, epoch_secs),
+        started_at: info
+            .get("started_at")
+            .and_then(Json::as_f64)
+            .filter(|t| t.is_finite())
+            .map_or(0.0, epoch_secs),
         busy: int(1),
         beat: field(2)
             .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|t| t.is_finite())
             .map_or(0.0, epoch_secs),
         quiet: field(3) == Some("true"),
         rss_kb: int(4),
@@ -417,7 +594,8 @@ fn process_info(identity: &str, fields: &[Option<String>]) -> Option<ProcessInfo
                     .collect()
             })
             .unwrap_or_default(),
-    })
+        problem,
+    }
 }
 
 #[cfg(test)]
@@ -441,8 +619,7 @@ mod tests {
                 Some("51200"),
                 Some("87"),
             ]),
-        )
-        .expect("live process");
+        );
         assert_eq!(
             (p.hostname.as_str(), p.pid, p.tag.as_str(), p.concurrency),
             ("h", 42, "app", 10)
@@ -457,14 +634,28 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_heartbeat_means_gone_and_odd_fields_are_tolerated() {
-        assert!(process_info("x", &fields(&[None, None, None, None, None, None])).is_none());
+    fn odd_heartbeats_are_listed_with_what_is_wrong() {
+        let p = process_info("x", &fields(&[None, None, None, None, None, None]));
+        assert_eq!(p.problem.as_deref(), Some("no info in its heartbeat"));
         let p = process_info(
             "x",
             &fields(&[Some("not json"), Some("?"), None, Some("false"), None, None]),
-        )
-        .expect("hash exists");
+        );
         assert_eq!((p.busy, p.beat, p.quiet, p.pid), (0, 0.0, false, 0));
+        assert_eq!(p.problem.as_deref(), Some("its info is not JSON"));
+        let p = process_info("x", &fields(&[Some("[1]"), Some("1e999"), Some("NaN")]));
+        assert_eq!((p.busy, p.beat), (0, 0.0));
+        assert_eq!(p.problem.as_deref(), Some("its info is not a JSON object"));
+        let odd = r#"{"hostname":5,"pid":"12","concurrency":-3,"queues":"default","started_at":"x","plugins":["a"],"version":7}"#;
+        let p = process_info("x", &fields(&[Some(odd)]));
+        assert_eq!(
+            (p.hostname.as_str(), p.pid, p.concurrency, p.started_at),
+            ("", 0, 0, 0.0)
+        );
+        assert!(p.queues.is_empty() && p.plugins.is_empty() && p.version.is_none() && p.problem.is_none());
+        let plugins = r#"{"plugins":{"a":"v1","b":2}}"#;
+        let p = process_info("x", &fields(&[Some(plugins)]));
+        assert_eq!(p.plugins, [("a".to_owned(), "v1".to_owned())].into());
     }
 
     #[test]

@@ -25,8 +25,11 @@
 //! The claim and the push are one Lua script ([`CLAIM`]): a process dying
 //! between them cannot lose a tick nor enqueue it twice. Key names are
 //! never built from unchecked text inside Lua: every key goes in `KEYS`.
-//! Everything read back is bounded ([`MAX_SCHEDULES`], [`MAX_FIELD_BYTES`])
-//! and a hash that does not describe a job is reported, not fatal.
+//! Everything read back is bounded ([`MAX_SCHEDULES`], [`MAX_FIELD_BYTES`]:
+//! a longer field is never transferred, only its size), and a member that
+//! is not a hash, or a hash that does not describe a job, is reported, not
+//! fatal ([`list`]); a claim whose keys are of another type fails before
+//! writing anything.
 
 use std::collections::HashMap;
 
@@ -35,6 +38,7 @@ use redis::aio::ConnectionLike;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use super::bounded::{self, Bytes, Read};
 use super::keys;
 use super::payload::Payload;
 use crate::cron;
@@ -94,8 +98,17 @@ return 1
 /// `last_enqueue_time`, the history entry, the history size, the tick a
 /// day ago, and `1` for a catch-up claim (refused if a tick at or after
 /// this one is already claimed). Returns 1 enqueued, 0 claimed by someone
-/// else, -1 the schedule is gone, -2 it is disabled.
+/// else, -1 the schedule is gone, -2 it is disabled; an error, before
+/// anything is written, when one of its keys is of another type (so a
+/// tick is never claimed without its job).
 const CLAIM: &str = r"
+local wanted = {'hash', 'zset', 'list', 'list', 'set'}
+for i = 1, 5 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= wanted[i] then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is a ' .. t .. ', not a ' .. wanted[i])
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status and status ~= 'enabled' then return -2 end
@@ -429,18 +442,31 @@ where
     Ok(removed)
 }
 
+/// Most fields read of one schedule's hash (sidekiq-cron writes about 20).
+const MAX_FIELDS: usize = 200;
+
 /// Every schedule in `cron_jobs:default` (at most [`MAX_SCHEDULES`]), in
-/// two round trips, sorted by name.
+/// two round trips, sorted by name. Whatever another client wrote there
+/// is reported in [`Listing::invalid`] and skipped: a set of another type,
+/// a member whose key is not a hash, a hash with a field over
+/// [`MAX_FIELD_BYTES`] (not transferred: only its size is read) or more
+/// than 200 fields.
 pub async fn list<C>(conn: &mut C) -> Result<Listing>
 where
     C: ConnectionLike + Send,
 {
-    let members: Vec<Vec<u8>> = redis::cmd("SMEMBERS")
-        .arg(keys::CRON_JOBS)
-        .query_async(conn)
-        .await
-        .context("cannot read the cron schedules")?;
     let mut listing = Listing::default();
+    let members = bounded::tolerate(redis::cmd("SMEMBERS").arg(keys::CRON_JOBS).query_async(conn).await)
+        .context("cannot read the cron schedules")?;
+    let members: Vec<Vec<u8>> = match members {
+        Ok(members) => members,
+        Err(why) => {
+            listing
+                .invalid
+                .push((keys::CRON_JOBS.to_owned(), format!("not a set: {why}")));
+            return Ok(listing);
+        }
+    };
     let mut keys: Vec<String> = Vec::new();
     for member in members {
         match String::from_utf8(member) {
@@ -460,27 +486,55 @@ where
         keys.truncate(MAX_SCHEDULES);
         listing.truncated = true;
     }
-    if keys.is_empty() {
-        return Ok(listing);
-    }
-    let mut pipe = redis::pipe();
-    for key in &keys {
-        pipe.hgetall(key);
-    }
-    let hashes: Vec<HashMap<Vec<u8>, Vec<u8>>> =
-        pipe.query_async(conn).await.context("cannot read the cron schedules")?;
-    for (key, fields) in keys.into_iter().zip(hashes) {
-        // A key in the set whose hash is gone: sidekiq-cron skips it too.
-        if fields.is_empty() {
-            continue;
-        }
-        match CronEntry::from_hash(&key, &fields) {
-            Ok(entry) => listing.entries.push(entry),
+    let hashes = bounded::hash_all(conn, &keys, MAX_FIELD_BYTES, MAX_FIELDS, (0, 0))
+        .await
+        .context("cannot read the cron schedules")?;
+    for (key, hash) in keys.into_iter().zip(hashes) {
+        let pairs = match hash {
+            // A key in the set whose hash is gone: sidekiq-cron skips it too.
+            Read::Missing => continue,
+            Read::WrongType(found) => {
+                listing.invalid.push((key, format!("a {found}, not a hash")));
+                continue;
+            }
+            Read::TooMany(n) => {
+                listing.invalid.push((key, format!("{n} fields, over {MAX_FIELDS}")));
+                continue;
+            }
+            Read::Found(pairs) => pairs,
+        };
+        match fields_of(pairs) {
+            Ok(fields) => match CronEntry::from_hash(&key, &fields) {
+                Ok(entry) => listing.entries.push(entry),
+                Err(why) => listing.invalid.push((key, why)),
+            },
             Err(why) => listing.invalid.push((key, why)),
         }
     }
     listing.entries.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(listing)
+}
+
+/// A schedule's fields as a map, or why not: a name or value that was
+/// too long to be read.
+fn fields_of(pairs: bounded::Pairs) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
+    let mut fields = HashMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        match (name, value) {
+            (Bytes::Whole(name), Bytes::Whole(value)) => {
+                fields.insert(name, value);
+            }
+            (Bytes::Whole(name), value) => {
+                return Err(format!(
+                    "field {:?} is {} bytes, over {MAX_FIELD_BYTES}",
+                    String::from_utf8_lossy(&name),
+                    value.len()
+                ));
+            }
+            (name, _) => return Err(format!("a field name of {} bytes, over {MAX_FIELD_BYTES}", name.len())),
+        }
+    }
+    Ok(fields)
 }
 
 /// Claims `tick` of `entry` and, if this caller wins, enqueues `payload`

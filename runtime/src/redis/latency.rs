@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use redis::aio::ConnectionLike;
 use serde::Serialize;
 
+use super::bounded::{self, Read};
 use super::keys;
 use crate::metrics::published::{Buckets, Delta, KEEP_SECS, Kind, Summary, WINDOW_MINUTES, field, parse_field};
 
@@ -44,22 +45,44 @@ pub struct ClassLatency {
     pub queue: Summary,
 }
 
+/// Most fields read of one minute's hash (a field per class, kind and
+/// bucket in use); a minute with more is skipped.
+const MAX_FIELDS: usize = 100_000;
+/// Longest count read (a decimal `u64`).
+const MAX_COUNT_BYTES: usize = 32;
+
 /// Per class, the percentiles of the [`WINDOW_MINUTES`] minutes up to the
-/// one of `now` (epoch seconds): one pipelined round trip of `HGETALL`s.
-/// Fields and counts that are not ours are skipped.
+/// one of `now` (epoch seconds): one round trip ([`bounded::hash_all`]).
+/// Fields and counts that are not ours are skipped, and so is a minute's
+/// key of another type or with more than 100,000 fields.
 pub async fn last_hour<C>(conn: &mut C, now: f64) -> Result<BTreeMap<String, ClassLatency>>
 where
     C: ConnectionLike + Send,
 {
     let current = minute_of(now);
-    let mut pipe = redis::pipe();
-    for minute in current.saturating_sub(WINDOW_MINUTES - 1)..=current {
-        pipe.cmd("HGETALL").arg(keys::latency(minute));
-    }
-    let hashes: Vec<HashMap<Vec<u8>, Vec<u8>>> = pipe
-        .query_async(conn)
+    let minutes: Vec<String> = (current.saturating_sub(WINDOW_MINUTES - 1)..=current)
+        .map(keys::latency)
+        .collect();
+    let read = bounded::hash_all(conn, &minutes, MAX_COUNT_BYTES, MAX_FIELDS, (0, 0))
         .await
         .context("cannot read the latency histograms from Redis")?;
+    let hashes = minutes
+        .iter()
+        .zip(read)
+        .filter_map(|(key, hash)| match hash {
+            Read::Found(pairs) => Some(
+                pairs
+                    .into_iter()
+                    .filter_map(|(name, count)| Some((name.whole()?.to_vec(), count.whole()?.to_vec())))
+                    .collect(),
+            ),
+            Read::Missing => None,
+            other => {
+                tracing::debug!(key = %key, "latency histogram skipped: {other:?}");
+                None
+            }
+        })
+        .collect();
     Ok(merge(hashes))
 }
 

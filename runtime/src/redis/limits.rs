@@ -6,7 +6,8 @@
 //! Bounded whatever is in Redis: a `SCAN` of `wasmjobs:limit:*` stops
 //! after [`MAX_KEYS`] keys or [`MAX_ROUNDS`] calls (the result then says
 //! `truncated`), and the sizes are read in one pipelined round trip. Key
-//! names are read as bytes and any that do not parse are skipped.
+//! names are read as bytes and any that do not parse are skipped, and a
+//! key of another type counts as empty.
 
 use std::collections::BTreeMap;
 
@@ -119,9 +120,11 @@ pub async fn limit_stats<C: ConnectionLike + Send>(conn: &mut C) -> Result<Limit
         match kind {
             Kind::Rate | Kind::KeyRate(_) => pipe.cmd("ZCARD").arg(name),
             Kind::Leases(_) => pipe.cmd("ZCOUNT").arg(name).arg(format!("({now_ms}")).arg("+inf"),
-            Kind::Overrated => pipe.cmd("HGETALL").arg(name),
+            Kind::Overrated => pipe.cmd("HMGET").arg(name).arg("rate").arg("concurrency"),
         };
     }
+    // A key of another type (anyone can write one) counts as empty.
+    pipe.ignore_errors();
     let values: Vec<redis::Value> = if classified.is_empty() {
         Vec::new()
     } else {
@@ -151,9 +154,10 @@ pub async fn limit_stats<C: ConnectionLike + Send>(conn: &mut C) -> Result<Limit
                 buckets.insert(bucket);
             }
             Kind::Overrated => {
-                let fields: BTreeMap<String, u64> = redis::from_redis_value(value).unwrap_or_default();
-                entry.overrated_rate += fields.get("rate").copied().unwrap_or(0);
-                entry.overrated_concurrency += fields.get("concurrency").copied().unwrap_or(0);
+                let (rate, concurrency): (Option<u64>, Option<u64>) =
+                    redis::from_redis_value(value).unwrap_or_default();
+                entry.overrated_rate += rate.unwrap_or(0);
+                entry.overrated_concurrency += concurrency.unwrap_or(0);
             }
         }
     }

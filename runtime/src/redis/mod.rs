@@ -18,6 +18,8 @@
 //! names.
 //! - [`api`]: the read side (`wasmjobs stats`).
 //! - [`admin`]: the dashboard's reads and actions on queues, sets and processes.
+//! - [`bounded`]: reads of keys any client can write, tolerant of keys of
+//!   another type and never transferring a huge value whole.
 //! - [`limits`]: the read side of the cluster-limit keys (`wasmjobs stats`).
 //! - [`latency`]: the latency histograms every heartbeat publishes, merged
 //!   into per-class percentiles over the last hour (`stats`, `web`).
@@ -33,6 +35,7 @@
 
 pub mod admin;
 pub(crate) mod api;
+pub mod bounded;
 pub mod control;
 pub mod cron;
 pub(crate) mod embedded;

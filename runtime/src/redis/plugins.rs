@@ -9,6 +9,7 @@
 use anyhow::{Context, Result};
 use redis::aio::ConnectionLike;
 
+use super::bounded;
 use crate::plugin::Described;
 
 /// The heartbeat field holding a process's report.
@@ -36,24 +37,29 @@ where
         return Ok(Vec::new());
     }
     // Sizes first: a field someone made huge is never fetched.
+    // A key of another type (written since it was listed) is an error
+    // reply for that process alone.
     let mut pipe = redis::pipe();
+    pipe.ignore_errors();
     for identity in identities {
         pipe.cmd("HSTRLEN").arg(identity).arg(FIELD);
     }
-    let sizes: Vec<usize> = pipe
+    let sizes: Vec<redis::Value> = pipe
         .query_async(conn)
         .await
         .context("cannot read the plugin report sizes from Redis")?;
+    let sizes: Vec<Result<usize, String>> = sizes.into_iter().map(bounded::reply).collect();
     let mut pipe = redis::pipe();
+    pipe.ignore_errors();
     for (identity, size) in identities.iter().zip(&sizes) {
-        if (1..=MAX_REPORT_BYTES).contains(size) {
+        if size.as_ref().is_ok_and(|size| (1..=MAX_REPORT_BYTES).contains(size)) {
             pipe.hget(identity, FIELD);
         }
     }
-    let mut fields: std::vec::IntoIter<Option<Vec<u8>>> = if pipe.cmd_iter().next().is_none() {
+    let mut fields: std::vec::IntoIter<redis::Value> = if pipe.is_empty() {
         Vec::new().into_iter()
     } else {
-        let fields: Vec<Option<Vec<u8>>> = pipe
+        let fields: Vec<redis::Value> = pipe
             .query_async(conn)
             .await
             .context("cannot read the plugin reports from Redis")?;
@@ -64,10 +70,14 @@ where
         .zip(sizes)
         .filter_map(|(identity, size)| {
             let plugins = match size {
-                0 => return None,
-                size if size > MAX_REPORT_BYTES => Err(too_large(size)),
+                Ok(0) => return None,
+                Err(why) => Err(format!("not a heartbeat hash: {why}")),
+                Ok(size) if size > MAX_REPORT_BYTES => Err(too_large(size)),
                 // Gone between the two round trips: as if never there.
-                _ => parse(&fields.next().flatten()?),
+                Ok(_) => match bounded::reply::<Option<Vec<u8>>>(fields.next()?) {
+                    Ok(field) => parse(&field?),
+                    Err(why) => Err(format!("not a heartbeat hash: {why}")),
+                },
             };
             Some(Report {
                 identity: identity.clone(),

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cron::{self, CronExpr};
 use crate::metrics::Metrics;
 use crate::plugin::Schedule;
+use crate::redis::bounded::answered_anyhow;
 use crate::redis::cron::{self as store, Claim, CronEntry, Registered};
 use crate::redis::{Redis, now_f64};
 
@@ -49,7 +50,8 @@ pub(crate) const GRACE: i64 = 60;
 /// How often the schedule list is re-read from Redis (schedules another
 /// process or a Ruby app registered, enabled or deleted).
 pub(crate) const REFRESH: Duration = Duration::from_secs(10);
-/// The pause after Redis failed, before trying again.
+/// The first pause after Redis failed, before trying again; it doubles
+/// while the failure lasts, up to [`REFRESH`].
 const BACKOFF: Duration = Duration::from_secs(1);
 /// Most ticks of one schedule claimed in one wake-up.
 const MAX_BURST: usize = 100;
@@ -92,6 +94,45 @@ pub(crate) struct CronPoller {
     started: f64,
     /// Whether the schedule list was read once.
     refreshed: bool,
+    /// Reading the schedule list fails.
+    reading: Streak,
+    /// Claiming fails (Redis cannot be reached).
+    claiming: Streak,
+    /// Schedules whose claims Redis refuses (a key of another type), by
+    /// hash key: reported once, skipped until they work again.
+    broken: HashSet<String>,
+}
+
+/// A failure that lasts: the loop backs off (doubling from [`BACKOFF`] up
+/// to [`REFRESH`]) and logs its start and its end, not every retry.
+#[derive(Debug, Default)]
+struct Streak {
+    backoff: Option<Duration>,
+}
+
+impl Streak {
+    /// Notes a failure; returns how long to wait before trying again.
+    fn failed(&mut self, what: &str, err: &anyhow::Error) -> Duration {
+        let next = match self.backoff {
+            None => {
+                tracing::warn!("cron: {what}: {err:#}; retrying with a growing pause (said once until it works)");
+                BACKOFF
+            }
+            Some(last) => {
+                tracing::debug!("cron: {what}: {err:#}");
+                (last * 2).min(REFRESH)
+            }
+        };
+        self.backoff = Some(next);
+        next
+    }
+
+    /// Notes a success.
+    fn worked(&mut self, what: &str) {
+        if self.backoff.take().is_some() {
+            tracing::info!("cron: {what} works again");
+        }
+    }
 }
 
 impl CronPoller {
@@ -103,6 +144,9 @@ impl CronPoller {
             warned: HashSet::new(),
             started: now_f64(),
             refreshed: false,
+            reading: Streak::default(),
+            claiming: Streak::default(),
+            broken: HashSet::new(),
         }
     }
 
@@ -123,12 +167,14 @@ impl CronPoller {
             let pause = if refresh_in.is_zero() {
                 match self.refresh().await {
                     Ok(()) => {
+                        self.reading.worked("reading the schedules");
                         refresh_in = REFRESH;
                         self.claim_due().await
                     }
                     Err(err) => {
-                        tracing::warn!("cron: cannot read the schedules: {err:#}");
-                        Some(BACKOFF)
+                        // Not again at once: after the pause.
+                        refresh_in = self.reading.failed("cannot read the schedules", &err);
+                        Some(refresh_in)
                     }
                 }
             } else {
@@ -140,11 +186,15 @@ impl CronPoller {
                 .map(|t| t.next)
                 .min()
                 .map(|next| Duration::from_secs_f64((next as f64 - now_f64()).max(0.0)) + Duration::from_millis(1));
-            let wait = [Some(refresh_in), until_tick, pause]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(REFRESH);
+            // After a failure, the pause holds even if a tick is due (the
+            // tick is still claimed within its grace period).
+            let wait = pause.unwrap_or_else(|| {
+                [Some(refresh_in), until_tick]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(REFRESH)
+            });
             let started = tokio::time::Instant::now();
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -268,6 +318,7 @@ impl CronPoller {
                         tracing::info!(schedule = %entry.name, tick = %cron::iso8601(tick), "cron: caught up on a missed tick")
                     }
                     Ok(_) => {}
+                    Err(err) if answered_anyhow(&err) => self.refused(&entry, &err),
                     Err(err) => {
                         // Seen as new again at the next try, so the catch-up is not lost.
                         self.tracked.remove(&key);
@@ -280,10 +331,13 @@ impl CronPoller {
     }
 
     /// Claims every due tick. Returns a pause before trying again if Redis
-    /// failed.
+    /// could not be reached; a schedule whose claims Redis refuses (one of
+    /// its keys is of another type) loses its tick, said once, and the
+    /// others go on.
     async fn claim_due(&mut self) -> Option<Duration> {
         let now = now_f64();
         let keys: Vec<String> = self.tracked.keys().cloned().collect();
+        let mut claimed = false;
         for key in keys {
             let Some(tracked) = self.tracked.get(&key) else {
                 continue;
@@ -297,21 +351,38 @@ impl CronPoller {
                         break;
                     }
                     Ok(_) => {
-                        if let Some(tracked) = self.tracked.get_mut(&key) {
-                            tracked.next = tracked.expr.next_after(tick).unwrap_or(i64::MAX);
+                        claimed = true;
+                        if self.broken.remove(&key) {
+                            tracing::info!(schedule = %entry.name, "cron: the schedule's ticks are claimed again");
                         }
                     }
-                    Err(err) => {
-                        tracing::warn!("cron: {err:#}");
-                        return Some(BACKOFF);
-                    }
+                    Err(err) if answered_anyhow(&err) => self.refused(&entry, &err),
+                    Err(err) => return Some(self.claiming.failed("cannot claim a tick", &err)),
+                }
+                if let Some(tracked) = self.tracked.get_mut(&key) {
+                    tracked.next = tracked.expr.next_after(tick).unwrap_or(i64::MAX);
                 }
             }
             if let Some(tracked) = self.tracked.get_mut(&key) {
                 tracked.next = tracked.next.max(next);
             }
         }
+        if claimed {
+            self.claiming.worked("claiming ticks");
+        }
         None
+    }
+
+    /// Redis refused a claim of `entry` (a key of another type, say): said
+    /// once per schedule, until one of its claims works again.
+    fn refused(&mut self, entry: &CronEntry, err: &anyhow::Error) {
+        if self.broken.insert(entry.key.clone()) {
+            tracing::warn!(
+                schedule = %entry.name,
+                key = %entry.key,
+                "cron: the schedule's ticks are skipped while Redis refuses its claims (said once): {err:#}"
+            );
+        }
     }
 
     /// Claims one tick; counts and logs the result.

@@ -5,7 +5,9 @@
 //! `poll_interval` in total and processes do not stampede. Each move is the
 //! job source's ([`DueMover`]): atomic, so a job is enqueued exactly once
 //! however many processes poll; members are read as bytes, and one that is
-//! not a valid job goes to the dead set instead of stopping the poller.
+//! not a valid job goes to the dead set instead of stopping the poller,
+//! and a set key of another type (written by some other client) stops the
+//! polling of that set alone, said once until it is readable again.
 //!
 //! When a plugin appears for a class that had none, the jobs of that class
 //! waiting in `retry` for it ([`Poller::release_unserved`]) are enqueued at
@@ -20,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::source::DeadCaps;
 use super::source::due::DueMover;
 use crate::redis::payload::Payload;
-use crate::redis::{Redis, keys, now_f64};
+use crate::redis::{Redis, bounded, keys, now_f64};
 
 /// The `error_class` of a job retried because no plugin served its class.
 const NO_PLUGIN: &str = super::job_retry::NO_PLUGIN;
@@ -33,6 +35,8 @@ pub(crate) struct Poller {
     redis: Redis,
     average: Duration,
     mover: DueMover,
+    /// What fails now (a set, or the poll itself), already said.
+    failing: std::sync::Mutex<std::collections::HashSet<&'static str>>,
 }
 
 impl Poller {
@@ -43,6 +47,7 @@ impl Poller {
             redis,
             average,
             mover: DueMover::new(dead, max_payload),
+            failing: Default::default(),
         }
     }
 
@@ -56,9 +61,12 @@ impl Poller {
                 () = stop.cancelled() => return,
             }
             let processes = match self.poll().await {
-                Ok((_, processes)) => processes,
+                Ok((_, processes)) => {
+                    self.note("poll", Ok(()));
+                    processes
+                }
                 Err(err) => {
-                    tracing::warn!("scheduled poller: {err:#}");
+                    self.note("poll", Err(format!("{err:#}")));
                     1
                 }
             };
@@ -79,32 +87,70 @@ impl Poller {
             self.mover.stage_due(&mut pipe, set, BATCH, now);
         }
         pipe.cmd("SCARD").arg(keys::PROCESSES);
-        let (schedule, retry, processes): (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) = pipe
+        // One key of another type fails its own reply, not the poll.
+        pipe.ignore_errors();
+        let replies: Vec<redis::Value> = pipe
             .query_async(&mut self.redis.conn())
             .await
             .context("reading due scheduled and retry jobs")?;
+        let mut replies = replies.into_iter();
+        let schedule = replies.next().map(bounded::reply::<Vec<Vec<u8>>>);
+        let retry = replies.next().map(bounded::reply::<Vec<Vec<u8>>>);
+        let processes = replies.next().and_then(|n| bounded::reply::<u64>(n).ok()).unwrap_or(1);
         let mut moved = 0;
-        for (set, mut due) in [(keys::SCHEDULE, schedule), (keys::RETRY, retry)] {
-            loop {
-                for member in &due {
-                    moved += self.move_one(set, member, now).await? as usize;
+        let sets = [(keys::SCHEDULE, schedule), (keys::RETRY, retry)];
+        for (set, due) in sets {
+            let due = match due.unwrap_or_else(|| Err("no reply".into())) {
+                Ok(due) => {
+                    self.note(set, Ok(()));
+                    due
                 }
-                if due.len() < BATCH {
-                    break;
+                Err(why) => {
+                    self.note(set, Err(format!("cannot read the {set} set: {why}")));
+                    continue;
                 }
-                let mut pipe = redis::pipe();
-                self.mover.load(&mut pipe);
-                self.mover.stage_due(&mut pipe, set, BATCH, now_f64());
-                (due,) = pipe
-                    .query_async(&mut self.redis.conn())
-                    .await
-                    .with_context(|| format!("reading due jobs from {set}"))?;
-            }
+            };
+            moved += self.move_due(set, due, now).await?;
         }
         if moved > 0 {
             tracing::debug!(moved, "enqueued due scheduled/retry jobs");
         }
         Ok((moved, processes))
+    }
+
+    /// Says a failure of `what` once, and its end.
+    fn note(&self, what: &'static str, result: Result<(), String>) {
+        let mut failing = self.failing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(()) if failing.remove(what) => tracing::info!("scheduled poller: {what} readable again"),
+            Ok(()) => {}
+            Err(why) if failing.insert(what) => {
+                tracing::warn!("scheduled poller: {why} (said once until it works again)")
+            }
+            Err(why) => tracing::debug!("scheduled poller: {why}"),
+        }
+    }
+
+    /// Moves the `due` members of `set`, then the next batches while they
+    /// are full.
+    async fn move_due(&self, set: &str, mut due: Vec<Vec<u8>>, now: f64) -> Result<usize> {
+        let mut moved = 0;
+        loop {
+            for member in &due {
+                moved += self.move_one(set, member, now).await? as usize;
+            }
+            if due.len() < BATCH {
+                break;
+            }
+            let mut pipe = redis::pipe();
+            self.mover.load(&mut pipe);
+            self.mover.stage_due(&mut pipe, set, BATCH, now_f64());
+            (due,) = pipe
+                .query_async(&mut self.redis.conn())
+                .await
+                .with_context(|| format!("reading due jobs from {set}"))?;
+        }
+        Ok(moved)
     }
 
     /// Enqueues now the jobs in `retry` that failed only because no plugin

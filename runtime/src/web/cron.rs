@@ -47,9 +47,10 @@ pub(super) async fn page(
         })
         .collect();
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
+    let unreadable: Vec<_> = listing.invalid.iter().map(|(key, why)| context! { key, why }).collect();
     web.view.render(
         "cron.html",
-        context! { active => "/cron", location => web.location, csrf, entries, notice },
+        context! { active => "/cron", location => web.location, csrf, entries, notice, unreadable, truncated => listing.truncated },
     )
 }
 

@@ -35,6 +35,7 @@ pub(super) async fn page(
             latency,
             busy,
             capacity,
+            unreadable => stats.unreadable,
         },
     )
 }

@@ -1,6 +1,9 @@
 //! `/processes`: the live processes (quiet, stop) and the jobs running in
 //! each (cancel). Quiet and stop are Sidekiq's signals (`<identity>-signals`,
 //! popped by the process's next heartbeat); cancel is `wasmjobs cancel`'s.
+//! Every record Sidekiq (6, 7, 8) or another wasmjobs writes is listed, with
+//! what could not be read of it; members of `processes` and work hashes
+//! that are keys of another type are named as unreadable.
 
 use std::sync::Arc;
 
@@ -19,13 +22,14 @@ pub(super) async fn page(
     RawQuery(query): RawQuery,
 ) -> Result<Html<String>, Failure> {
     let mut conn = web.conn();
-    let processes = api::processes(&mut conn).await?;
+    let (processes, mut unreadable) = api::process_records(&mut conn).await?;
     let identities: Vec<String> = processes.iter().map(|p| p.identity.clone()).collect();
-    let running = admin::running(&mut conn, &identities).await?;
+    let (running, damaged) = admin::running(&mut conn, &identities).await?;
+    unreadable.extend(damaged);
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
     web.view.render(
         "processes.html",
-        context! { active => "/processes", location => web.location, csrf, processes, running, notice },
+        context! { active => "/processes", location => web.location, csrf, processes, running, notice, unreadable },
     )
 }
 

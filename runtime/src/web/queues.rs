@@ -19,7 +19,7 @@ pub(super) async fn list(
     let stats = api::stats(&mut web.conn()).await?;
     web.view.render(
         "queues.html",
-        context! { active => "/queues", location => web.location, csrf, queues => stats.queues },
+        context! { active => "/queues", location => web.location, csrf, queues => stats.queues, unreadable => stats.unreadable },
     )
 }
 
@@ -33,8 +33,13 @@ pub(super) async fn page(
     let mut conn = web.conn();
     let page = pager::asked(query.as_deref());
     let first = pager::start(page, admin::PAGE);
-    let (size, jobs) = admin::queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
-    let paused = control::paused(&mut conn).await?.contains(&name);
+    let admin::Jobs {
+        size,
+        entries: jobs,
+        unreadable,
+    } = admin::queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
+    let (paused, paused_unreadable) = api::is_paused(&mut conn, &name).await?;
+    let unreadable: Vec<_> = unreadable.into_iter().chain(paused_unreadable).collect();
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
     let path = format!("/queues/{}", encode(&name));
     let pager = pager::pager(page, size, admin::PAGE, |n| format!("{path}?page={n}"));
@@ -50,6 +55,7 @@ pub(super) async fn page(
             jobs,
             notice,
             pager,
+            unreadable,
             state => if paused { "paused" } else { "active" },
         },
     )
@@ -83,8 +89,9 @@ pub(super) async fn act(
             // to a page after.
             let page = pager::asked(Some(&body));
             let from = pager::start(page, admin::PAGE).saturating_sub(admin::PAGE);
+            let window = (from, from + admin::PAGE * 3 - 1);
             match admin::queue_entry(&mut conn, &name, &key, from, admin::PAGE * 3).await? {
-                Some(entry) if admin::delete_from_queue(&mut conn, &name, &entry).await? => {
+                Some(entry) if admin::delete_from_queue(&mut conn, &name, &entry, window).await? => {
                     format!("Job {} deleted.", entry.jid)
                 }
                 _ => "That job is no longer in the queue.".to_owned(),

@@ -51,7 +51,11 @@ pub(super) async fn list(
     };
     let page = pager::asked(query.as_deref());
     let first = pager::start(page, per_page);
-    let (size, jobs) = admin::set_jobs(&mut web.conn(), set, first, per_page, class_filter.as_deref()).await?;
+    let admin::Jobs {
+        size,
+        entries: jobs,
+        unreadable,
+    } = admin::set_jobs(&mut web.conn(), set, first, per_page, class_filter.as_deref()).await?;
     let filter = class_filter
         .as_deref()
         .map(|class| format!("class={}&", encode(class)))
@@ -72,6 +76,7 @@ pub(super) async fn list(
             jobs,
             notice,
             pager,
+            unreadable => unreadable.into_iter().collect::<Vec<_>>(),
             looked => (class_filter.is_some() && (first as u64) < size).then(|| (first + 1, (first + per_page).min(size as usize))),
             class_filter => class_filter.unwrap_or_default(),
         },
@@ -131,10 +136,19 @@ pub(super) async fn act(
             // Page by page from the front: each moved job leaves the set.
             let mut moved = 0u64;
             loop {
-                let (_, entries) = admin::set_jobs(&mut conn, set, 0, admin::PAGE, None).await?;
+                let entries = admin::set_jobs(&mut conn, set, 0, admin::PAGE, None).await?.entries;
                 let mut progress = false;
-                for entry in entries.iter().filter(|e| e.parsed) {
-                    if admin::enqueue_now(&mut conn, set, entry).await? {
+                for entry in &entries {
+                    // A listing reads a large job by its ends: read it
+                    // again whole, up to what the dashboard moves.
+                    let entry = match entry.large {
+                        true => match admin::set_entry(&mut conn, set, &entry.key).await? {
+                            Some(entry) => entry,
+                            None => continue,
+                        },
+                        false => entry.clone(),
+                    };
+                    if entry.parsed && admin::enqueue_now(&mut conn, set, &entry).await? {
                         moved += 1;
                         progress = true;
                     }

@@ -15,9 +15,10 @@ pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 11] = [
+const TEMPLATES: [(&str, &str); 12] = [
     ("base.html", include_str!("templates/base.html")),
     ("pager.html", include_str!("templates/pager.html")),
+    ("unreadable.html", include_str!("templates/unreadable.html")),
     ("overview.html", include_str!("templates/overview.html")),
     ("queues.html", include_str!("templates/queues.html")),
     ("queue.html", include_str!("templates/queue.html")),

@@ -9,7 +9,9 @@
 //! two sweepers never both take a job), then each is requeued — or, past
 //! `--max-recoveries`, buried as a poison pill ([`after_recovery`]). An
 //! owner whose list is empty is then forgotten; a live one re-registers at
-//! its next heartbeat anyway.
+//! its next heartbeat anyway. An owner Redis refuses to recover (its list
+//! is a key of another type, written by some other client) is said once
+//! and skipped: the other owners are recovered all the same.
 
 use anyhow::{Context, Result};
 use redis::Script;
@@ -67,6 +69,8 @@ pub(crate) struct Recovery {
     pub(super) max_recoveries: u64,
     pub(super) requeue: Requeue,
     pub(super) forget: Script,
+    /// Owners whose recovery Redis refused, already reported.
+    pub(super) refused: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Recovery {
@@ -79,6 +83,7 @@ impl Recovery {
             max_recoveries,
             requeue: Requeue::new(),
             forget: Script::new(scripts::FORGET),
+            refused: Default::default(),
         }
     }
 
@@ -98,37 +103,52 @@ impl Recovery {
             .collect();
         let mut handled = 0;
         for owner in &owners {
-            if self.alive(owner).await? {
-                continue;
+            match self.recover(owner, dead).await {
+                Ok(claimed) => handled += claimed,
+                Err(err) if crate::redis::bounded::answered_anyhow(&err) => {
+                    let mut refused = self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if refused.insert(owner.clone()) {
+                        tracing::warn!(owner = %owner, "orphan recovery skips this owner while Redis refuses it (said once): {err:#}");
+                    }
+                }
+                Err(err) => return Err(err),
             }
-            let list = keys::inprogress(owner);
-            let mut claimed_here = 0;
-            loop {
-                let claimed: Option<Vec<u8>> = redis::cmd("RPOPLPUSH")
-                    .arg(&list)
-                    .arg(&self.own_list)
-                    .query_async(&mut conn)
-                    .await
-                    .context("claiming an orphaned job")?;
-                let Some(raw) = claimed else { break };
-                self.handle(&raw, dead).await?;
-                claimed_here += 1;
-            }
-            let _: i64 = self
-                .forget
-                .key(&list)
-                .key(keys::INPROGRESS_OWNERS)
-                .key(keys::ORIGINS)
-                .arg(owner)
-                .invoke_async(&mut conn)
-                .await
-                .context("forgetting a dead owner")?;
-            if claimed_here > 0 {
-                tracing::warn!(owner = %owner, jobs = claimed_here, "recovered jobs of a process that died");
-            }
-            handled += claimed_here;
         }
         Ok(handled)
+    }
+
+    /// Recovers the jobs of `owner` if it is dead; returns how many.
+    async fn recover(&self, owner: &str, dead: &DeadSet) -> Result<usize> {
+        if self.alive(owner).await? {
+            return Ok(0);
+        }
+        let mut conn = self.redis.conn();
+        let list = keys::inprogress(owner);
+        let mut claimed_here = 0;
+        loop {
+            let claimed: Option<Vec<u8>> = redis::cmd("RPOPLPUSH")
+                .arg(&list)
+                .arg(&self.own_list)
+                .query_async(&mut conn)
+                .await
+                .context("claiming an orphaned job")?;
+            let Some(raw) = claimed else { break };
+            self.handle(&raw, dead).await?;
+            claimed_here += 1;
+        }
+        let _: i64 = self
+            .forget
+            .key(&list)
+            .key(keys::INPROGRESS_OWNERS)
+            .key(keys::ORIGINS)
+            .arg(owner)
+            .invoke_async(&mut conn)
+            .await
+            .context("forgetting a dead owner")?;
+        if claimed_here > 0 {
+            tracing::warn!(owner = %owner, jobs = claimed_here, "recovered jobs of a process that died");
+        }
+        Ok(claimed_here)
     }
 
     /// Whether `owner` still runs: provably, where this machine can check
