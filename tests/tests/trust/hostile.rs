@@ -47,7 +47,7 @@ const FORGED: &str = "FORGED 2026-01-01T00:00:00Z INFO wasmjobs: job done class=
 
 /// A copy of the chaos guest at `plugins/<name>` serving `class`, with an
 /// rw `data` grant and `extra` appended to its manifest.
-fn chaos_plugin(plugins: &Path, name: &str, class: &str, extra: &str) -> PathBuf {
+pub(super) fn chaos_plugin(plugins: &Path, name: &str, class: &str, extra: &str) -> PathBuf {
     let dir = plugins.join(name);
     std::fs::create_dir_all(dir.join("data")).expect("plugin and data dirs");
     std::fs::copy(
@@ -67,7 +67,7 @@ fn chaos_plugin(plugins: &Path, name: &str, class: &str, extra: &str) -> PathBuf
 }
 
 /// A `/proc/<pid>/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> u64 {
+pub(super) fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/<pid>/status");
     status
         .lines()
@@ -122,7 +122,7 @@ async fn push_and_drain(conn: &mut MultiplexedConnection, runner: &Runner, paylo
 }
 
 /// The last 20,000 bytes of a log, for failure messages.
-fn tail(log: &str) -> &str {
+pub(super) fn tail(log: &str) -> &str {
     let mut start = log.len().saturating_sub(20_000);
     while !log.is_char_boundary(start) {
         start += 1;

@@ -7,6 +7,7 @@ mod cache;
 mod disk;
 mod files;
 mod hostile;
+mod hostile_run;
 mod http;
 mod limits;
 mod logs;
