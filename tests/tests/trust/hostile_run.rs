@@ -154,7 +154,7 @@ fn good_job(i: usize, good: usize) -> Payload {
     if i % 5 == 4 {
         return Payload::new("NoopJob", vec![json!(i)], "default", now);
     }
-    let args = if i % (good / LEDGER_INSERTS) == 0 {
+    let args = if i.is_multiple_of(good / LEDGER_INSERTS) {
         vec![
             json!("sql-exec"),
             json!("pg"),
@@ -452,12 +452,12 @@ async fn two_thousand_jobs_with_a_hundred_hostile_ones_of_twenty_kinds() {
         .collect();
     appended.sort_unstable();
     let want: Vec<usize> = (0..good)
-        .filter(|i| i % 5 != 4 && i % (good / LEDGER_INSERTS) != 0)
+        .filter(|i| i % 5 != 4 && !i.is_multiple_of(good / LEDGER_INSERTS))
         .collect();
     assert_eq!(appended, want, "every good append ran exactly once");
     let ledger = pg.psql("app", "SELECT count(*), count(DISTINCT x) FROM ledger");
     let inserts = (0..good)
-        .filter(|i| i % 5 != 4 && i % (good / LEDGER_INSERTS) == 0)
+        .filter(|i| i % 5 != 4 && i.is_multiple_of(good / LEDGER_INSERTS))
         .count();
     assert_eq!(ledger, format!("{inserts}|{inserts}"), "the ledger");
     assert_eq!(good_jids.len(), good);
