@@ -333,6 +333,16 @@ pub async fn wait_for_processed(
     }
 }
 
+/// How the pushed payloads' JSON is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonStyle {
+    /// No spaces (`{"jid":"…"}`), as Ruby's Sidekiq client and wasmjobs write it.
+    Compact,
+    /// A space after every `,` and `:` (`{"jid": "…"}`), as Python's
+    /// `json.dumps` writes it by default, and many other clients.
+    Spaced,
+}
+
 /// Pushes `n` jobs of `class` onto `default` (Sidekiq format), args from
 /// `args(i)`, in batches of 10,000.
 pub async fn push_jobs(
@@ -341,6 +351,17 @@ pub async fn push_jobs(
     n: u64,
     args: impl Fn(u64) -> Value,
 ) -> Result<()> {
+    push_jobs_as(conn, class, n, args, JsonStyle::Compact).await
+}
+
+/// [`push_jobs`], the payloads written in `style`.
+pub async fn push_jobs_as(
+    conn: &mut redis::aio::MultiplexedConnection,
+    class: &str,
+    n: u64,
+    args: impl Fn(u64) -> Value,
+    style: JsonStyle,
+) -> Result<()> {
     let now = wasmjobs::redis::now_f64();
     let mut pushed = 0;
     while pushed < n {
@@ -348,10 +369,41 @@ pub async fn push_jobs(
         let mut payloads: Vec<Payload> = (pushed..pushed + count)
             .map(|i| Payload::new(class, args(i).as_array().cloned().unwrap_or_default(), "default", now))
             .collect();
-        client::push_bulk(conn, &mut payloads).await.context("pushing jobs")?;
+        match style {
+            JsonStyle::Compact => client::push_bulk(conn, &mut payloads).await.context("pushing jobs")?,
+            JsonStyle::Spaced => {
+                let mut pipe = redis::pipe();
+                pipe.sadd("queues", "default").ignore();
+                for payload in &mut payloads {
+                    payload.set("enqueued_at", serde_json::json!(now));
+                    pipe.lpush("queue:default", spaced(&payload.to_json())?).ignore();
+                }
+                let _: () = pipe.query_async(conn).await.context("pushing jobs")?;
+            }
+        }
         pushed += count;
     }
     Ok(())
+}
+
+/// `json` rewritten with `", "` and `": "` between its items.
+fn spaced(json: &str) -> Result<String> {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let value: Value = serde_json::from_str(json)?;
+    let mut out = Vec::with_capacity(json.len() + 32);
+    serde::Serialize::serialize(&value, &mut serde_json::Serializer::with_formatter(&mut out, Spaced))?;
+    Ok(String::from_utf8(out)?)
 }
 
 /// Fails (with the runners' `log`) unless exactly `n` jobs were processed
@@ -469,4 +521,18 @@ pub async fn drain(
         rss_end_kb,
         cpu,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spaced;
+
+    #[test]
+    fn spaced_json_has_a_space_after_each_comma_and_colon() {
+        let text = spaced(r#"{"class":"NoopJob","args":[1,"a",{"k":[]}],"jid":"ab"}"#).expect("spaced");
+        assert_eq!(
+            text,
+            r#"{"class": "NoopJob", "args": [1, "a", {"k": []}], "jid": "ab"}"#
+        );
+    }
 }

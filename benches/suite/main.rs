@@ -5,7 +5,12 @@
 //!
 //! ```text
 //! wasmjobs-bench --wasmjobs target/release/wasmjobs [--native PATH] [--quick] [--only noop,http] [--out DIR]
+//! wasmjobs-bench compare --a OLD --b NEW [--names A B] [--rounds N] [--only noop,noop-spaced,noop-c10,http] [--jobs N]
 //! ```
+//!
+//! `compare` ([`ab`]) alternates the drains of two `wasmjobs` binaries on
+//! the same servers and prints B ÷ A; `scripts/bench-compare.sh` builds
+//! the two from git revisions.
 //!
 //! It starts its own `redis-server`, PostgreSQL (for `pg-sleep`) and two
 //! 200 ms HTTP servers on loopback, one HTTP/1.1 and one HTTP/2-only (both
@@ -15,6 +20,7 @@
 //! `wasmjobs-native` (built beside this binary), and the report divides
 //! wasmjobs by it. Exits non-zero when any job was lost or failed.
 
+mod ab;
 mod chart;
 mod compare;
 mod measure;
@@ -94,6 +100,9 @@ fn parse_args() -> Result<Args> {
 }
 
 fn main() -> Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("compare") {
+        return ab::main();
+    }
     let args = parse_args()?;
     wasmjobs::runner::os_limits::raise_open_files(20_000);
     let cases = plan::cases(args.quick, &args.only);
@@ -105,25 +114,8 @@ fn main() -> Result<()> {
         .then(native_fib);
 
     let rt = tokio::runtime::Runtime::new()?;
-    let repo = wasmjobs_e2e::guests::repo_root();
-    // The HTTP server on its own runtime, whose threads are named so
-    // their CPU is told from the rest of this process's.
-    let http_rt = tokio::runtime::Builder::new_multi_thread()
-        .thread_name(measure::HTTP_THREADS)
-        .enable_all()
-        .build()?;
-    let redis = TestRedis::start();
-    let redis_pid = rt.block_on(async { measure::redis_pid(&mut redis.conn().await).await });
-    let mut bench = Bench {
-        bin: args.wasmjobs.clone(),
-        native: args.native.clone(),
-        data_dir: repo.join("target/wasmjobs-bench-data"),
-        redis,
-        http: http_rt.block_on(HttpServer::start(Duration::from_millis(200))),
-        http2: http_rt.block_on(HttpServer::start_h2(Duration::from_millis(200), H2_MAX_STREAMS)),
-        redis_pid,
-        postgres: None,
-    };
+    let http_rt = http_runtime()?;
+    let mut bench = start_bench(&rt, &http_rt, args.wasmjobs.clone(), args.native.clone());
     let started = Instant::now();
     let mut rows = Vec::new();
     for (i, case) in cases.iter().enumerate() {
@@ -188,6 +180,38 @@ fn main() -> Result<()> {
         bail!("{broken} runs lost or failed jobs (see the report)");
     }
     Ok(())
+}
+
+/// The runtime the HTTP servers run on, whose threads are named so their
+/// CPU is told from the rest of this process's.
+fn http_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .thread_name(measure::HTTP_THREADS)
+        .enable_all()
+        .build()?)
+}
+
+/// The servers every case uses (Redis, the 200 ms HTTP/1.1 and HTTP/2
+/// servers on `http_rt`), for the binaries `bin` and `native`.
+fn start_bench(
+    rt: &tokio::runtime::Runtime,
+    http_rt: &tokio::runtime::Runtime,
+    bin: PathBuf,
+    native: PathBuf,
+) -> Bench {
+    let redis = TestRedis::start();
+    let redis_pid = rt.block_on(async { measure::redis_pid(&mut redis.conn().await).await });
+    Bench {
+        bin,
+        native,
+        data_dir: wasmjobs_e2e::guests::repo_root().join("target/wasmjobs-bench-data"),
+        redis,
+        http: http_rt.block_on(HttpServer::start(Duration::from_millis(200))),
+        http2: http_rt.block_on(HttpServer::start_h2(Duration::from_millis(200), H2_MAX_STREAMS)),
+        redis_pid,
+        postgres: None,
+        json: wasmjobs_benches::JsonStyle::Compact,
+    }
 }
 
 /// fib(25) natively: the same source as `plugins/fib/src/lib.rs`.

@@ -31,7 +31,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use wasmjobs::runner::heartbeat::rss_kb;
 use wasmjobs_benches::{
-    RunnerProcess, cpu_ns_since, cpu_ticks, named_threads_cpu_ns, peak_rss_kb, push_jobs, thread_cpu_ns,
+    JsonStyle, RunnerProcess, cpu_ns_since, cpu_ticks, named_threads_cpu_ns, peak_rss_kb, push_jobs, push_jobs_as,
+    thread_cpu_ns,
 };
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
@@ -109,6 +110,11 @@ pub struct Row {
     pub problems: Vec<String>,
     /// Memory cases: the worker's memory idle and with every job in flight.
     pub memory: Option<memory::Held>,
+    /// Redis commands (`INFO commandstats`: those run by scripts too) per
+    /// job, from the runner's start to the last job done, the suite's own
+    /// polls taken off; drained cases only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_commands_per_job: Option<f64>,
 }
 
 /// The servers and binaries every case uses.
@@ -129,6 +135,8 @@ pub struct Bench {
     pub redis_pid: Option<u32>,
     /// Started on first use by a `pg-sleep` case.
     pub postgres: Option<TestPostgres>,
+    /// How the drained payloads' JSON is written.
+    pub json: JsonStyle,
 }
 
 impl Bench {
@@ -147,13 +155,13 @@ impl Bench {
         // The server the jobs call (a field borrow: `self.postgres` may start below).
         let server = if case.workload.h2() { &self.http2 } else { &self.http };
         let url = server.url("/sleep");
-        push_jobs(&mut conn, case.workload.class(), case.jobs, |i| match case.workload {
+        let args = |i| match case.workload {
             w if w.http() => json!([url]),
             Workload::FileAppend => json!(["bench.txt", i]),
             Workload::Fib => json!([25]),
             _ => json!([]),
-        })
-        .await?;
+        };
+        push_jobs_as(&mut conn, case.workload.class(), case.jobs, args, self.json).await?;
 
         let summary = tempfile::NamedTempFile::new()?;
         let concurrency = case.concurrency.to_string();
@@ -174,6 +182,7 @@ impl Bench {
             extra.extend(["--db", &db]);
         }
         let (hits_before, connections_before) = (server.hits(), server.connections());
+        let commands_before = redis_commands(&mut conn).await?;
         let mut runner = match case.processor {
             Processor::Wasmjobs => self.start(&plugins, &extra)?,
             Processor::Native => self.start_native(case)?,
@@ -182,7 +191,11 @@ impl Bench {
         let pid = runner.pid();
         let (rss_start, cpu_start) = (rss_kb(pid), cpu_ticks(pid));
         let threads = self.sample_cpu(pid);
-        let (elapsed, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let (elapsed, processed, failed, polls) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        // Two GETs per poll, and the INFO itself.
+        let commands = redis_commands(&mut conn)
+            .await?
+            .saturating_sub(commands_before + 2 * polls + 1);
         let cpu_per_job = self.cpu_per_job(pid, &threads, processed + failed);
         let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
         let (rss_end, peak) = (rss_kb(pid), peak_rss_kb(pid));
@@ -246,6 +259,7 @@ impl Bench {
             lost,
             problems,
             memory: None,
+            redis_commands_per_job: Some(commands as f64 / case.jobs.max(1) as f64),
         })
     }
 
@@ -293,7 +307,7 @@ impl Bench {
         });
         drop(gate);
         let held = held.map_err(|err| problems.push(format!("{err:#}"))).ok();
-        let (_, processed, failed) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
+        let (_, processed, failed, _) = wait_until_done(&mut conn, case.jobs, &mut runner).await?;
         let elapsed = started.elapsed();
         let cpu_per_job = self.cpu_per_job(pid, &threads, processed + failed);
         let cpu = (cpu_ticks(pid) - cpu_start) as f64 / elapsed.as_secs_f64();
@@ -518,21 +532,34 @@ pub fn empty_row(case: &Case) -> Row {
         lost: case.jobs,
         problems: Vec::new(),
         memory: None,
+        redis_commands_per_job: None,
     }
+}
+
+/// Calls of every Redis command so far (`INFO commandstats`).
+async fn redis_commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_"))
+        .filter_map(|line| line.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
+        .sum())
 }
 
 /// Polls `stat:processed` + `stat:failed` every 2 ms until they reach `n`,
 /// the runner exits, or nothing moves for [`STALL`]. Returns the elapsed
-/// time and both counters.
+/// time, both counters and the number of polls.
 async fn wait_until_done(
     conn: &mut redis::aio::MultiplexedConnection,
     n: u64,
     runner: &mut RunnerProcess,
-) -> Result<(Duration, u64, u64)> {
+) -> Result<(Duration, u64, u64, u64)> {
     let started = Instant::now();
     let mut last = (0, 0);
     let mut last_move = Instant::now();
+    let mut polls = 0;
     loop {
+        polls += 1;
         let (processed, failed): (Option<u64>, Option<u64>) = redis::pipe()
             .get("stat:processed")
             .get("stat:failed")
@@ -540,7 +567,7 @@ async fn wait_until_done(
             .await?;
         let now = (processed.unwrap_or(0), failed.unwrap_or(0));
         if now.0 + now.1 >= n || runner.has_exited() || last_move.elapsed() > STALL {
-            return Ok((started.elapsed(), now.0, now.1));
+            return Ok((started.elapsed(), now.0, now.1, polls));
         }
         if now != last {
             last = now;
