@@ -690,3 +690,84 @@ async fn two_hundred_spinning_jobs_on_two_processes_are_stopped_by_one_cancel_ca
         assert!(runner.stop().success(), "{}", runner.log());
     }
 }
+
+/// A Sidekiq-format payload as Python's `json.dumps` writes it: a space
+/// after every `,` and `:`.
+fn spaced_payload(class: &str, args: &str, jid: &str) -> String {
+    let now = wasmjobs::redis::now_f64();
+    format!(
+        r#"{{"class": "{class}", "args": {args}, "jid": "{jid}", "queue": "default", "retry": true, "created_at": {now}, "enqueued_at": {now}}}"#
+    )
+}
+
+/// Calls of `command` so far, from `INFO commandstats` (commands run by
+/// scripts included).
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 33: the fetch's cancel marks cost no Redis call per job, however
+/// the payload's JSON is spaced. 2,000 jobs, half written as Python
+/// writes JSON, one of those cancelled before it is fetched: the cancelled
+/// one is learnt from the fetch's mark (`via=fetch`), and
+/// the whole drain looks cancel requests up with a handful of `EXISTS`
+/// (one per fetch, not one per job) and no `GET` or `HGET` per job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_marks_cost_no_lookup_per_job_whatever_the_json_spacing() {
+    const JOBS: usize = 2_000;
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &["chaos"]);
+    let doomed = "0123456789abcdef01234567";
+    let _: () = conn
+        .set_ex(format!("cancelled-{doomed}"), "1", 86_400)
+        .await
+        .expect("SETEX");
+    let mut pipe = redis::pipe();
+    for i in 0..JOBS {
+        let job = if i == JOBS / 2 {
+            spaced_payload("ChaosJob", r#"["loop"]"#, doomed)
+        } else if i % 2 == 0 {
+            spaced_payload("NoopJob", "[]", &format!("{i:024x}"))
+        } else {
+            Payload::new("NoopJob", vec![], "default", wasmjobs::redis::now_f64()).to_json()
+        };
+        pipe.lpush("queue:default", job).ignore();
+    }
+    pipe.sadd("queues", "default").ignore();
+    let _: () = pipe.query_async(&mut conn).await.expect("push");
+    let before = (
+        calls(&mut conn, "exists").await,
+        calls(&mut conn, "get").await,
+        calls(&mut conn, "hget").await,
+    );
+
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "50"]);
+    runner.wait_running();
+    cancelled_entry(&mut conn, doomed, Duration::from_secs(60)).await;
+    wait_processed(&mut conn, JOBS as u64 - 1, Duration::from_secs(120), || runner.log()).await;
+    let exists = calls(&mut conn, "exists").await - before.0;
+    let lookups = calls(&mut conn, "get").await - before.1 + calls(&mut conn, "hget").await - before.2;
+    assert!(runner.stop().success(), "{}", runner.log());
+
+    let log = runner.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("job cancelled") && l.contains(doomed))
+        .unwrap_or_else(|| panic!("no cancel logged for {doomed}:\n{log}"));
+    assert!(line.contains("via=fetch"), "learnt otherwise: {line}");
+    // Each fetch takes up to 50 jobs: ~40 fetches, one EXISTS each, and
+    // one more per job of the batch that held the request.
+    assert!(exists < 200, "{exists} EXISTS for {JOBS} jobs");
+    // The heartbeat, the pollers and the writer read a little; a lookup
+    // per job would be 2,000.
+    assert!(lookups < 100, "{lookups} GET/HGET for {JOBS} jobs");
+}
