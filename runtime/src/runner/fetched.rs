@@ -66,17 +66,33 @@ impl CancelMark {
     }
 }
 
-/// The jid the fetch script looks at: the text between the first
-/// `"jid":"` of the payload and the next `"`, at most 128 bytes (the
-/// script's own rule, byte for byte).
+/// The jid the fetch script looks at (its `jid_of`, byte for byte): after
+/// the first `"jid"` that is followed by a colon (whitespace around it
+/// allowed, as Lua's `%s` reads it) and a `"`, the text up to the next
+/// `"`, at most 128 bytes.
 pub(crate) fn script_jid(raw: &[u8]) -> Option<String> {
-    const NEEDLE: &[u8] = b"\"jid\":\"";
-    let start = raw.windows(NEEDLE.len()).position(|w| w == NEEDLE)? + NEEDLE.len();
-    let len = raw[start..].iter().position(|&b| b == b'"')?;
-    if len > 128 {
-        return None;
+    const KEY: &[u8] = b"\"jid\"";
+    // Lua's `%s` in the C locale.
+    let space = |b: &u8| b" \t\n\x0b\x0c\r".contains(b);
+    let mut from = 0;
+    while let Some(found) = raw[from..].windows(KEY.len()).position(|w| w == KEY) {
+        let after = from + found + KEY.len();
+        let rest = &raw[after..];
+        let colon = rest.iter().position(|b| !space(b));
+        if let Some(colon) = colon.filter(|&c| rest[c] == b':') {
+            let value = &rest[colon + 1..];
+            if let Some(quote) = value.iter().position(|b| !space(b)).filter(|&q| value[q] == b'"') {
+                let text = &value[quote + 1..];
+                let len = text.iter().position(|&b| b == b'"')?;
+                if len > 128 {
+                    return None;
+                }
+                return Some(String::from_utf8_lossy(&text[..len]).into_owned());
+            }
+        }
+        from = after;
     }
-    Some(String::from_utf8_lossy(&raw[start..start + len]).into_owned())
+    None
 }
 
 /// How a unit of work ended.
@@ -134,8 +150,16 @@ mod tests {
                 request: Some(CancelFound::Iteration("1700000000".into()))
             }
         );
-        // Spaced JSON is not read by the script: the runner looks it up.
-        assert_eq!(script_jid(br#"{"jid": "abc"}"#), None);
+        // Spaced JSON (Python's json.dumps) is read as compact is; a
+        // "jid" that is no key is passed over.
+        assert_eq!(script_jid(br#"{"jid": "abc"}"#).as_deref(), Some("abc"));
+        assert_eq!(script_jid(b"{\"jid\" \t:\n \"abc\"}").as_deref(), Some("abc"));
+        assert_eq!(
+            script_jid(br#"{"args": ["jid", "jid"], "jid" : "real"}"#).as_deref(),
+            Some("real")
+        );
+        assert_eq!(script_jid(br#"{"jid": 5}"#), None);
+        assert_eq!(script_jid(br#"{"jid":"unterminated"#), None);
         let long = format!(r#"{{"jid":"{}"}}"#, "a".repeat(129));
         assert_eq!(script_jid(long.as_bytes()), None);
         let longest = format!(r#"{{"jid":"{}"}}"#, "a".repeat(128));

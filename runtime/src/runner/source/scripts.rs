@@ -4,6 +4,34 @@
 //! keys safe when several processes race for the same job: whoever removes
 //! the entry is the one who writes it elsewhere.
 
+/// The Lua function `jid_of(text)`: the value of the first `"jid"` key in
+/// the JSON text, with any whitespace around its colon (`"jid":"…"` as
+/// Sidekiq and wasmjobs write it, `"jid": "…"` as Python's `json.dumps`
+/// and many other clients do), at most 128 bytes; nil when there is none.
+/// A `"jid"` inside an argument may come first: the runner compares the
+/// jid with the one it parses ([`crate::runner::fetched::script_jid`] is
+/// this function, byte for byte).
+macro_rules! jid_of_lua {
+    () => {
+        r#"
+local function jid_of(text)
+  local from = 1
+  while true do
+    local _, key = string.find(text, '"jid"', from, true)
+    if not key then return nil end
+    local _, open = string.find(text, '^%s*:%s*"', key + 1)
+    if open then
+      local close = string.find(text, '"', open + 1, true)
+      if not close or close - open > 129 then return nil end
+      return string.sub(text, open + 1, close - 1)
+    end
+    from = key + 1
+  end
+end
+"#
+    };
+}
+
 /// The Lua function `bury_oversized(job, dead, at)` the scripts that take
 /// jobs share: it adds the job `job`, larger than the limit, to the dead
 /// set `dead` without it ever leaving Redis, and trims the set as
@@ -17,18 +45,13 @@
 /// runner's log.
 macro_rules! bury_oversized_lua {
     () => {
-        r#"
+        concat!(
+            jid_of_lua!(),
+            r#"
 local function bury_oversized(job, dead, at)
   local max, now, before, keep = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local size = #job
-  local function jid_in(text)
-    local _, open = string.find(text, '"jid":"', 1, true)
-    if not open then return nil end
-    local close = string.find(text, '"', open + 1, true)
-    if not close or close - open > 129 then return nil end
-    return string.sub(text, open + 1, close - 1)
-  end
-  local jid = jid_in(string.sub(job, -4096)) or jid_in(string.sub(job, 1, 4096)) or ''
+  local jid = jid_of(string.sub(job, -4096)) or jid_of(string.sub(job, 1, 4096)) or ''
   local reason = 'payload of ' .. size .. ' bytes is larger than the ' .. max ..
     ' a job may have (wasmjobs run --max-payload); not run, kept whole'
   local entry
@@ -49,6 +72,7 @@ local function bury_oversized(job, dead, at)
   return 'o' .. size .. ' ' .. jid
 end
 "#
+        )
     };
 }
 
@@ -63,18 +87,18 @@ end
 /// never crosses the network, so it cannot swell the runner's memory, and
 /// is never written into the heartbeat's `work` hash.
 ///
-/// The cancel mark saves a round trip per job. It is about the jid found
-/// at the first `"jid":"` in the payload (compact JSON, as Sidekiq and
-/// wasmjobs write it; [`crate::runner::fetched::script_jid`] finds the same
-/// one): empty when there is none (the runner looks the job up itself),
-/// `-` when no cancel is requested, `k…` with the value of
-/// `cancelled-<jid>` (the Sidekiq wiki's key, which `wasmjobs cancel`
-/// writes), `i…` with the `cancelled` field of `it-<jid>` (Sidekiq
-/// 7.3.3+'s `cancel!`). The runner trusts a mark only if that jid is the
-/// one it parses. One `EXISTS` per job in the common case (measured: the
-/// script costs Redis ~2.5 µs per job against ~1 µs without marks);
-/// `redis.pcall`: a key of another type is someone else's, not a reason
-/// to fail a fetch.
+/// The cancel mark saves a round trip per job. It is about the jid
+/// `jid_of` finds (`"jid":"…"` with or without spaces around the colon;
+/// [`crate::runner::fetched::script_jid`] finds the same one): empty when
+/// there is none (the runner looks the job up itself), `-` when no cancel
+/// is requested, `k…` with the value of `cancelled-<jid>` (the Sidekiq
+/// wiki's key, which `wasmjobs cancel` writes), `i…` with the `cancelled`
+/// field of `it-<jid>` (Sidekiq 7.3.3+'s `cancel!`). The runner trusts a
+/// mark only if that jid is the one it parses. One `EXISTS` over both keys
+/// of every job taken (up to 1,000 keys a call) answers the common case,
+/// no request for any of them; only when one exists is each job looked at
+/// alone. `redis.pcall`: a key of another type is someone else's, not a
+/// reason to fail a fetch.
 pub const FETCH: &str = concat!(
     bury_oversized_lua!(),
     r#"
@@ -83,12 +107,7 @@ local keep = ARGV[2] == "1"
 local most = tonumber(ARGV[3]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
-local function mark(job)
-  local _, open = string.find(job, '"jid":"', 1, true)
-  if not open then return '' end
-  local close = string.find(job, '"', open + 1, true)
-  if not close or close - open > 129 then return '' end
-  local jid = string.sub(job, open + 1, close - 1)
+local function request_of(jid)
   local asked, iteration = 'cancelled-' .. jid, 'it-' .. jid
   if redis.call('EXISTS', asked, iteration) == 0 then return '-' end
   local request = redis.pcall('GET', asked)
@@ -98,6 +117,8 @@ local function mark(job)
   return '-'
 end
 local out = {}
+local jids = {}
+local keys = {}
 local got = 0
 for i = 2, queues do
   local need = max - got
@@ -119,11 +140,27 @@ for i = 2, queues do
         out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 3)
       else
         out[#out + 1] = job
-        out[#out + 1] = mark(job)
+        out[#out + 1] = ''
+        local jid = jid_of(job)
+        if jid then
+          jids[#out] = jid
+          keys[#keys + 1] = 'cancelled-' .. jid
+          keys[#keys + 1] = 'it-' .. jid
+        end
       end
     end
     got = got + #jobs
   end
+end
+local asked = false
+for first = 1, #keys, 1000 do
+  if redis.call('EXISTS', unpack(keys, first, math.min(first + 999, #keys))) > 0 then
+    asked = true
+    break
+  end
+end
+for at, jid in pairs(jids) do
+  if asked then out[at] = request_of(jid) else out[at] = '-' end
 end
 return out
 "#
