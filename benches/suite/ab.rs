@@ -148,6 +148,9 @@ fn parse_args() -> Result<Args> {
 struct Drain {
     jobs_per_sec: f64,
     commands_per_job: f64,
+    /// CPU per job of the runner and of redis-server, µs.
+    runner_us: f64,
+    redis_us: f64,
 }
 
 pub fn main() -> Result<()> {
@@ -173,12 +176,14 @@ pub fn main() -> Result<()> {
                 bench.json = ab.json();
                 let drain = rt.block_on(drain(&mut bench, &case))?;
                 eprintln!(
-                    "round {} {:<26} {:<12} {:>9.0} jobs/s {:>5.2} commands/job",
+                    "round {} {:<26} {:<12} {:>9.0} jobs/s {:>5.2} commands/job, CPU µs/job: runner {:.1}, redis {:.1}",
                     round + 1,
                     ab.label(),
                     args.names[side],
                     drain.jobs_per_sec,
-                    drain.commands_per_job
+                    drain.commands_per_job,
+                    drain.runner_us,
+                    drain.redis_us
                 );
                 results.entry(index).or_default()[side].push(drain);
             }
@@ -201,9 +206,12 @@ async fn drain(bench: &mut Bench, case: &Case) -> Result<Drain> {
             row.problems.join("; ")
         );
     }
+    let cpu = row.cpu_per_job;
     Ok(Drain {
         jobs_per_sec: row.jobs_per_sec,
         commands_per_job: row.redis_commands_per_job.unwrap_or(f64::NAN),
+        runner_us: cpu.map_or(f64::NAN, |cpu| cpu.runner),
+        redis_us: cpu.and_then(|cpu| cpu.redis).unwrap_or(f64::NAN),
     })
 }
 
@@ -212,7 +220,7 @@ async fn drain(bench: &mut Bench, case: &Case) -> Result<Drain> {
 fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>) -> String {
     let [a, b] = &args.names;
     let mut out = format!(
-        "\n| case | {a} jobs/s | {b} jobs/s | {b} ÷ {a} (min–max) | commands/job {a} → {b} |\n|---|---|---|---|---|\n"
+        "\n| case | {a} jobs/s | {b} jobs/s | {b} ÷ {a} (min–max) | commands/job {a} → {b} | CPU µs/job runner {a} → {b} | redis {a} → {b} |\n|---|---|---|---|---|---|---|\n"
     );
     for (index, [left, right]) in results {
         let ratios: Vec<f64> = left
@@ -230,14 +238,18 @@ fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>) -> String {
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
-        let per_job = |side: &[Drain]| side.iter().map(|d| d.commands_per_job).sum::<f64>() / side.len() as f64;
+        let mean_of = |side: &[Drain], f: fn(&Drain) -> f64| side.iter().map(f).sum::<f64>() / side.len() as f64;
         out.push_str(&format!(
-            "| {} | {} | {} | **{mean:.2}×** ({min:.2}–{max:.2}) | {:.2} → {:.2} |\n",
+            "| {} | {} | {} | **{mean:.2}×** ({min:.2}–{max:.2}) | {:.2} → {:.2} | {:.1} → {:.1} | {:.1} → {:.1} |\n",
             args.cases[*index].label(),
             rates(left),
             rates(right),
-            per_job(left),
-            per_job(right),
+            mean_of(left, |d| d.commands_per_job),
+            mean_of(right, |d| d.commands_per_job),
+            mean_of(left, |d| d.runner_us),
+            mean_of(right, |d| d.runner_us),
+            mean_of(left, |d| d.redis_us),
+            mean_of(right, |d| d.redis_us),
         ));
     }
     out.push_str(&format!(
