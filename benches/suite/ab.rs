@@ -167,14 +167,27 @@ pub fn main() -> Result<()> {
     ];
     // results[case][side] = one Drain per round.
     let mut results: BTreeMap<usize, [Vec<Drain>; 2]> = BTreeMap::new();
+    // A case one of the binaries cannot run (a plugin built for a newer
+    // host, say) is reported and left out of the later rounds.
+    let mut failed: BTreeMap<usize, String> = BTreeMap::new();
     for round in 0..args.rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for (index, ab) in args.cases.iter().enumerate() {
             for side in order {
+                if failed.contains_key(&index) {
+                    continue;
+                }
                 let case = ab.case(args.jobs);
                 (bench.bin, bench.data_dir) = bins[side].clone();
                 bench.json = ab.json();
-                let drain = rt.block_on(drain(&mut bench, &case))?;
+                let drain = match rt.block_on(drain(&mut bench, &case)) {
+                    Ok(drain) => drain,
+                    Err(err) => {
+                        eprintln!("{} with {}: {err:#}", ab.label(), args.names[side]);
+                        failed.insert(index, format!("{} could not run it", args.names[side]));
+                        continue;
+                    }
+                };
                 eprintln!(
                     "round {} {:<26} {:<12} {:>9.0} jobs/s {:>5.2} commands/job, CPU µs/job: runner {:.1}, redis {:.1}",
                     round + 1,
@@ -191,7 +204,7 @@ pub fn main() -> Result<()> {
     }
     drop(bench);
     drop(http_rt);
-    println!("{}", table(&args, &results));
+    println!("{}", table(&args, &results, &failed));
     Ok(())
 }
 
@@ -217,12 +230,19 @@ async fn drain(bench: &mut Bench, case: &Case) -> Result<Drain> {
 
 /// The report: per case, each side's jobs/s per round, B ÷ A (the mean of
 /// the rounds' ratios, with their range) and commands per job.
-fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>) -> String {
+fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>, failed: &BTreeMap<usize, String>) -> String {
     let [a, b] = &args.names;
     let mut out = format!(
         "\n| case | {a} jobs/s | {b} jobs/s | {b} ÷ {a} (min–max) | commands/job {a} → {b} | CPU µs/job runner {a} → {b} | redis {a} → {b} |\n|---|---|---|---|---|---|---|\n"
     );
-    for (index, [left, right]) in results {
+    for (index, case) in args.cases.iter().enumerate() {
+        if let Some(why) = failed.get(&index) {
+            out.push_str(&format!("| {} | – | – | {why} | | | |\n", case.label()));
+            continue;
+        }
+        let Some([left, right]) = results.get(&index) else {
+            continue;
+        };
         let ratios: Vec<f64> = left
             .iter()
             .zip(right)
@@ -241,7 +261,7 @@ fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>) -> String {
         let mean_of = |side: &[Drain], f: fn(&Drain) -> f64| side.iter().map(f).sum::<f64>() / side.len() as f64;
         out.push_str(&format!(
             "| {} | {} | {} | **{mean:.2}×** ({min:.2}–{max:.2}) | {:.2} → {:.2} | {:.1} → {:.1} | {:.1} → {:.1} |\n",
-            args.cases[*index].label(),
+            case.label(),
             rates(left),
             rates(right),
             mean_of(left, |d| d.commands_per_job),
