@@ -36,7 +36,7 @@ use wasmjobs_benches::{
 };
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::postgres::TestPostgres;
-use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::redis_server::{TestRedis, command_calls};
 
 use crate::memory;
 use crate::plan::{Case, Fetch, Processor, Workload};
@@ -538,12 +538,7 @@ pub fn empty_row(case: &Case) -> Row {
 
 /// Calls of every Redis command so far (`INFO commandstats`).
 async fn redis_commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
-    Ok(info
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_"))
-        .filter_map(|line| line.split_once("calls=")?.1.split(',').next()?.parse::<u64>().ok())
-        .sum())
+    Ok(command_calls(conn).await?.values().sum())
 }
 
 /// Polls `stat:processed` + `stat:failed` every 2 ms until they reach `n`,

@@ -24,6 +24,16 @@ use wasmjobs::sandbox::{EngineConfig, ExecOptions, Execution, Executor, Limits};
 
 pub use guests::{plugins_dir, repo_root, test_guests_dir};
 
+/// A manifest's `[[schedule]]` that enqueues a `NoopJob` on `cron` every
+/// second.
+pub const EVERY_SECOND_SCHEDULE: &str = r#"
+[[schedule]]
+name = "every-second"
+cron = "*/1 * * * * *"
+class = "NoopJob"
+queue = "cron"
+"#;
+
 /// Polls `check` every 10 ms until it holds; panics with `what()` after
 /// `timeout`. The tests' one way to wait for a condition.
 pub async fn eventually<F, Fut>(timeout: Duration, what: impl Fn() -> String, mut check: F)

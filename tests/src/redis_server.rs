@@ -170,3 +170,18 @@ fn log_tail(path: &Path) -> String {
         Err(e) => format!("no log at {}: {e}", path.display()),
     }
 }
+
+/// Calls of each command so far (`INFO commandstats`, commands run by
+/// scripts included), by lowercase name.
+pub async fn command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<std::collections::BTreeMap<String, u64>> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), stats.split(',').next()?.parse().ok()?))
+        })
+        .collect())
+}

@@ -16,7 +16,7 @@ use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::cli::{printed, wasmjobs_in};
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
-use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::redis_server::{TestRedis, command_calls};
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, jobs_in_progress, plugins, push, wait_processed};
 
 /// The bound the cancel promises: from the request written to the job
@@ -700,18 +700,10 @@ fn spaced_payload(class: &str, args: &str, jid: &str) -> String {
     )
 }
 
-/// Calls of `command` so far, from `INFO commandstats` (commands run by
-/// scripts included).
+/// Calls of `command` so far (commands run by scripts included).
 async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix)?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    let calls = command_calls(conn).await.expect("INFO commandstats");
+    calls.get(command).copied().unwrap_or(0)
 }
 
 /// Issue 33: the fetch's cancel marks cost no Redis call per job, however

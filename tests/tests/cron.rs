@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use wasmjobs::cron::{iso8601, parse_last_enqueue_time};
 use wasmjobs::redis::now_f64;
 use wasmjobs::redis::payload::Payload;
+use wasmjobs_e2e::EVERY_SECOND_SCHEDULE;
 use wasmjobs_e2e::cli::{printed, wasmjobs_in};
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, plugins};
@@ -89,14 +90,6 @@ fn cron_ticks(addr: &str, outcome: &str) -> u64 {
         .expect("a count")
 }
 
-const EVERY_SECOND: &str = r#"
-[[schedule]]
-name = "every-second"
-cron = "*/1 * * * * *"
-class = "NoopJob"
-queue = "cron"
-"#;
-
 /// The issue's test: three processes and an every-second schedule for
 /// 10 s enqueue exactly one job per tick, not three; after every process
 /// restarts, no tick is enqueued twice and none while all were down.
@@ -104,7 +97,7 @@ queue = "cron"
 async fn three_processes_enqueue_each_tick_exactly_once() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
-    let dir = plugin_with(EVERY_SECOND);
+    let dir = plugin_with(EVERY_SECOND_SCHEDULE);
     let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
     let mut runners: Vec<Runner> = addrs
         .iter()

@@ -20,10 +20,10 @@ use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::browser::Browser;
 use wasmjobs_e2e::cli::wasmjobs_in;
 use wasmjobs_e2e::dashboard::{Web, request, wait_listening, wasmjobs_peak_rss};
-use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, plugins, push, wait_processed};
 use wasmjobs_e2e::sidekiq::SidekiqProcess;
+use wasmjobs_e2e::{EVERY_SECOND_SCHEDULE, eventually};
 
 type Conn = redis::aio::MultiplexedConnection;
 
@@ -505,14 +505,6 @@ async fn foreign_keys_leave_every_page_and_stats_working() {
     );
 }
 
-const EVERY_SECOND: &str = r#"
-[[schedule]]
-name = "every-second"
-cron = "*/1 * * * * *"
-class = "NoopJob"
-queue = "cron"
-"#;
-
 /// The jobs of `queue` enqueued for a tick, by tick (epoch seconds).
 async fn cron_ticks(conn: &mut Conn, queue: &str) -> Vec<i64> {
     let raw: Vec<String> = conn.lrange(format!("queue:{queue}"), 0, -1).await.expect("LRANGE");
@@ -559,7 +551,7 @@ async fn a_foreign_cron_entry_stops_no_schedule_and_no_loop_spins() {
     let dir = plugins(&["noop"], &[]);
     let manifest = dir.path().join("noop/wasmjobs.toml");
     let base = std::fs::read_to_string(&manifest).expect("manifest");
-    std::fs::write(&manifest, format!("{base}\n{EVERY_SECOND}")).expect("manifest");
+    std::fs::write(&manifest, format!("{base}\n{EVERY_SECOND_SCHEDULE}")).expect("manifest");
     let mut runner = Runner::start(&redis.url(), dir.path(), &["-q", "elsewhere"]);
     runner.wait_running();
     let started = now_f64();

@@ -45,9 +45,13 @@ const EVIL_MANIFEST: &str = "component = \"chaos_job.wasm\"\nclasses = [\"Health
 /// A line a hostile job tries to slip into the runner's log.
 const FORGED: &str = "FORGED 2026-01-01T00:00:00Z INFO wasmjobs: job done class=HealthyJob";
 
-/// A copy of the chaos guest at `plugins/<name>` serving `class`, with an
-/// rw `data` grant and `extra` appended to its manifest.
-pub(super) fn chaos_plugin(plugins: &Path, name: &str, class: &str, extra: &str) -> PathBuf {
+/// The SQL grant of the chaos copies here: the run's SQLite database.
+const LOCAL: &str = "[\"local\"]";
+
+/// A copy of the chaos guest at `plugins/<name>` serving `class`, with the
+/// databases `sql` (a TOML array), an rw `data` grant and `extra`
+/// appended to its manifest.
+pub(super) fn chaos_plugin(plugins: &Path, name: &str, class: &str, sql: &str, extra: &str) -> PathBuf {
     let dir = plugins.join(name);
     std::fs::create_dir_all(dir.join("data")).expect("plugin and data dirs");
     std::fs::copy(
@@ -58,7 +62,7 @@ pub(super) fn chaos_plugin(plugins: &Path, name: &str, class: &str, extra: &str)
     std::fs::write(
         dir.join("wasmjobs.toml"),
         format!(
-            "component = \"chaos_job.wasm\"\nclasses = [{class:?}]\nsql = [\"local\"]\n\
+            "component = \"chaos_job.wasm\"\nclasses = [{class:?}]\nsql = {sql}\n\
              [[files]]\nhost = \"data\"\nguest = \"/data\"\nmode = \"rw\"\n{extra}"
         ),
     )
@@ -248,11 +252,12 @@ async fn hostile_guests_among_a_thousand_healthy_jobs_leave_them_all_succeeded_a
     let plugins = temp.path().join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugins dir");
     copy_plugin(&plugins_dir().join("noop"), &plugins);
-    let healthy = chaos_plugin(&plugins, "healthy", "HealthyJob", "");
+    let healthy = chaos_plugin(&plugins, "healthy", "HealthyJob", LOCAL, "");
     let evil = chaos_plugin(
         &plugins,
         "hostile",
         "HostileJob",
+        LOCAL,
         &format!(
             "[http]\nallow = [\"127.0.0.1:{port}\", \"2130706433:*\", \"127.1:*\", \"*.0.0.1:*\"]\n\
              [limits]\nmemory = \"16MiB\"\ntimeout = \"2s\"\ndisk = \"1MiB\"\nlog = {{ lines = 1000 }}\n"

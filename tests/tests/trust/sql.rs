@@ -413,6 +413,17 @@ fn named_chaos(dir: &Path, name: &str, grants: &str) -> PathBuf {
     plugin
 }
 
+/// The two plugins of the role tests: `victim` (read-write on `main`) and
+/// `spy` (read-only on `main`, read-write on `own`).
+fn victim_and_spy(executor: &Arc<Executor>, dir: &Path) -> (Arc<Plugin>, Plugin) {
+    let victim = Arc::new(Plugin::new(executor, &named_chaos(dir, "victim", "sql = [\"main\"]")));
+    let spy = Plugin::new(
+        executor,
+        &named_chaos(dir, "spy", "sql = [{ name = \"main\", mode = \"ro\" }, \"own\"]"),
+    );
+    (victim, spy)
+}
+
 /// Starts the victim's statement in a job of its own and waits (as the
 /// superuser) until it is running; returns the job and the running
 /// session's `usename application_name`.
@@ -458,14 +469,7 @@ async fn one_shared_role_lets_a_plugin_watch_and_end_anothers_sessions() {
         format!("main={url}?pool=4&timeout=60"),
         format!("own={url}?pool=1"),
     ])));
-    let victim = Arc::new(Plugin::new(
-        &executor,
-        &named_chaos(dir.path(), "victim", "sql = [\"main\"]"),
-    ));
-    let spy = Plugin::new(
-        &executor,
-        &named_chaos(dir.path(), "spy", "sql = [{ name = \"main\", mode = \"ro\" }, \"own\"]"),
-    );
+    let (victim, spy) = victim_and_spy(&executor, dir.path());
 
     let (job, session) = start_victim(&pg, &victim).await;
     assert_eq!(session, "jobs wasmjobs/victim");
@@ -550,14 +554,7 @@ async fn per_plugin_roles_keep_plugins_out_of_each_others_sessions() {
         format!("main@victim={}?pool=2&timeout=60", pg.url_as("victim_role", "app")),
         format!("own={url}?pool=1"),
     ])));
-    let victim = Arc::new(Plugin::new(
-        &executor,
-        &named_chaos(dir.path(), "victim", "sql = [\"main\"]"),
-    ));
-    let spy = Plugin::new(
-        &executor,
-        &named_chaos(dir.path(), "spy", "sql = [{ name = \"main\", mode = \"ro\" }, \"own\"]"),
-    );
+    let (victim, spy) = victim_and_spy(&executor, dir.path());
 
     let (job, session) = start_victim(&pg, &victim).await;
     assert_eq!(session, "victim_role wasmjobs/victim");
