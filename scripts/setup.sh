@@ -3,7 +3,9 @@
 # lacks. Usage: scripts/setup.sh [run|test]
 #   run  (default): redis-server, for the embedded Redis of `wasmjobs run`.
 #   test: also what the test suite uses: ruby-sidekiq (the real Sidekiq
-#         client/API for the interop tests), postgresql (the SQL tests
+#         client/API for the interop tests), ruby-activejob and
+#         ruby-globalid (Rails' ActiveJob with its Sidekiq adapter, for the
+#         ActiveJob tests), postgresql (the SQL tests
 #         start their own throwaway servers with its binaries), and chromium
 #         with chromium-driver (the dashboard tests drive a headless Chromium
 #         over WebDriver with /usr/bin/chromedriver; fonts-liberation, which
@@ -13,7 +15,7 @@ set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq postgresql chromium chromium-driver fonts-liberation)
+  want+=(ruby-sidekiq ruby-activejob ruby-globalid postgresql chromium chromium-driver fonts-liberation)
 fi
 
 missing=()

@@ -20,9 +20,14 @@
 //   Dead says what the host should do; any other error is a retry whose
 //   message is `Name: message` (its stack is logged at error level).
 // - Capabilities: `log`, `http` (fetch over wasi:http; hosts allowed by the
-//   manifest's [http] allow list) and `sql` (databases the manifest grants).
+//   manifest's [http] allow list), `sql` (databases the manifest grants) and
+//   `activejob` (a Rails ActiveJob job's context: its arguments arrive
+//   decoded as plain JSON; `activejob.context()` gives `jobId`,
+//   `executions`, `priority`, `locale`, `timezone`, `enqueuedAt`,
+//   `scheduledAt`, `activejob.raw()` the hash as Ruby wrote it).
 import { log as hostLog } from 'wasmjobs:job/log@0.1.0';
 import { query as hostQuery, execute as hostExecute } from 'wasmjobs:job/sql@0.1.0';
+import { current as hostActiveJob, raw as hostActiveJobRaw } from 'wasmjobs:job/activejob@0.1.0';
 
 /** Base of the errors that choose a job's outcome. */
 export class JobFailure extends Error {}
@@ -35,6 +40,22 @@ export class Dead extends JobFailure {}
 
 // How much of the args text an "invalid args" message quotes.
 const ARGS_IN_MESSAGE = 200;
+
+/**
+ * Jobs a Rails app enqueued through ActiveJob. `context()` is the job's
+ * ActiveJob fields (`jobId`, `jobClass`, `executions`, `priority`,
+ * `locale`, `timezone`, `enqueuedAt`, `scheduledAt`; absent ones
+ * `undefined`), or null for a job not enqueued through ActiveJob; `raw()`
+ * the ActiveJob hash exactly as Ruby wrote it (JSON text), or null.
+ */
+export const activejob = {
+  context() {
+    return hostActiveJob() ?? null;
+  },
+  raw() {
+    return hostActiveJobRaw() ?? null;
+  },
+};
 
 const levels = ['trace', 'debug', 'info', 'warn', 'error'];
 /** Log lines in the host's tracing output, tagged with the job's jid and class. */

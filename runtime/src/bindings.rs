@@ -4,7 +4,8 @@
 //! world imports is mapped onto wasmtime-wasi's and wasmtime-wasi-http's own
 //! bindings, so there is exactly one implementation of each WASI type in the
 //! process and the standard `add_to_linker` functions serve our world.
-//! Only the `wasmjobs:job` interfaces (`types`, `log`, `http`, `sql`) are
+//! Only the `wasmjobs:job` interfaces (`types`, `log`, `http`, `sql`,
+//! `activejob`) are
 //! generated here; `http`'s and `sql`'s host functions are async (they wait
 //! on the network or a database).
 
@@ -27,6 +28,9 @@ mod generated {
     });
 }
 
+/// The `activejob` interface: an ActiveJob job's context, which
+/// [`crate::host::activejob::ActiveJobView`] serves.
+pub use generated::wasmjobs::job::activejob;
 /// The one-call `http` interface: request and response records, errors and
 /// the `Host` trait that [`crate::host::http::HttpPolicy`] implements.
 pub use generated::wasmjobs::job::http;
@@ -53,7 +57,7 @@ pub mod concurrent {
         wasmtime::component::bindgen!({
             path: "../wit",
             world: "wasmjobs:job/async-plugin",
-            imports: { "wasmjobs:job/log": store },
+            imports: { "wasmjobs:job/log": store, "wasmjobs:job/activejob": store },
             with: {
                 "wasi:cli": wasmtime_wasi::p2::bindings::cli,
                 "wasi:clocks": wasmtime_wasi::p2::bindings::clocks,
@@ -69,6 +73,8 @@ pub mod concurrent {
         });
     }
 
+    /// `activejob`, taking the store to find the calling job.
+    pub use generated::wasmjobs::job::activejob;
     /// `async-http`: `send` with access to the store.
     pub use generated::wasmjobs::job::async_http;
     /// `async-sql`: `query` and `execute` with access to the store.

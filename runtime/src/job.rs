@@ -7,12 +7,14 @@
 //! turns into ack, retry or dead.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 
 use crate::bindings::types as wit;
 
+pub use wasmjobs_client::activejob::Context as ActiveJobContext;
 pub use wasmjobs_client::job::{DEFAULT_QUEUE, MAX_CLASS_LEN, new_jid, preview};
 
 /// One job to run.
@@ -30,6 +32,22 @@ pub struct Job {
     pub retry_count: u32,
     /// Enqueue time, milliseconds since the Unix epoch.
     pub enqueued_at_ms: u64,
+    /// For a job a Rails app enqueued through ActiveJob: what the
+    /// `activejob` import gives the guest. `class` and `args` are then the
+    /// job's own class and its decoded arguments, not the wrapper's.
+    pub activejob: Option<Arc<ActiveJob>>,
+}
+
+/// The ActiveJob side of a [`Job`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveJob {
+    /// The ActiveJob hash's fields, and the hash as Ruby wrote it.
+    pub context: ActiveJobContext,
+    /// Why the job cannot run as a plugin, if it cannot: an argument only
+    /// Ruby can decode (an application's own serializer), or a wrapper
+    /// without an ActiveJob hash. A plugin serving the class sends it to
+    /// the dead set with this message.
+    pub refused: Option<String>,
 }
 
 impl Job {
@@ -47,6 +65,7 @@ impl Job {
             args: args.to_owned(),
             retry_count: 0,
             enqueued_at_ms: now_ms(),
+            activejob: None,
         })
     }
 

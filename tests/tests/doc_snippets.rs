@@ -1,4 +1,4 @@
-//! Every code block of the README and of the SDK READMEs, compiled, built or
+//! Every code block of the README, the SDK READMEs and docs/activejob.md, compiled, built or
 //! parsed the way a reader would use it, so a snippet cannot rot:
 //!
 //! - `rust`: a block with `export_job!` is a plugin's whole `src/lib.rs`,
@@ -27,7 +27,12 @@ use wasmjobs_e2e::cli::{printed, toolchain_env, wasmjobs_in};
 use wasmjobs_e2e::{assert_success, repo_root};
 
 /// The documents whose snippets are checked.
-const DOCUMENTS: [&str; 3] = ["README.md", "guest-sdk/python/README.md", "guest-sdk/js/README.md"];
+const DOCUMENTS: [&str; 4] = [
+    "README.md",
+    "guest-sdk/python/README.md",
+    "guest-sdk/js/README.md",
+    "docs/activejob.md",
+];
 
 /// A fenced code block: its language, first line number and text.
 #[derive(Debug)]

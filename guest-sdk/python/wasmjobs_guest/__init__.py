@@ -48,7 +48,7 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import wasmjobs_job_types as _types
 
-from . import http, log, sql
+from . import activejob, http, log, sql
 
 __all__ = ["WitWorld", "job", "JobInfo", "Retry", "Discard", "Dead", "http", "log", "sql"]
 

@@ -31,6 +31,7 @@
 //! | [`unique`] | unique-job locks: digest, push script, release |
 //! | [`keys`] | the Redis keys a producer writes |
 
+pub mod activejob;
 pub mod job;
 pub mod keys;
 pub mod payload;

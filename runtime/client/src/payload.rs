@@ -114,6 +114,12 @@ impl Payload {
         self.str("class").unwrap_or_default()
     }
 
+    /// The class a person reads: for an ActiveJob wrapper, the job's own
+    /// (`wrapped`, else `args[0].job_class`), as Sidekiq Web shows it.
+    pub fn job_class(&self) -> &str {
+        crate::activejob::job_class(self.class(), self.map.get("wrapped"), self.map.get("args"))
+    }
+
     /// The queue the job belongs to.
     pub fn queue(&self) -> &str {
         self.str("queue").unwrap_or(DEFAULT_QUEUE)

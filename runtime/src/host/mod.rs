@@ -6,7 +6,7 @@
 //! is the outgoing-request policy, [`log`] routes guest log lines and stdio
 //! into `tracing`, [`sql`] reaches the runner's databases the manifest
 //! grants, [`disk`] holds the read-write preopens to the plugin's
-//! `limits.disk`. [`link`] assembles them into the one [`Linker`] shared by
+//! `limits.disk`, [`activejob`] gives an ActiveJob job its context. [`link`] assembles them into the one [`Linker`] shared by
 //! every plugin of the `plugin` world; [`link_concurrent`] does the same
 //! for the `async-plugin` world, whose HTTP, SQL and log imports find
 //! their job from the calling task (`scoped`).
@@ -18,6 +18,7 @@
 //! (`crate::otel::JobTrace`): HTTP requests, SQL statements and file opens
 //! get child spans of the job span, and HTTP requests a `traceparent`.
 
+pub mod activejob;
 pub mod disk;
 pub mod files;
 pub mod http;
@@ -44,26 +45,30 @@ pub fn link(engine: &Engine) -> Result<Linker<JobState>> {
     crate::bindings::http::add_to_linker::<JobState, HasSelf<http::HttpPolicy>>(&mut linker, JobState::http_policy)?;
     crate::bindings::log::add_to_linker::<JobState, HasSelf<JobState>>(&mut linker, |state| state)?;
     crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
+    crate::bindings::activejob::add_to_linker::<JobState, HasSelf<activejob::ActiveJobView>>(&mut linker, |state| {
+        &mut state.activejob
+    })?;
     Ok(linker)
 }
 
 /// The linker with every import of the `wasmjobs:job/async-plugin` world,
 /// for the engine of plugins that run several jobs per instance: WASI as
 /// for `plugin` (its calls hold the instance while they run), no
-/// `wasi:http`, and `async-http`, `async-sql` and `log` resolved per job
+/// `wasi:http`, and `async-http`, `async-sql`, `log` and `activejob` resolved per job
 /// ([`scoped`]). The synchronous `http` and `sql` come along because the
 /// async ones use their types (and toolchains import a used interface
 /// whole); they work, under the plugin's grants, but hold the instance's
 /// other jobs while they wait, and count against the instance rather than
 /// a job.
 pub fn link_concurrent(engine: &Engine) -> Result<Linker<JobState>> {
-    use crate::bindings::concurrent::{async_http, async_sql, log as async_log};
+    use crate::bindings::concurrent::{activejob as async_activejob, async_http, async_sql, log as async_log};
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     disk::link(&mut linker)?;
     async_http::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
     async_log::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
     async_sql::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
+    async_activejob::add_to_linker::<JobState, scoped::Scoped>(&mut linker, |state| state)?;
     crate::bindings::http::add_to_linker::<JobState, HasSelf<http::HttpPolicy>>(&mut linker, JobState::http_policy)?;
     crate::bindings::sql::add_to_linker::<JobState, HasSelf<sql::SqlView>>(&mut linker, |state| &mut state.sql)?;
     Ok(linker)

@@ -2,7 +2,8 @@
 //! several jobs at once.
 //!
 //! The store, and so the WASI context and resource table, is the
-//! instance's; what is each job's own (log sink, HTTP policy, SQL view)
+//! instance's; what is each job's own (log sink, HTTP policy, SQL view,
+//! ActiveJob context)
 //! sits in a [`JobScope`] keyed by the guest task of the job's `perform`
 //! call. Each import finds its job from the calling task: Wasmtime's
 //! async call stack ends at the export call the host started, whatever
@@ -17,7 +18,7 @@
 
 use wasmtime::component::{Access, Accessor, GuestTaskId, HasData};
 
-use crate::bindings::concurrent::{async_http, async_sql, log};
+use crate::bindings::concurrent::{activejob, async_http, async_sql, log};
 use crate::bindings::http::{HttpError, Request, Response};
 use crate::bindings::sql::{Rows, SqlError, Value};
 use crate::host::log::Source;
@@ -108,5 +109,28 @@ impl<T> log::HostWithStore<T> for Scoped {
             // instance's sink, labelled with the plugin only.
             None => access.get().log.record(level, Source::Log, &message),
         }
+    }
+}
+
+impl activejob::Host for JobState {}
+
+impl<T> activejob::HostWithStore<T> for Scoped {
+    fn current(mut access: Access<'_, T, Self>) -> Option<activejob::Context> {
+        let (job_id, job_class, executions, priority, locale, timezone, enqueued_at, scheduled_at) =
+            scope(&mut access)?.activejob.fields()?;
+        Some(activejob::Context {
+            job_id,
+            job_class,
+            executions,
+            priority,
+            locale,
+            timezone,
+            enqueued_at,
+            scheduled_at,
+        })
+    }
+
+    fn raw(mut access: Access<'_, T, Self>) -> Option<String> {
+        scope(&mut access)?.activejob.raw()
     }
 }

@@ -193,6 +193,7 @@ mod tests {
             args: "[]".into(),
             retry_count: 2,
             enqueued_at_ms: 0,
+            activejob: None,
         }
     }
 

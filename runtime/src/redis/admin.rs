@@ -160,7 +160,11 @@ impl Entry {
                 bytes: Bytes::Whole(raw),
             };
         };
-        let class = payload.str("wrapped").unwrap_or(payload.class()).to_owned();
+        let class = payload
+            .str("wrapped")
+            .filter(|w| !w.is_empty())
+            .unwrap_or(payload.job_class())
+            .to_owned();
         let args = payload.get("args").map(Value::to_string).unwrap_or_default();
         let error = match (payload.str("error_class"), payload.str("error_message")) {
             (None, None) => None,

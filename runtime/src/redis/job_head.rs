@@ -17,8 +17,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use wasmjobs_client::activejob;
+
 use super::payload::{MAX_CLASS_LEN, Payload, epoch_secs};
-use crate::job::{DEFAULT_QUEUE, Job, new_jid};
+use crate::job::{ActiveJob, DEFAULT_QUEUE, Job, new_jid};
 
 /// The job the sandbox runs for a fully parsed `payload`.
 pub fn to_job(payload: &Payload) -> Job {
@@ -27,7 +29,7 @@ pub fn to_job(payload: &Payload) -> Job {
         .time("enqueued_at")
         .or_else(|| payload.time("created_at"))
         .unwrap_or(0.0);
-    Job {
+    let mut job = Job {
         jid: payload.jid().to_owned(),
         class: payload.class().to_owned(),
         queue: payload.queue().to_owned(),
@@ -37,7 +39,52 @@ pub fn to_job(payload: &Payload) -> Job {
             .retry_count()
             .map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
         enqueued_at_ms: (enqueued * 1000.0).max(0.0) as u64,
+        activejob: None,
+    };
+    if activejob::is_wrapper(&job.class) {
+        let first = match payload.get("args") {
+            Some(Value::Array(args)) => args.first().map(Value::to_string),
+            _ => None,
+        };
+        unwrap_activejob(&mut job, payload.str("wrapped"), first.as_deref());
     }
+    job
+}
+
+/// Turns `job`, an ActiveJob wrapper (top-level `wrapped`, `args[0]` the
+/// JSON text `hash`), into the job inside: its own class, its decoded
+/// arguments, its context. A wrapper that cannot be unwrapped (no
+/// ActiveJob hash, an argument only Ruby can decode) keeps what can be
+/// read and carries the reason (`ActiveJob::refused`), which sends it to
+/// the dead set if a plugin serves its class, and leaves it to whoever
+/// does if none does.
+fn unwrap_activejob(job: &mut Job, wrapped: Option<&str>, hash: Option<&str>) {
+    let unwrapped = hash
+        .ok_or_else(|| "an ActiveJob wrapper has no args[0] (its ActiveJob hash)".to_owned())
+        .and_then(|hash| activejob::unwrap(wrapped, hash));
+    let (context, refused) = match unwrapped {
+        Ok(unwrapped) => {
+            job.class = unwrapped.class;
+            match unwrapped.arguments {
+                Ok(arguments) => {
+                    job.args = arguments;
+                    (unwrapped.context, None)
+                }
+                Err(reason) => (unwrapped.context, Some(reason)),
+            }
+        }
+        Err(reason) => {
+            if let Some(wrapped) = wrapped.filter(|w| !w.is_empty() && w.len() <= MAX_CLASS_LEN) {
+                job.class = wrapped.to_owned();
+            }
+            let context = activejob::Context {
+                raw: hash.unwrap_or_default().to_owned(),
+                ..Default::default()
+            };
+            (context, Some(reason))
+        }
+    };
+    job.activejob = Some(std::sync::Arc::new(ActiveJob { context, refused }));
 }
 
 /// The fields a job needs to start, borrowed from the payload text.
@@ -57,6 +104,9 @@ struct Head<'a> {
     enqueued_at: Option<&'a RawValue>,
     #[serde(borrow, default)]
     created_at: Option<&'a RawValue>,
+    /// An ActiveJob wrapper's job class.
+    #[serde(borrow, default)]
+    wrapped: Option<&'a RawValue>,
 }
 
 /// A JSON document read in full, numbers included, and kept nowhere: fails
@@ -152,20 +202,30 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
         .queue
         .filter(|q| !q.is_empty())
         .map_or_else(|| DEFAULT_QUEUE.to_owned(), Cow::into_owned);
-    let job = Job {
+    let mut job = Job {
         jid,
         class: class.clone().into_owned(),
         queue,
         args: args.get().to_owned(),
         retry_count: retry_count.map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
         enqueued_at_ms: (enqueued * 1000.0).max(0.0) as u64,
+        activejob: None,
     };
+    if activejob::is_wrapper(&job.class) {
+        let wrapped = head
+            .wrapped
+            .and_then(|w| serde_json::from_str::<Cow<'_, str>>(w.get()).ok());
+        let first = serde_json::from_str::<Vec<&RawValue>>(args.get())
+            .ok()
+            .and_then(|args| args.first().map(|hash| hash.get()));
+        unwrap_activejob(&mut job, wrapped.as_deref(), first);
+    }
     Ok((job, enqueued))
 }
 
 /// A bounded stand-in for the payload `raw`, for places that show a job
-/// rather than run it (the heartbeat's `work` hash): its class, jid and
-/// queue (each cut to [`MAX_CLASS_LEN`] characters), its enqueue times, its
+/// rather than run it (the heartbeat's `work` hash): its class, an
+/// ActiveJob wrapper's `wrapped`, jid and queue (each cut to [`MAX_CLASS_LEN`] characters), its enqueue times, its
 /// size, and `args` replaced by one string saying how large the payload
 /// is. Valid JSON whatever `raw` is; a few hundred bytes at most.
 pub fn preview(raw: &str) -> String {
@@ -179,6 +239,12 @@ pub fn preview(raw: &str) -> String {
             preview.insert("args".into(), Value::Array(vec![Value::String(note)]));
             preview.insert("jid".into(), cut(head.jid).map_or(Value::Null, Value::String));
             preview.insert("queue".into(), cut(head.queue).map_or(Value::Null, Value::String));
+            let wrapped = head
+                .wrapped
+                .and_then(|w| serde_json::from_str::<Cow<'_, str>>(w.get()).ok());
+            if let Some(wrapped) = cut(wrapped) {
+                preview.insert("wrapped".into(), Value::String(wrapped));
+            }
             for (key, value) in [("enqueued_at", head.enqueued_at), ("created_at", head.created_at)] {
                 if let Some(value) = number(value).filter(Value::is_number) {
                     preview.insert(key.into(), value);
@@ -229,6 +295,82 @@ mod tests {
         let new = Payload::parse(r#"{"class":"X","args":[],"created_at":1764500000500}"#).unwrap();
         assert_eq!(to_job(&new).enqueued_at_ms, 1_764_500_000_500);
         assert_eq!(to_job(&new).args, json!([]).to_string());
+    }
+
+    /// The reference's Rails 8.0 + Sidekiq 8.1 shape (integer-millisecond
+    /// timestamps), under both wrapper names.
+    fn activejob_payload(wrapper: &str, arguments: &str) -> String {
+        format!(
+            r#"{{"retry":true,"queue":"default","class":"{wrapper}","wrapped":"WelcomeJob","args":[{{"job_class":"WelcomeJob","job_id":"8c1e7f52-3a4b-4c5d-9e6f-0a1b2c3d4e5f","provider_job_id":null,"queue_name":"default","priority":null,"arguments":{arguments},"executions":1,"exception_executions":{{}},"locale":"en","timezone":"UTC","enqueued_at":"2026-12-03T10:15:30.123456789Z","scheduled_at":null}}],"jid":"b4a5c6d7e8f90a1b2c3d4e5f","created_at":1764756930123,"enqueued_at":1764756930124}}"#
+        )
+    }
+
+    #[test]
+    fn activejob_wrappers_run_as_the_job_inside() {
+        let arguments = r#"[{"_aj_globalid":"gid://myapp/User/42"},{"send_at":{"_aj_serialized":"ActiveJob::Serializers::TimeWithZoneSerializer","value":"2026-12-03T10:20:30.123456789Z","time_zone":"Etc/UTC"},"tag":{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"vip"},"_aj_ruby2_keywords":["send_at","tag"]}]"#;
+        for wrapper in activejob::WRAPPERS {
+            let raw = activejob_payload(wrapper, arguments);
+            let (fast, enqueued) = job_from_raw(&raw).unwrap();
+            assert_eq!(fast.class, "WelcomeJob");
+            assert_eq!(
+                serde_json::from_str::<Value>(&fast.args).unwrap(),
+                json!(["gid://myapp/User/42", {"send_at": "2026-12-03T10:20:30.123456789Z", "tag": "vip"}])
+            );
+            assert_eq!((enqueued * 1000.0).round(), 1_764_756_930_124.0);
+            assert_eq!(fast.enqueued_at_ms, 1_764_756_930_124);
+            let aj = fast.activejob.as_deref().unwrap();
+            assert_eq!(aj.refused, None);
+            assert_eq!(aj.context.executions, 1);
+            assert_eq!(aj.context.timezone.as_deref(), Some("UTC"));
+            assert!(
+                aj.context.raw.starts_with(r#"{"job_class":"WelcomeJob""#),
+                "{}",
+                aj.context.raw
+            );
+            let full = to_job(&Payload::parse(&raw).unwrap());
+            assert_eq!(full.class, fast.class);
+            assert_eq!(
+                serde_json::from_str::<Value>(&full.args).unwrap(),
+                serde_json::from_str::<Value>(&fast.args).unwrap()
+            );
+            assert_eq!(full.activejob.unwrap().context.job_id, aj.context.job_id);
+        }
+        // Plain arguments pass as they are.
+        let (plain, _) = job_from_raw(&activejob_payload(activejob::WRAPPERS[0], r#"["x", 1]"#)).unwrap();
+        assert_eq!(plain.args, r#"["x", 1]"#);
+    }
+
+    #[test]
+    fn activejob_jobs_that_cannot_run_say_why_and_keep_their_class() {
+        let money = activejob_payload(
+            activejob::WRAPPERS[1],
+            r#"[{"_aj_serialized":"MoneySerializer","cents":5}]"#,
+        );
+        let (job, _) = job_from_raw(&money).unwrap();
+        assert_eq!(job.class, "WelcomeJob");
+        let refused = job.activejob.unwrap().refused.clone().unwrap();
+        assert!(refused.contains("MoneySerializer"), "{refused}");
+        for (raw, class) in [
+            (
+                r#"{"class":"Sidekiq::ActiveJob::Wrapper","wrapped":"W","args":[]}"#,
+                "W",
+            ),
+            (
+                r#"{"class":"Sidekiq::ActiveJob::Wrapper","args":[7]}"#,
+                "Sidekiq::ActiveJob::Wrapper",
+            ),
+            (
+                r#"{"class":"Sidekiq::ActiveJob::Wrapper","wrapped":"W","args":[{"job_class":"W"}]}"#,
+                "W",
+            ),
+        ] {
+            let (fast, _) = job_from_raw(raw).unwrap();
+            let full = to_job(&Payload::parse(raw).unwrap());
+            for job in [fast, full] {
+                assert_eq!(job.class, class, "{raw}");
+                assert!(job.activejob.unwrap().refused.is_some(), "{raw}");
+            }
+        }
     }
 
     #[test]

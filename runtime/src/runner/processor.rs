@@ -15,6 +15,11 @@
 //! any failure, and ends it with the outcome; the executor gets its
 //! context for the spans of the job's host calls.
 //!
+//! An ActiveJob job (a Rails app's wrapper payload) arrives unwrapped
+//! (`crate::redis::job_head`): its class is the job's own, everywhere a
+//! person reads it. One whose arguments only Ruby can decode goes to the
+//! dead set when a plugin serves its class (it can never succeed there).
+//!
 //! Metrics are per class only for classes a plugin serves (a bounded set):
 //! unserved classes are counted together as `(unserved)`, unparseable
 //! payloads (including class names over [`crate::job::MAX_CLASS_LEN`] bytes)
@@ -214,6 +219,13 @@ async fn process(
     };
     if let Some(span) = span {
         span.plugin(&plugin.name, &plugin.version);
+    }
+    if let Some(reason) = job.activejob.as_ref().and_then(|aj| aj.refused.as_deref()) {
+        tracing::warn!(jid = %job.jid, class = %job.class, "ActiveJob job sent to the dead set: {reason}");
+        failed(span, reason);
+        let write = decide(typed, Outcome::Dead(reason.to_owned()), &plugin);
+        record(metrics, &job.class, &plugin.version, &write, queue_latency, None);
+        return write;
     }
     let _plugin_slot = match plugin_slot(&plugin, slots).await {
         Ok(slot) => slot,

@@ -178,7 +178,7 @@ impl Poller {
                     continue;
                 }
                 let Ok(job) = Payload::parse(text) else { continue };
-                if job.str("error_class") == Some(NO_PLUGIN) && classes.iter().any(|c| c == job.class()) {
+                if job.str("error_class") == Some(NO_PLUGIN) && classes.iter().any(|c| c == job.job_class()) {
                     moved += self.move_one(keys::RETRY, member, now_f64()).await? as usize;
                 }
             }

@@ -44,6 +44,7 @@ use super::state::{JobScope, JobState, mib};
 use super::warm::{Instances, Warm};
 use crate::bindings::concurrent::{AsyncPluginPre, WORLD as ASYNC_WORLD};
 use crate::bindings::{PluginPre, WORLD};
+use crate::host::activejob::ActiveJobView;
 use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
 use crate::host::sql::{Databases, SqlView};
@@ -398,11 +399,13 @@ impl Executor {
                 let state = warm.store.data_mut();
                 state.next_job(&plugin.manifest, http, &self.databases, disk);
                 state.set_trace(recorded);
+                state.activejob = ActiveJobView::new(job.activejob.clone());
                 (warm.store, Some(warm.exports), warm.served)
             }
             None => match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
                 Ok(mut state) => {
                     state.set_trace(recorded);
+                    state.activejob = ActiveJobView::new(job.activejob.clone());
                     let mut store = Store::new(pre.engine(), state.with_disk(plugin.disk.as_ref()));
                     store.limiter(|state| &mut state.limiter);
                     store.epoch_deadline_async_yield_and_update(1);
@@ -491,6 +494,7 @@ impl Executor {
             log: sink.clone(),
             http: self.http_policy(plugin, &sink).with_trace(trace.clone()),
             sql: SqlView::new(self.databases.clone(), &plugin.manifest).with_trace(trace.and_then(JobTrace::recording)),
+            activejob: ActiveJobView::new(job.activejob.clone()),
         };
         let spawn = || {
             let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);

@@ -5,7 +5,8 @@
 //! context + resource table), wasmtime-wasi-http through [`WasiHttpView`]
 //! (HTTP context + policy hook + table), the `log` import through the
 //! [`LogSink`], the `sql` import through its [`SqlView`] (the runner's
-//! databases as the plugin's grants filter them), the budgeted
+//! databases as the plugin's grants filter them), the `activejob` import
+//! through its [`ActiveJobView`], the budgeted
 //! `wasi:filesystem/types` through a [`BudgetedFs`] (wasmtime-wasi's view
 //! plus the job's [`JobDisk`] and, when traced, its [`JobTrace`]), and
 //! Wasmtime's resource accounting through [`MemoryLimiter`].
@@ -27,6 +28,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use crate::host::activejob::ActiveJobView;
 use crate::host::disk::{BudgetedFs, DiskBudget, JobDisk};
 use crate::host::files;
 use crate::host::http::HttpPolicy;
@@ -43,6 +45,8 @@ pub struct JobState {
     http_policy: HttpPolicy,
     pub(crate) log: LogSink,
     pub(crate) sql: SqlView,
+    /// The job's ActiveJob context (none for a plain job).
+    pub(crate) activejob: ActiveJobView,
     pub(crate) limiter: MemoryLimiter,
     /// The jobs running in a concurrent instance, by their `perform` task,
     /// each with its number in the instance (empty for an instance that
@@ -93,6 +97,7 @@ impl JobState {
             http_policy,
             log,
             sql: SqlView::new(databases.clone(), manifest),
+            activejob: ActiveJobView::default(),
             limiter: MemoryLimiter::new(memory_limit),
             scopes: HashMap::new(),
             trace: None,
@@ -181,6 +186,7 @@ pub(crate) struct JobScope {
     pub(crate) log: LogSink,
     pub(crate) http: HttpPolicy,
     pub(crate) sql: SqlView,
+    pub(crate) activejob: ActiveJobView,
 }
 
 /// Caps a job's linear memory and tables, and remembers when it refused, so

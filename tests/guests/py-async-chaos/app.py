@@ -7,14 +7,17 @@
 - ["trap", url]: awaits GET url, then aborts (a wasm trap);
 - ["spin"]: loops forever (for timeouts);
 - ["log-flood", n]: logs n lines;
+- ["activejob"]: logs "seen<<{json}>>" with the job's ActiveJob context;
 - ["sql", db, statement, *params]: awaits the query, logs "<jid> rows <rows>",
   or "<jid> sql <kind>" when it fails;
 - ["execute", db, statement, *params]: awaits it, logs "<jid> affected <n>".
 """
 
+import json
 import os
+from dataclasses import asdict
 
-from wasmjobs_guest import Dead, Retry, WitWorld, http, job, log, sql  # noqa: F401 (WitWorld is the component's export)
+from wasmjobs_guest import Dead, Retry, WitWorld, activejob, http, job, log, sql  # noqa: F401 (WitWorld is the component's export)
 from wasmjobs_guest.sql import SqlError
 
 # Module state, shared by the jobs of one instance.
@@ -53,5 +56,9 @@ async def perform(info, mode, *rest):
     elif mode == "log-flood":
         for i in range(rest[0]):
             log.info(f"line {i} of {info.jid}")
+    elif mode == "activejob":
+        context = activejob.context()
+        seen = {"class": info.class_name, "args": [mode, *rest], "context": context and asdict(context)}
+        log.info("seen<<" + json.dumps(seen) + ">>")
     else:
         raise Dead(f"unknown mode {mode!r}")

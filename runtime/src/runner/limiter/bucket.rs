@@ -1,5 +1,7 @@
 //! Which bucket a job's limits count in: the value at the plugin's
-//! `limits.per_key.key` path, hashed into a key-name segment. Pure.
+//! `limits.per_key.key` path, hashed into a key-name segment. Pure. For
+//! an ActiveJob job, `args` is its decoded arguments (what its plugin
+//! reads), not the wrapper's.
 //!
 //! Every byte of a job is hostile, so no part of the value is ever put in
 //! a key name: a string counts by its bytes, anything else by its JSON
@@ -13,8 +15,10 @@ use std::borrow::Cow;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use wasmjobs_client::activejob;
+
 use crate::plugin::cluster_limits::KeyPath;
-use crate::redis::payload::Payload;
+use crate::redis::payload::{Payload, to_job};
 
 /// The bucket of jobs that lack the key path.
 pub(crate) const NONE: &str = "none";
@@ -24,7 +28,15 @@ pub(crate) fn bucket(payload: &Payload, path: &KeyPath) -> String {
     let Some((first, rest)) = path.segments().split_first() else {
         return NONE.to_owned();
     };
-    let mut value = payload.get(first);
+    // An ActiveJob job's `args` are its decoded arguments, as its plugin
+    // sees them, not the wrapper's one ActiveJob hash.
+    let decoded = (first == "args" && activejob::is_wrapper(payload.class()))
+        .then(|| serde_json::from_str::<Value>(&to_job(payload).args).ok())
+        .flatten();
+    let mut value = match &decoded {
+        Some(arguments) => Some(arguments),
+        None => payload.get(first),
+    };
     for segment in rest {
         value = match value {
             Some(Value::Object(map)) => map.get(segment),
@@ -86,6 +98,26 @@ mod tests {
             bucket(&job(r#"["t1"]"#), &path("args.0"))
         );
         assert_ne!(bucket(&job(r#"[[1,2]]"#), &path("args.0")), NONE);
+    }
+
+    #[test]
+    fn an_activejob_job_counts_by_its_decoded_arguments() {
+        let wrapper = |arguments: &str| {
+            Payload::parse(&format!(
+                r#"{{"class":"Sidekiq::ActiveJob::Wrapper","wrapped":"W","args":[{{"job_class":"W","arguments":{arguments}}}]}}"#
+            ))
+            .unwrap()
+        };
+        let by_symbol = wrapper(r#"[{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"acme"}]"#);
+        assert_eq!(
+            bucket(&by_symbol, &path("args.0")),
+            bucket(&job(r#"["acme"]"#), &path("args.0"))
+        );
+        let by_key = wrapper(r#"[{"tenant":"t1","_aj_symbol_keys":["tenant"]}]"#);
+        assert_eq!(
+            bucket(&by_key, &path("args.0.tenant")),
+            bucket(&job(r#"["t1"]"#), &path("args.0"))
+        );
     }
 
     #[test]

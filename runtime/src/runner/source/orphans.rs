@@ -208,7 +208,7 @@ impl Recovery {
                 }
             }
         };
-        tracing::warn!(jid = %entry.jid(), class = %entry.class(), queue = %queue, "recovered job sent to the dead set");
+        tracing::warn!(jid = %entry.jid(), class = %entry.job_class(), queue = %queue, "recovered job sent to the dead set");
         let buried = dead
             .bury(&self.redis, place, &entry.to_json(), now)
             .await
