@@ -280,3 +280,24 @@ pub fn http_get(addr: &str, path: &str) -> String {
     );
     body.to_owned()
 }
+
+/// The identity in `processes` that contains `:PID:`, once one does.
+pub async fn identity_of(conn: &mut redis::aio::MultiplexedConnection, pid: u32, log: impl Fn() -> String) -> String {
+    let needle = format!(":{pid}:");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let members: Vec<Vec<u8>> = redis::AsyncCommands::smembers(conn, "processes")
+            .await
+            .expect("SMEMBERS");
+        let members = members.into_iter().map(|m| String::from_utf8_lossy(&m).into_owned());
+        if let Some(identity) = members.into_iter().find(|m| m.contains(&needle)) {
+            return identity;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no process {pid} in `processes`:\n{}",
+            log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -46,18 +46,24 @@ pub struct SidekiqProcess {
 impl SidekiqProcess {
     /// Starts `sidekiq -q QUEUE -c 1` with a worker class `RubyOnlyJob`.
     pub fn start(url: &str, queue: &str) -> SidekiqProcess {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let worker = dir.path().join("worker.rb");
-        std::fs::write(
-            &worker,
+        Self::start_with(
+            url,
+            &["-q", queue, "-c", "1"],
             "class RubyOnlyJob\n  include Sidekiq::Worker\n  def perform(*) end\nend\n",
         )
-        .expect("worker.rb");
+    }
+
+    /// Starts `sidekiq ARGS` requiring the Ruby source `worker` (its job
+    /// classes), in a directory of its own.
+    pub fn start_with(url: &str, args: &[&str], worker: &str) -> SidekiqProcess {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("worker.rb");
+        std::fs::write(&source, worker).expect("worker.rb");
         let log = dir.path().join("sidekiq.log");
         let child = Command::new("sidekiq")
             .arg("-r")
-            .arg(&worker)
-            .args(["-q", queue, "-c", "1"])
+            .arg(&source)
+            .args(args)
             .env("REDIS_URL", url)
             .current_dir(dir.path())
             .stdin(std::process::Stdio::null())

@@ -21,7 +21,7 @@ use wasmjobs_e2e::browser::Browser;
 use wasmjobs_e2e::cli::wasmjobs_in;
 use wasmjobs_e2e::dashboard::{Web, request, wait_listening, wasmjobs_peak_rss};
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, plugins, push, wait_processed};
+use wasmjobs_e2e::runner::{Runner, identity_of, plugins, push, wait_processed};
 use wasmjobs_e2e::sidekiq::SidekiqProcess;
 use wasmjobs_e2e::{EVERY_SECOND_SCHEDULE, eventually};
 
@@ -41,21 +41,6 @@ async fn write_process(conn: &mut Conn, identity: &[u8], fields: &[(&str, Vec<u8
 
 fn text(value: &str) -> Vec<u8> {
     value.as_bytes().to_vec()
-}
-
-/// The identity in `processes` that contains `:PID:`, once one does.
-async fn identity_of(conn: &mut Conn, pid: u32, log: impl Fn() -> String) -> String {
-    let needle = format!(":{pid}:");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let members: Vec<Vec<u8>> = conn.smembers("processes").await.expect("SMEMBERS");
-        let members = members.into_iter().map(|m| String::from_utf8_lossy(&m).into_owned());
-        if let Some(identity) = members.into_iter().find(|m| m.contains(&needle)) {
-            return identity;
-        }
-        assert!(Instant::now() < deadline, "no process {pid} in `processes`:\n{}", log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The records other Sidekiq versions, an older wasmjobs and damaged or

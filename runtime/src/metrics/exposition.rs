@@ -215,6 +215,26 @@ pub fn prometheus(metrics: &Metrics) -> String {
     }
     family(
         &mut out,
+        "wasmjobs_queue_shared_with_sidekiq",
+        "gauge",
+        "Live Ruby Sidekiq processes that also fetch this queue of this process (each side takes jobs the other serves: give the Wasm classes a queue of their own).",
+    );
+    for (queue, processes) in &p.shared_queues {
+        let _ = writeln!(
+            out,
+            "wasmjobs_queue_shared_with_sidekiq{{queue=\"{}\"}} {processes}",
+            escape(queue)
+        );
+    }
+    family(
+        &mut out,
+        "wasmjobs_jobs_handed_back_total",
+        "counter",
+        "Jobs of a class no plugin here serves, on a queue shared with a Ruby Sidekiq process, put back untouched for it.",
+    );
+    let _ = writeln!(out, "wasmjobs_jobs_handed_back_total {}", p.handed_back);
+    family(
+        &mut out,
         "wasmjobs_plugin_reloads_total",
         "counter",
         "Hot reloads of plugins, by outcome.",

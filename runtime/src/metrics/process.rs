@@ -81,6 +81,12 @@ pub struct ProcessGauges {
     pub heartbeat_failures: AtomicU64,
     /// Panics of background loops, by loop (`runner::supervise`).
     pub task_panics: Mutex<BTreeMap<&'static str, u64>>,
+    /// This process's queues that live Ruby Sidekiq processes also fetch,
+    /// with how many (`runner::neighbours`).
+    pub shared_queues: Mutex<BTreeMap<String, u64>>,
+    /// Jobs of a class no plugin serves handed back, untouched, to a Ruby
+    /// Sidekiq process sharing their queue.
+    pub handed_back: AtomicU64,
 }
 
 impl ProcessGauges {
@@ -91,6 +97,14 @@ impl ProcessGauges {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *panics.entry(name).or_default() += 1;
+    }
+
+    /// Sets the queues shared with Ruby Sidekiq processes.
+    pub fn set_shared_queues(&self, shared: BTreeMap<String, u64>) {
+        *self
+            .shared_queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = shared;
     }
 }
 
@@ -137,6 +151,10 @@ pub struct ProcessSnapshot {
     pub heartbeat_failures: u64,
     /// Panics of background loops, by loop.
     pub task_panics: BTreeMap<&'static str, u64>,
+    /// Queues shared with Ruby Sidekiq processes, with how many.
+    pub shared_queues: BTreeMap<String, u64>,
+    /// Jobs handed back to a Ruby Sidekiq process.
+    pub handed_back: u64,
 }
 
 /// Cron ticks this process tried to claim, by outcome.
@@ -216,6 +234,12 @@ impl ProcessGauges {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
+            shared_queues: self
+                .shared_queues
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+            handed_back: get(&self.handed_back),
         }
     }
 

@@ -44,6 +44,7 @@ pub(crate) mod keys;
 pub mod latency;
 pub mod limits;
 pub mod plugins;
+pub mod sharing;
 
 pub use wasmjobs_client::push as client;
 pub use wasmjobs_client::{now_f64, unique};

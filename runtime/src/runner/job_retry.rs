@@ -67,6 +67,11 @@ pub enum Write {
         /// The payload with `cancelled_at`, `cancelled_by`, `cancelled_from`.
         payload: String,
     },
+    /// Not run: a class no plugin here serves, on a queue a Ruby Sidekiq
+    /// process also fetches (`runner::neighbours`). Back to the front of
+    /// its queue exactly as it came, for that process: not processed, not
+    /// failed.
+    HandBack,
 }
 
 impl Write {
@@ -76,9 +81,9 @@ impl Write {
     }
 
     /// Whether the job ran, or was decided (Sidekiq's `stat:processed`):
-    /// all but a reschedule.
+    /// all but a reschedule and a hand-back.
     pub fn is_processed(&self) -> bool {
-        !matches!(self, Write::Reschedule { .. })
+        !matches!(self, Write::Reschedule { .. } | Write::HandBack)
     }
 }
 

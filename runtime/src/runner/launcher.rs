@@ -41,6 +41,7 @@ use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
 use super::limiter::Limiter;
 use super::manager::Manager;
+use super::neighbours::Neighbours;
 use super::outcome::{self, Counters};
 use super::processor::Processor;
 use super::reloader::{self, Reloader};
@@ -76,6 +77,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     if let Err(err) = paused.refresh(&redis).await {
         tracing::warn!("{err:#}; fetching from every queue until the paused set can be read");
     }
+    let neighbours = Neighbours::new(options.queues.names(), paused.clone(), metrics.clone());
+    if let Err(err) = neighbours.refresh(&redis).await {
+        tracing::warn!("{err:#}; cannot tell yet whether a Ruby Sidekiq process shares our queues");
+    }
     let source = source::open(
         redis.clone(),
         Settings {
@@ -105,6 +110,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         limiter: limiter.clone(),
         redis: redis.clone(),
         tracing: options.tracing.clone(),
+        neighbours: neighbours.clone(),
     };
     let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
     let manager = Manager::new(
@@ -202,6 +208,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         let (paused, redis, stop) = (paused.clone(), redis.clone(), stop.clone());
         Restart::With(Box::new(move || {
             Box::pin(paused.clone().run(redis.clone(), stop.clone()))
+        }))
+    });
+    supervised("ruby neighbours", &stop, {
+        let (neighbours, redis, stop) = (neighbours.clone(), redis.clone(), stop.clone());
+        Restart::With(Box::new(move || {
+            Box::pin(neighbours.clone().run(redis.clone(), stop.clone()))
         }))
     });
     supervised("cancel sweep", &stop, {

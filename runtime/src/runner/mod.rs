@@ -40,6 +40,7 @@ pub(crate) mod launcher;
 pub(crate) mod limiter;
 pub(crate) mod manager;
 pub(crate) mod monitor;
+pub(crate) mod neighbours;
 pub mod os_limits;
 pub(crate) mod outcome;
 pub(crate) mod processor;

@@ -15,6 +15,10 @@
 //! any failure, and ends it with the outcome; the executor gets its
 //! context for the spans of the job's host calls.
 //!
+//! On a queue a live Ruby Sidekiq process also fetches, a job whose class
+//! no plugin serves is handed back to it untouched ([`Write::HandBack`],
+//! `super::neighbours`), instead of being retried as unserved.
+//!
 //! An ActiveJob job (a Rails app's wrapper payload) arrives unwrapped
 //! (`crate::redis::job_head`): its class is the job's own, everywhere a
 //! person reads it. One whose arguments only Ruby can decode goes to the
@@ -36,6 +40,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::cancel::{Registration, Via};
 use super::job_retry::{self, Write};
 use super::limiter::{Admission, Limiter, policy};
+use super::neighbours::Neighbours;
 use super::reloader::LiveCatalog;
 use super::source::unique;
 use super::unit::TypedJob;
@@ -71,6 +76,9 @@ pub(crate) struct Processor {
     pub(crate) redis: Redis,
     /// OpenTelemetry traces, when on: a span per job (`crate::otel`).
     pub(crate) tracing: Option<Arc<Tracing>>,
+    /// The Ruby Sidekiq processes sharing our queues, to hand their jobs
+    /// back to.
+    pub(crate) neighbours: Arc<Neighbours>,
 }
 
 impl Perform for Processor {
@@ -151,6 +159,7 @@ fn outcome(write: &Write) -> &'static str {
         Write::Drop => "drop",
         Write::Reschedule { .. } => "rescheduled",
         Write::Cancelled { .. } => "cancelled",
+        Write::HandBack => "handed back",
     }
 }
 
@@ -202,6 +211,11 @@ async fn process(
         tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited.as_micros() as u64, "job started");
     }
     let Some(plugin) = catalog.get(&job.class).cloned() else {
+        if processor.neighbours.shares(&typed.fetched.queue) {
+            tracing::debug!(jid = %job.jid, class = %job.class, queue = %typed.fetched.queue, "not ours: handed back to the Ruby Sidekiq process sharing the queue");
+            processor.neighbours.handed_back(&typed.fetched.queue);
+            return Write::HandBack;
+        }
         tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; it will be retried");
         let message = format!(
             "no plugin serves job class {:?} (add a plugin listing it in its wasmjobs.toml; the job is retried until one does)",
@@ -311,8 +325,8 @@ fn record(
         Write::Retry { .. } => Counted::Retry,
         Write::Dead { .. } => Counted::Dead,
         Write::Drop => Counted::Drop,
-        // Not run: counted apart (`Metrics::limited`).
-        Write::Reschedule { .. } => return,
+        // Not run: counted apart (`Metrics::limited`, `handed_back`).
+        Write::Reschedule { .. } | Write::HandBack => return,
         Write::Cancelled { .. } => Counted::Cancelled,
     };
     metrics.record(&JobRecord {

@@ -1,6 +1,8 @@
 //! `/processes`: the live processes (quiet, stop) and the jobs running in
 //! each (cancel). Quiet and stop are Sidekiq's signals (`<identity>-signals`,
 //! popped by the process's next heartbeat); cancel is `wasmjobs cancel`'s.
+//! A queue both a wasmjobs and a Ruby Sidekiq process fetch is named at
+//! the top, with the fix (`crate::redis::sharing`).
 //! Every record Sidekiq (6, 7, 8) or another wasmjobs writes is listed, with
 //! what could not be read of it; members of `processes` and work hashes
 //! that are keys of another type are named as unreadable.
@@ -14,7 +16,7 @@ use minijinja::context;
 use super::auth::{Csrf, query_param};
 use super::queues::back;
 use super::{Failure, Web};
-use crate::redis::{admin, api, control};
+use crate::redis::{admin, api, control, sharing};
 
 pub(super) async fn page(
     State(web): State<Arc<Web>>,
@@ -23,13 +25,14 @@ pub(super) async fn page(
 ) -> Result<Html<String>, Failure> {
     let mut conn = web.conn();
     let (processes, mut unreadable) = api::process_records(&mut conn).await?;
+    let shared = sharing::shared_queues(&processes);
     let identities: Vec<String> = processes.iter().map(|p| p.identity.clone()).collect();
     let (running, damaged) = admin::running(&mut conn, &identities).await?;
     unreadable.extend(damaged);
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
     web.view.render(
         "processes.html",
-        context! { active => "/processes", location => web.location, csrf, processes, running, notice, unreadable },
+        context! { active => "/processes", location => web.location, csrf, processes, running, notice, unreadable, shared },
     )
 }
 

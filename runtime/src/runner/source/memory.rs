@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use super::JobSource;
 use super::doubt::Doubt;
 use crate::runner::fetched::{Completion, Fetched, Finish};
+use crate::runner::job_retry::Write;
 
 /// What the source holds.
 #[derive(Debug, Default)]
@@ -141,7 +142,7 @@ impl JobSource for MemorySource {
                 if let Some(at) = state.held.iter().position(|j| j == raw) {
                     state.held.remove(at);
                 }
-                if completion.finish == Finish::Requeue {
+                if matches!(completion.finish, Finish::Requeue | Finish::Outcome(Write::HandBack)) {
                     state.queue.push_front(raw.clone());
                 }
                 state.recorded.push((raw.clone(), completion.finish.clone()));

@@ -11,11 +11,17 @@
 //!
 //! If Redis cannot be read, the last copy stands: a queue is never resumed
 //! (or paused) by an error.
+//!
+//! A queue can also *rest* ([`Paused::rest`]): left out the same way for a
+//! moment, without anything written to Redis — a queue shared with a Ruby
+//! Sidekiq process after a job was handed back to it
+//! (`runner::neighbours`), so this process does not fetch that job again
+//! at once. A rest ends at the first read of the set after its time.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -35,6 +41,9 @@ pub(crate) type PausedSet = Arc<HashSet<String>>;
 pub(crate) struct Paused {
     queues: Vec<String>,
     current: watch::Sender<PausedSet>,
+    /// The queues paused in Redis as last read, and those resting (until
+    /// when); `current` is the union.
+    parts: Mutex<(HashSet<String>, HashMap<String, Instant>)>,
     nudge: Notify,
     /// Where `/metrics` reads how many of them are paused.
     metrics: Option<Arc<Metrics>>,
@@ -47,6 +56,7 @@ impl Paused {
         Arc::new(Self {
             queues,
             current: watch::channel(PausedSet::default()).0,
+            parts: Mutex::new((HashSet::new(), HashMap::new())),
             nudge: Notify::new(),
             metrics,
         })
@@ -91,20 +101,46 @@ impl Paused {
                 .paused_queues
                 .store(paused.len() as u64, Ordering::Relaxed);
         }
-        Ok(self.current.send_if_modified(|current| {
-            if **current == paused {
+        Ok(self.settle(paused))
+    }
+
+    /// Takes `paused` as the queues paused in Redis now, ends the rests
+    /// that are over, and publishes the result; returns whether it changed.
+    fn settle(&self, paused: HashSet<String>) -> bool {
+        let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = std::mem::replace(&mut parts.0, paused.clone());
+        for queue in paused.difference(&before) {
+            tracing::info!(queue = %queue, "queue paused: not fetching from it");
+        }
+        for queue in before.difference(&paused) {
+            tracing::info!(queue = %queue, "queue resumed");
+        }
+        let now = Instant::now();
+        parts.1.retain(|_, until| *until > now);
+        self.publish(&parts)
+    }
+
+    /// Leaves `queue` out of fetches for `pause` (at least until the next
+    /// read of the set after it), without pausing it in Redis.
+    pub(crate) fn rest(&self, queue: &str, pause: Duration) {
+        if !self.queues.iter().any(|q| q == queue) {
+            return;
+        }
+        let mut parts = self.parts.lock().unwrap_or_else(PoisonError::into_inner);
+        parts.1.insert(queue.to_owned(), Instant::now() + pause);
+        self.publish(&parts);
+    }
+
+    /// Sends the union of the paused and resting queues, if it changed.
+    fn publish(&self, parts: &(HashSet<String>, HashMap<String, Instant>)) -> bool {
+        let left_out: HashSet<String> = parts.0.iter().chain(parts.1.keys()).cloned().collect();
+        self.current.send_if_modified(|current| {
+            if **current == left_out {
                 return false;
             }
-            let (before, after) = (current.clone(), &paused);
-            for queue in after.difference(&before) {
-                tracing::info!(queue = %queue, "queue paused: not fetching from it");
-            }
-            for queue in before.difference(after) {
-                tracing::info!(queue = %queue, "queue resumed");
-            }
-            *current = Arc::new(paused.clone());
+            *current = Arc::new(left_out);
             true
-        }))
+        })
     }
 
     /// Keeps the copy current until `stop`.
@@ -129,5 +165,31 @@ impl Paused {
                 () = stop.cancelled() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(queues: &[&str]) -> HashSet<String> {
+        queues.iter().map(|q| (*q).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_resting_queue_is_left_out_until_its_rest_is_over() {
+        let paused = Paused::new(vec!["a".into(), "b".into()], None);
+        let mut watch = paused.watch();
+        paused.rest("a", Duration::from_secs(60));
+        paused.rest("not-ours", Duration::from_secs(60));
+        assert!(watch.has_changed().unwrap());
+        assert_eq!(*watch.borrow_and_update().clone(), set(&["a"]));
+        // A read of the set keeps a rest that is not over, beside a pause.
+        assert!(paused.settle(set(&["b"])));
+        assert_eq!(*paused.current(), set(&["a", "b"]));
+        paused.rest("a", Duration::ZERO);
+        assert!(paused.settle(set(&["b"])));
+        assert_eq!(*paused.current(), set(&["b"]));
+        assert!(!paused.settle(set(&["b"])));
     }
 }

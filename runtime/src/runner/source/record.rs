@@ -36,7 +36,8 @@ pub(super) fn transaction(
     for completion in batch {
         let job = &completion.job;
         let write = match &completion.finish {
-            Finish::Requeue => {
+            // A hand-back is a requeue: back to the front, untouched.
+            Finish::Requeue | Finish::Outcome(Write::HandBack) => {
                 match held_in {
                     Some(list) => {
                         if !requeue_loaded {
@@ -63,7 +64,7 @@ pub(super) fn transaction(
             pipe.cmd("LREM").arg(list).arg(-1).arg(&job.raw).ignore();
         }
         match write {
-            Write::Ack | Write::Drop => {}
+            Write::Ack | Write::Drop | Write::HandBack => {}
             Write::Discard => discarded += 1,
             Write::Retry { at, payload } => {
                 pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();

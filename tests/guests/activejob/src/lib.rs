@@ -1,7 +1,8 @@
 //! ActiveJob test jobs, for the host's end-to-end tests: `ReportJob`
 //! appends one JSON line per job to `/data/seen.jsonl` with what the job
 //! sees (its jid, class, args, retry count, ActiveJob context and raw
-//! hash); `FailingJob` always asks for a retry.
+//! hash); `FailingJob` always asks for a retry. A `ReportJob` whose third
+//! argument is a number sleeps that many milliseconds first.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -18,6 +19,9 @@ impl Job for ActiveJobReport {
     fn perform(job: &JobInfo, args: Value) -> Result<(), JobError> {
         if job.class == "FailingJob" {
             return Err(JobError::retry("FailingJob fails on purpose"));
+        }
+        if let Some(ms) = args.get(2).and_then(Value::as_u64) {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         let context = activejob::context().map(|c| {
             json!({

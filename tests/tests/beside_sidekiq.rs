@@ -1,0 +1,208 @@
+//! A Rails app moving one job class at a time: a real Ruby Sidekiq worker
+//! (Debian's ruby-sidekiq, with ruby-activejob's adapter) and wasmjobs
+//! runners on the same Redis, neither stealing the other's jobs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use wasmjobs_e2e::eventually;
+use wasmjobs_e2e::redis_server::{TestRedis, command_calls};
+use wasmjobs_e2e::runner::{Runner, free_addr, http_get, identity_of, lines, plugins, zset};
+use wasmjobs_e2e::sidekiq::{SidekiqProcess, ruby};
+
+/// The Ruby side: `RubyJob` (plain Sidekiq) and `RubyActiveJob`
+/// (ActiveJob) on `default`, each appending "<class> <n>" to the file
+/// that replaces `ENV.fetch("RAN")`.
+const WORKER: &str = r#"require "active_job"
+ActiveJob::Base.queue_adapter = :sidekiq
+ActiveJob::Base.logger = Logger.new(nil)
+class RubyJob
+  include Sidekiq::Worker
+  def perform(n) = File.open(ENV.fetch("RAN"), "a") { |f| f.puts("RubyJob #{n}") }
+end
+class RubyActiveJob < ActiveJob::Base
+  queue_as :default
+  def perform(n) = File.open(ENV.fetch("RAN"), "a") { |f| f.puts("RubyActiveJob #{n}") }
+end
+"#;
+
+/// Pushes from Ruby, as a Rails app would: `n` of each of the four kinds
+/// (Ruby plain and ActiveJob on `default`, Wasm plain and ActiveJob on
+/// `wasm`, all served by the report guest's `ReportJob`; the plain Wasm
+/// jobs take 10 ms each, so a kill finds some running).
+fn push_mixed(url: &str, n: usize) {
+    ruby(
+        url,
+        &format!(
+            r#"require "active_job"
+ActiveJob::Base.queue_adapter = :sidekiq
+ActiveJob::Base.logger = Logger.new(nil)
+Sidekiq.logger = Logger.new(nil)
+class RubyActiveJob < ActiveJob::Base; queue_as :default; end
+class ReportJob < ActiveJob::Base; queue_as :wasm; end
+n = {n}
+Sidekiq::Client.push_bulk("class" => "RubyJob", "queue" => "default", "args" => (1..n).map {{ |i| [i] }})
+Sidekiq::Client.push_bulk("class" => "ReportJob", "queue" => "wasm", "args" => (1..n).map {{ |i| ["plain", i, 10] }})
+(1..n).each {{ |i| RubyActiveJob.perform_later(i); ReportJob.perform_later("aj", i) }}
+"#
+        ),
+    );
+}
+
+/// Each line of `path`, counted.
+fn counted(lines: Vec<String>) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in lines {
+        *counts.entry(line).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The Wasm jobs the report guest ran, by "<plain|aj> <n>", counted.
+fn wasm_runs(dir: &Path) -> HashMap<String, usize> {
+    counted(
+        lines(&dir.join("activejob/data/seen.jsonl"))
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .map(|seen| format!("{} {}", seen["args"][0].as_str().unwrap_or("?"), seen["args"][1]))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ruby_and_wasm_on_their_own_queues_each_run_their_own_jobs_once_through_a_kill() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["activejob"]);
+    let ran = dir.path().join("ruby-ran.txt");
+    let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
+    let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", "5"], &worker);
+    let mut runner = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "20"]);
+    runner.wait_running();
+    let jobs = 500;
+    push_mixed(&url, jobs);
+
+    // Kill the runner mid-run, then start another: nothing may be lost.
+    eventually(
+        Duration::from_secs(60),
+        || runner.log(),
+        || async { wasm_runs(dir.path()).values().sum::<usize>() >= 100 },
+    )
+    .await;
+    runner.signal("KILL");
+    runner.wait(Duration::from_secs(10));
+    let at_kill = wasm_runs(dir.path()).len();
+    println!("{at_kill} of {} Wasm jobs had run at the kill -9", 2 * jobs);
+    assert!(at_kill < 2 * jobs, "the kill came mid-run");
+    let mut second = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "20"]);
+    second.wait_running();
+
+    eventually(
+        Duration::from_secs(120),
+        || {
+            format!(
+                "ruby ran {} distinct, wasm {} distinct; sidekiq log:\n{}\nrunner log:\n{}",
+                counted(lines(&ran)).len(),
+                wasm_runs(dir.path()).len(),
+                sidekiq.log(),
+                second.log()
+            )
+        },
+        || async { counted(lines(&ran)).len() == 2 * jobs && wasm_runs(dir.path()).len() == 2 * jobs },
+    )
+    .await;
+    let ruby_runs = counted(lines(&ran));
+    let wasm = wasm_runs(dir.path());
+    for i in 1..=jobs {
+        for kind in ["RubyJob", "RubyActiveJob"] {
+            assert_eq!(ruby_runs.get(&format!("{kind} {i}")), Some(&1), "{kind} {i}");
+        }
+        for kind in ["plain", "aj"] {
+            assert!(wasm.contains_key(&format!("{kind} {i}")), "{kind} {i}");
+        }
+    }
+    let duplicates: usize = wasm.values().map(|n| n - 1).sum();
+    println!("wasm jobs run twice after the kill -9 (at-least-once): {duplicates}");
+    assert!(
+        duplicates <= 20,
+        "at most the jobs in flight at the kill run twice: {duplicates}"
+    );
+    assert!(zset(&mut conn, "retry").await.is_empty(), "nothing in retry");
+    assert!(zset(&mut conn, "dead").await.is_empty(), "nothing dead");
+    assert!(!sidekiq.log().contains("NameError"), "{}", sidekiq.log());
+    assert!(
+        !second.log().contains("also fetched by the Ruby Sidekiq"),
+        "{}",
+        second.log()
+    );
+    second.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_queue_ruby_jobs_are_handed_back_untouched_and_the_sharing_is_named() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["activejob"]);
+    let ran = dir.path().join("ruby-ran.txt");
+    let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
+    let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", "2"], &worker);
+    let ruby_id = identity_of(&mut conn, sidekiq.pid(), || sidekiq.log()).await;
+    let (metrics, web) = (free_addr(), free_addr());
+    let mut runner = Runner::start(
+        &url,
+        dir.path(),
+        &["-q", "default", "-c", "20", "--metrics-addr", &metrics, "--web", &web],
+    );
+    runner.wait_running();
+    // It says so at start, naming the Ruby process and the fix.
+    runner.wait_for_log("also fetched by the Ruby Sidekiq process", Duration::from_secs(30));
+    let log = runner.log();
+    assert!(log.contains(&ruby_id) && log.contains("queue_as :wasm"), "{log}");
+    let text = http_get(&metrics, "/metrics");
+    assert!(
+        text.contains("wasmjobs_queue_shared_with_sidekiq{queue=\"default\"} 1"),
+        "{text}"
+    );
+    let page = http_get(&web, "/processes");
+    assert!(page.contains("shared-queue") && page.contains(&ruby_id), "{page}");
+
+    let before: u64 = command_calls(&mut conn).await.expect("INFO").values().sum();
+    let jobs = 300;
+    ruby(
+        &url,
+        &format!(
+            r#"Sidekiq::Client.push_bulk("class" => "RubyJob", "queue" => "default", "args" => (1..{jobs}).map {{ |i| [i] }})"#
+        ),
+    );
+    eventually(
+        Duration::from_secs(60),
+        || format!("ruby ran {}:\n{}\n{}", lines(&ran).len(), sidekiq.log(), runner.log()),
+        || async { counted(lines(&ran)).len() == jobs },
+    )
+    .await;
+    let after: u64 = command_calls(&mut conn).await.expect("INFO").values().sum();
+    let ruby_runs = counted(lines(&ran));
+    assert!(ruby_runs.values().all(|n| *n == 1), "each Ruby job ran once");
+    assert!(zset(&mut conn, "retry").await.is_empty(), "no Ruby job in retry");
+    let handed: u64 = http_get(&metrics, "/metrics")
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmjobs_jobs_handed_back_total ")?.parse().ok())
+        .expect("the handed-back counter");
+    let per_job = (after - before) as f64 / jobs as f64;
+    println!("{handed} of {jobs} Ruby jobs handed back; {per_job:.1} Redis commands a job (Ruby's included)");
+    // A fetch-and-hand-back loop would cost hundreds a job.
+    assert!(per_job < 30.0, "{per_job:.1} commands a job");
+    let stats: Value = serde_json::from_str(&http_get(&metrics, "/stats")).expect("JSON");
+    assert_eq!(stats["process"]["handed_back"], handed, "{stats}");
+    assert!(
+        !stats["classes"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["class"] == "(unserved)")),
+        "a handed-back job is not counted as run: {stats}"
+    );
+    runner.stop();
+}
