@@ -80,10 +80,15 @@ async fn ruby_and_wasm_on_their_own_queues_each_run_their_own_jobs_once_through_
     let ran = dir.path().join("ruby-ran.txt");
     let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
     let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", "5"], &worker);
-    let mut runner = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "20"]);
+    // Few slots, so the kill finds plain Wasm jobs (10 ms each) running
+    // and others waiting, while Ruby is still pushing.
+    let mut runner = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "4"]);
     runner.wait_running();
     let jobs = 500;
-    push_mixed(&url, jobs);
+    let pusher = {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || push_mixed(&url, jobs))
+    };
 
     // Kill the runner mid-run, then start another: nothing may be lost.
     eventually(
@@ -99,6 +104,7 @@ async fn ruby_and_wasm_on_their_own_queues_each_run_their_own_jobs_once_through_
     assert!(at_kill < 2 * jobs, "the kill came mid-run");
     let mut second = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "20"]);
     second.wait_running();
+    pusher.await.expect("the Ruby pusher");
 
     eventually(
         Duration::from_secs(120),

@@ -20,20 +20,30 @@ impl ProcessInfo {
         self.version.as_deref().is_some_and(|v| v.starts_with("wasmjobs"))
     }
 
-    /// Whether this is a Ruby Sidekiq process fetching `queue` now (not
-    /// quiet: a quiet process fetches nothing).
-    fn sidekiq_fetching(&self, queue: &str) -> bool {
-        !self.is_wasmjobs() && !self.quiet && self.queues.iter().any(|q| q == queue)
+    /// Whether this is a Ruby Sidekiq process fetching `queue` at `now`:
+    /// not quiet (a quiet process fetches nothing), and beating (its last
+    /// beat at most [`LIVE_FOR`] old: a record anyone can write, or one a
+    /// dead process left without an expiry, is not a process).
+    fn sidekiq_fetching(&self, queue: &str, now: f64) -> bool {
+        !self.is_wasmjobs() && !self.quiet && now - self.beat <= LIVE_FOR && self.queues.iter().any(|q| q == queue)
     }
 }
 
-/// For each of `queues` that a live Ruby Sidekiq process fetches too, those
-/// processes.
-pub fn sidekiq_sharing<'a>(processes: &'a [ProcessInfo], queues: &[String]) -> BTreeMap<String, Vec<&'a ProcessInfo>> {
+/// How old a Ruby process's last beat may be (Sidekiq beats every 5 to
+/// 10 s; its process record expires after 60 s).
+pub const LIVE_FOR: f64 = 60.0;
+
+/// For each of `queues` that a live Ruby Sidekiq process fetches too at
+/// `now` (epoch seconds), those processes.
+pub fn sidekiq_sharing<'a>(
+    processes: &'a [ProcessInfo],
+    queues: &[String],
+    now: f64,
+) -> BTreeMap<String, Vec<&'a ProcessInfo>> {
     queues
         .iter()
         .filter_map(|queue| {
-            let sharers: Vec<&ProcessInfo> = processes.iter().filter(|p| p.sidekiq_fetching(queue)).collect();
+            let sharers: Vec<&ProcessInfo> = processes.iter().filter(|p| p.sidekiq_fetching(queue, now)).collect();
             (!sharers.is_empty()).then(|| (queue.clone(), sharers))
         })
         .collect()
@@ -50,9 +60,9 @@ pub struct SharedQueue {
     pub sidekiq: Vec<String>,
 }
 
-/// Every queue of the cluster that a wasmjobs process and a Ruby Sidekiq
-/// process both fetch, by name.
-pub fn shared_queues(processes: &[ProcessInfo]) -> Vec<SharedQueue> {
+/// Every queue of the cluster that a wasmjobs process and a live Ruby
+/// Sidekiq process both fetch at `now`, by name.
+pub fn shared_queues(processes: &[ProcessInfo], now: f64) -> Vec<SharedQueue> {
     let mut ours: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for process in processes.iter().filter(|p| p.is_wasmjobs()) {
         for queue in &process.queues {
@@ -63,7 +73,7 @@ pub fn shared_queues(processes: &[ProcessInfo]) -> Vec<SharedQueue> {
         }
     }
     let queues: Vec<String> = ours.keys().map(|q| (*q).to_owned()).collect();
-    sidekiq_sharing(processes, &queues)
+    sidekiq_sharing(processes, &queues, now)
         .into_iter()
         .map(|(queue, sharers)| SharedQueue {
             wasmjobs: ours.get(queue.as_str()).cloned().unwrap_or_default(),
@@ -77,12 +87,15 @@ pub fn shared_queues(processes: &[ProcessInfo]) -> Vec<SharedQueue> {
 mod tests {
     use super::*;
 
+    const NOW: f64 = 1_800_000_000.0;
+
     fn process(identity: &str, version: Option<&str>, queues: &[&str], quiet: bool) -> ProcessInfo {
         ProcessInfo {
             identity: identity.into(),
             version: version.map(str::to_owned),
             queues: queues.iter().map(|q| (*q).to_owned()).collect(),
             quiet,
+            beat: NOW - 5.0,
             ..ProcessInfo::default()
         }
     }
@@ -95,9 +108,14 @@ mod tests {
             process("r1", Some("6.4.1"), &["default", "default", "mailers"], false),
             process("r2", None, &["wasm"], true),
             process("r3", None, &["mailers"], false),
+            // A record nobody updates any more (or anyone could write).
+            ProcessInfo {
+                beat: NOW - LIVE_FOR - 1.0,
+                ..process("stale", None, &["wasm", "default"], false)
+            },
         ];
         let ours = ["wasm".to_owned(), "default".to_owned(), "other".to_owned()];
-        let sharing = sidekiq_sharing(&processes, &ours);
+        let sharing = sidekiq_sharing(&processes, &ours, NOW);
         assert_eq!(sharing.keys().collect::<Vec<_>>(), ["default"]);
         assert_eq!(
             sharing["default"]
@@ -107,13 +125,13 @@ mod tests {
             ["r1"]
         );
         assert_eq!(
-            shared_queues(&processes),
+            shared_queues(&processes, NOW),
             [SharedQueue {
                 queue: "default".into(),
                 wasmjobs: vec!["w1".into(), "w2".into()],
                 sidekiq: vec!["r1".into()],
             }]
         );
-        assert!(shared_queues(&processes[..2]).is_empty());
+        assert!(shared_queues(&processes[..2], NOW).is_empty());
     }
 }

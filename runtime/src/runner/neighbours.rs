@@ -16,12 +16,16 @@
 //! fields, not counted as processed or failed), and the queue *rests* for
 //! [`REST`] (left out of fetches like a paused one,
 //! [`Paused::rest`]) so the Ruby process takes it instead of this one
-//! fetching it again at once. On a queue only wasmjobs serves, such a job
+//! fetching it again at once. A Ruby process counts while its beat is
+//! fresh ([`crate::redis::sharing::LIVE_FOR`]); a job this process has
+//! handed back [`MAX_HAND_BACKS`] times is treated as unserved after all,
+//! so neither a lying process record nor a Ruby process that never
+//! fetches can keep a job bouncing. On a queue only wasmjobs serves, such a job
 //! is retried as "no plugin", as before.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -40,6 +44,14 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(10);
 /// back from it.
 pub(crate) const REST: Duration = Duration::from_secs(1);
 
+/// How many times one job is handed back before it is treated as a class no
+/// plugin serves (retried as unserved).
+pub(crate) const MAX_HAND_BACKS: u32 = 5;
+
+/// Most jobs whose hand-backs are counted at once (then the counts start
+/// over).
+const MAX_TRACKED: usize = 10_000;
+
 /// The Ruby processes sharing each of this process's queues (the
 /// description of each: identity, host, pid).
 type Sharing = BTreeMap<String, Vec<String>>;
@@ -50,6 +62,8 @@ pub(crate) struct Neighbours {
     sharing: ArcSwap<Sharing>,
     paused: Arc<Paused>,
     metrics: Arc<Metrics>,
+    /// How many times each job was handed back.
+    bounced: Mutex<HashMap<String, u32>>,
 }
 
 impl Neighbours {
@@ -60,6 +74,7 @@ impl Neighbours {
             sharing: ArcSwap::from_pointee(Sharing::new()),
             paused,
             metrics,
+            bounced: Mutex::new(HashMap::new()),
         })
     }
 
@@ -68,16 +83,38 @@ impl Neighbours {
         self.sharing.load().contains_key(queue)
     }
 
-    /// A job of `queue` was handed back: count it, and let the queue rest.
-    pub(crate) fn handed_back(&self, queue: &str) {
+    /// Whether the job `jid` of `queue`, of a class no plugin serves, goes
+    /// back to the Ruby processes sharing the queue; if so it is counted and
+    /// the queue rests. Not when none shares it, nor when this process has
+    /// already handed that job back [`MAX_HAND_BACKS`] times (no Ruby
+    /// process takes it: a Ruby process that is busy for good, or a
+    /// process record that lies), so a job cannot bounce for ever.
+    pub(crate) fn hand_back(&self, queue: &str, jid: &str) -> bool {
+        if !self.shares(queue) {
+            return false;
+        }
+        {
+            let mut bounced = self.bounced.lock().unwrap_or_else(PoisonError::into_inner);
+            if bounced.len() >= MAX_TRACKED && !bounced.contains_key(jid) {
+                bounced.clear();
+            }
+            let times = bounced.entry(jid.to_owned()).or_insert(0);
+            if *times >= MAX_HAND_BACKS {
+                bounced.remove(jid);
+                tracing::warn!(jid = %jid, queue = %queue, "handed back {MAX_HAND_BACKS} times and no Ruby Sidekiq process took it: treated as a class no plugin serves");
+                return false;
+            }
+            *times += 1;
+        }
         self.metrics.process.handed_back.fetch_add(1, Ordering::Relaxed);
         self.paused.rest(queue, REST);
+        true
     }
 
     /// Reads the live processes once; warns about each new sharer.
     pub(crate) async fn refresh(&self, redis: &Redis) -> anyhow::Result<()> {
         let processes = api::processes(&mut redis.conn()).await?;
-        let sharing: Sharing = sidekiq_sharing(&processes, &self.queues)
+        let sharing: Sharing = sidekiq_sharing(&processes, &self.queues, crate::redis::now_f64())
             .into_iter()
             .map(|(queue, sharers)| (queue, sharers.iter().map(|p| describe(p)).collect()))
             .collect();
@@ -142,4 +179,41 @@ fn describe(process: &ProcessInfo) -> String {
             .map(|v| format!(", {}", cut(v)))
             .unwrap_or_default()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_goes_back_only_to_a_sharer_and_a_bounded_number_of_times() {
+        let paused = Paused::new(vec!["default".into()], None);
+        let metrics = Arc::new(Metrics::new(false));
+        let neighbours = Neighbours::new(vec!["default".into()], paused.clone(), metrics.clone());
+        assert!(
+            !neighbours.hand_back("default", "j1"),
+            "no Ruby process shares the queue"
+        );
+        neighbours.sharing.store(Arc::new(Sharing::from([(
+            "default".to_owned(),
+            vec!["ruby".to_owned()],
+        )])));
+        for _ in 0..MAX_HAND_BACKS {
+            assert!(neighbours.hand_back("default", "j1"));
+        }
+        assert!(
+            paused.current().contains("default"),
+            "the queue rests after a hand-back"
+        );
+        assert!(
+            !neighbours.hand_back("default", "j1"),
+            "bounced enough: unserved after all"
+        );
+        assert!(neighbours.hand_back("default", "j2"));
+        assert!(!neighbours.hand_back("other", "j3"));
+        assert_eq!(
+            metrics.process.handed_back.load(Ordering::Relaxed),
+            u64::from(MAX_HAND_BACKS) + 1
+        );
+    }
 }

@@ -211,9 +211,8 @@ async fn process(
         tracing::debug!(jid = %job.jid, class = %job.class, queue_latency_us = waited.as_micros() as u64, "job started");
     }
     let Some(plugin) = catalog.get(&job.class).cloned() else {
-        if processor.neighbours.shares(&typed.fetched.queue) {
+        if processor.neighbours.hand_back(&typed.fetched.queue, &job.jid) {
             tracing::debug!(jid = %job.jid, class = %job.class, queue = %typed.fetched.queue, "not ours: handed back to the Ruby Sidekiq process sharing the queue");
-            processor.neighbours.handed_back(&typed.fetched.queue);
             return Write::HandBack;
         }
         tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; it will be retried");

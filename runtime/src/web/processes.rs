@@ -25,7 +25,7 @@ pub(super) async fn page(
 ) -> Result<Html<String>, Failure> {
     let mut conn = web.conn();
     let (processes, mut unreadable) = api::process_records(&mut conn).await?;
-    let shared = sharing::shared_queues(&processes);
+    let shared = sharing::shared_queues(&processes, crate::redis::now_f64());
     let identities: Vec<String> = processes.iter().map(|p| p.identity.clone()).collect();
     let (running, damaged) = admin::running(&mut conn, &identities).await?;
     unreadable.extend(damaged);
