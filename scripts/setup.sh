@@ -5,7 +5,8 @@
 #   test: also what the test suite uses: ruby-sidekiq (the real Sidekiq
 #         client/API for the interop tests), ruby-activejob and
 #         ruby-globalid (Rails' ActiveJob with its Sidekiq adapter, for the
-#         ActiveJob tests), postgresql (the SQL tests
+#         ActiveJob tests), ruby-sidekiq-cron (1.8: the schedule layout
+#         Sidekiq 6 apps use), postgresql (the SQL tests
 #         start their own throwaway servers with its binaries), and chromium
 #         with chromium-driver (the dashboard tests drive a headless Chromium
 #         over WebDriver with /usr/bin/chromedriver; fonts-liberation, which
@@ -15,7 +16,7 @@ set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq ruby-activejob ruby-globalid postgresql chromium chromium-driver fonts-liberation)
+  want+=(ruby-sidekiq ruby-activejob ruby-globalid ruby-sidekiq-cron postgresql chromium chromium-driver fonts-liberation)
 fi
 
 missing=()

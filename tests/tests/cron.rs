@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 use wasmjobs::cron::{iso8601, parse_last_enqueue_time};
 use wasmjobs::redis::now_f64;
 use wasmjobs::redis::payload::Payload;
-use wasmjobs_e2e::EVERY_SECOND_SCHEDULE;
 use wasmjobs_e2e::cli::{printed, wasmjobs_in};
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, plugins};
+use wasmjobs_e2e::sidekiq::ruby_json;
+use wasmjobs_e2e::{EVERY_SECOND_SCHEDULE, eventually};
 
 /// A copy of the noop plugin whose manifest also holds `schedules`.
 fn plugin_with(schedules: &str) -> tempfile::TempDir {
@@ -450,4 +451,94 @@ async fn a_sidekiq_cron_schedule_runs() {
     );
     assert!(runner.try_status().is_none(), "the runner is still running");
     assert!(runner.stop().success());
+}
+
+/// sidekiq-cron 1.x (Debian 12's ruby-sidekiq-cron 1.8, what Sidekiq 6
+/// apps run) keeps schedules in `cron_jobs` and `cron_job:<name>`: its
+/// schedules run under wasmjobs, ours are written where it reads them (its
+/// API lists them and their runs), and `wasmjobs schedule` shows both.
+#[tokio::test(flavor = "multi_thread")]
+async fn sidekiq_cron_1_schedules_run_and_ours_are_written_where_it_reads_them() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut conn = redis.conn().await;
+    let registered = ruby_json(
+        &url,
+        r#"require "sidekiq/cron/job"
+Sidekiq.logger = Logger.new(nil)
+Sidekiq::Cron::Job.create(name: "ruby-1x", cron: "* * * * * *", class: "RubyCronJob", queue: "cron", args: ["ruby"])
+puts JSON.generate(Sidekiq::Cron::Job.all.map(&:name))"#,
+    );
+    assert_eq!(registered, json!(["ruby-1x"]));
+    let dir = plugin_with(EVERY_SECOND_SCHEDULE);
+    let mut runner = Runner::start(&url, dir.path(), &["-q", "default"]);
+    runner.wait_running();
+    let start = now_f64().ceil() as i64;
+    eventually(
+        Duration::from_secs(30),
+        || runner.log(),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let jobs = jobs(&mut conn, "cron").await;
+                let after = |job: &Payload| {
+                    job.str("cron_tick")
+                        .and_then(parse_last_enqueue_time)
+                        .is_some_and(|t| t as i64 > start)
+                };
+                jobs.iter().any(|j| j.class() == "RubyCronJob" && after(j))
+                    && jobs.iter().any(|j| j.class() == "NoopJob" && after(j))
+            }
+        },
+    )
+    .await;
+    // Ours is in 1.x's layout only, and Ruby reads it and its runs.
+    let exists: (bool, bool) = redis::pipe()
+        .exists("cron_job:every-second")
+        .exists("cron_job:default:every-second")
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert_eq!(exists, (true, false));
+    let seen = ruby_json(
+        &url,
+        r#"require "sidekiq/cron/job"
+ours = Sidekiq::Cron::Job.find("every-second")
+puts JSON.generate({ names: Sidekiq::Cron::Job.all.map(&:name).sort, klass: ours.klass,
+  last: ours.last_enqueue_time.to_s, history: ours.jid_history_from_redis.size })"#,
+    );
+    assert_eq!(seen["names"], json!(["every-second", "ruby-1x"]), "{seen}");
+    assert_eq!(seen["klass"], "NoopJob", "{seen}");
+    assert!(!seen["last"].as_str().unwrap_or_default().is_empty(), "{seen}");
+    assert!(seen["history"].as_u64() > Some(0), "{seen}");
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let out = wasmjobs_in(
+        cwd.path(),
+        &["schedule", "--redis", &url, "--json"],
+        &[("NO_COLOR", "1")],
+        Duration::from_secs(30),
+    );
+    let listed: Value = serde_json::from_str(&printed(&out)).unwrap_or_else(|e| panic!("{e}: {}", printed(&out)));
+    let layouts: BTreeMap<String, String> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or_default().to_owned(),
+                s["layout"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        layouts.get("ruby-1x").map(String::as_str),
+        Some("sidekiq-cron 1"),
+        "{listed}"
+    );
+    assert_eq!(
+        layouts.get("every-second").map(String::as_str),
+        Some("sidekiq-cron 1"),
+        "{listed}"
+    );
+    runner.stop();
 }

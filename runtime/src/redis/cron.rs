@@ -1,8 +1,11 @@
-//! Cron schedules in Redis, in sidekiq-cron 2.x's format.
+//! Cron schedules in Redis, in sidekiq-cron's format.
 //!
 //! Schedules live where sidekiq-cron keeps them, so its Web UI tab ("Cron")
 //! lists ours, and a schedule a Ruby app registers with sidekiq-cron runs
-//! under wasmjobs too:
+//! under wasmjobs too. Two layouts exist ([`Layout`]): 2.x's, below, and
+//! 1.x's (Sidekiq 6 apps), the same without the namespace (`cron_jobs`,
+//! `cron_job:<name>`, `cron_job:<name>:enqueued`, ...). Both are read;
+//! ours are written in the one the cluster uses ([`Layout::of_cluster`]):
 //!
 //! - SET `cron_jobs:default`: the hash key of every schedule.
 //! - HASH `cron_job:default:<name>`: all values strings, `""` for nil —
@@ -63,6 +66,114 @@ pub const CATCH_UP_FIELD: &str = "wasmjobs_catch_up";
 /// The prefix of every schedule's hash key.
 const KEY_PREFIX: &str = "cron_job:default:";
 
+/// Where sidekiq-cron keeps schedules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Layout {
+    /// sidekiq-cron 1.x: `cron_jobs`, `cron_job:<name>`.
+    #[serde(rename = "sidekiq-cron 1")]
+    V1,
+    /// sidekiq-cron 2.x, namespace `default`: `cron_jobs:default`,
+    /// `cron_job:default:<name>`.
+    #[serde(rename = "sidekiq-cron 2")]
+    V2,
+}
+
+/// The environment variable that chooses the layout ours are written in.
+pub const LAYOUT_ENV: &str = "WASMJOBS_CRON_LAYOUT";
+
+impl Layout {
+    /// The SET of its schedules' keys.
+    pub fn set(self) -> &'static str {
+        match self {
+            Layout::V1 => keys::CRON_JOBS_V1,
+            Layout::V2 => keys::CRON_JOBS,
+        }
+    }
+
+    /// The HASH of schedule `name`.
+    pub fn key(self, name: &str) -> String {
+        match self {
+            Layout::V1 => keys::cron_job_v1(name),
+            Layout::V2 => keys::cron_job(name),
+        }
+    }
+
+    /// The other one.
+    fn other(self) -> Layout {
+        match self {
+            Layout::V1 => Layout::V2,
+            Layout::V2 => Layout::V1,
+        }
+    }
+
+    /// The layout of the schedule hash `key`.
+    fn of_key(key: &str) -> Layout {
+        if key.starts_with(KEY_PREFIX) {
+            Layout::V2
+        } else {
+            Layout::V1
+        }
+    }
+
+    /// The name in the schedule hash `key`.
+    fn name_in(key: &str) -> &str {
+        key.strip_prefix(KEY_PREFIX)
+            .or_else(|| key.strip_prefix(V1_KEY_PREFIX))
+            .unwrap_or(key)
+    }
+
+    /// The layout `value` of [`LAYOUT_ENV`] asks for (`1`, `2`, or empty
+    /// for none).
+    pub fn parse(value: &str) -> Result<Option<Layout>> {
+        match value.trim() {
+            "" => Ok(None),
+            "1" => Ok(Some(Layout::V1)),
+            "2" => Ok(Some(Layout::V2)),
+            other => anyhow::bail!(
+                "{LAYOUT_ENV}={other:?}: expected 1 (sidekiq-cron 1.x: cron_jobs) or 2 (sidekiq-cron 2.x: cron_jobs:default)"
+            ),
+        }
+    }
+
+    /// The layout this cluster's schedules are written in: the one
+    /// [`LAYOUT_ENV`] names if set; else 1.x's when its SET `cron_jobs`
+    /// holds a schedule wasmjobs did not write (a Ruby app on
+    /// sidekiq-cron 1.x registered it: its Web UI reads only that
+    /// layout), 2.x's otherwise. Every process decides the same way from
+    /// the same Redis.
+    pub async fn of_cluster<C>(conn: &mut C) -> Result<Layout>
+    where
+        C: ConnectionLike + Send,
+    {
+        if let Some(layout) = Layout::parse(&std::env::var(LAYOUT_ENV).unwrap_or_default())? {
+            return Ok(layout);
+        }
+        let ruby_v1: i64 = redis::Script::new(RUBY_SCHEDULES)
+            .key(keys::CRON_JOBS_V1)
+            .invoke_async(conn)
+            .await
+            .context("cannot tell which sidekiq-cron layout the cluster uses")?;
+        Ok(if ruby_v1 > 0 { Layout::V1 } else { Layout::V2 })
+    }
+}
+
+/// The prefix of a sidekiq-cron 1.x schedule's hash key.
+const V1_KEY_PREFIX: &str = "cron_job:";
+
+/// Whether the SET KEYS[1] names a schedule hash without our owner field
+/// (a Ruby app's). Looks at 100 members at most; a key of another type
+/// counts as none.
+const RUBY_SCHEDULES: &str = r"
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'set' then return 0 end
+for _, key in ipairs(redis.call('SRANDMEMBER', KEYS[1], 100)) do
+  if redis.call('TYPE', key)['ok'] == 'hash' then
+    local owner = redis.call('HGET', key, 'wasmjobs_plugin')
+    if not owner or owner == '' then return 1 end
+  end
+end
+return 0
+";
+
 /// Registers a schedule (see [`register`]). KEYS: the set, the hash, its
 /// `:enqueued` ZSET. ARGV: the plugin, the member of the latest tick at or
 /// before now (`""` if none), now, then field/value pairs. Returns
@@ -83,10 +194,12 @@ end
 return {1, previous}
 ";
 
-/// Removes a schedule if `plugin` still owns it. KEYS: the set, the hash,
-/// `:enqueued`, `:jid_history`. ARGV: the plugin.
+/// Removes a schedule if `plugin` still owns it (`*`: if any plugin
+/// does). KEYS: the set, the hash, `:enqueued`, `:jid_history`. ARGV: the
+/// plugin.
 const REMOVE: &str = r"
-if redis.call('HGET', KEYS[2], 'wasmjobs_plugin') ~= ARGV[1] then return 0 end
+local owner = redis.call('HGET', KEYS[2], 'wasmjobs_plugin')
+if not owner or owner == '' or (ARGV[1] ~= '*' and owner ~= ARGV[1]) then return 0 end
 redis.call('SREM', KEYS[1], KEYS[2])
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
 return 1
@@ -132,6 +245,8 @@ pub struct CronEntry {
     /// Its hash key.
     #[serde(skip)]
     pub key: String,
+    /// The layout it is stored in.
+    pub layout: Layout,
     /// Its name.
     pub name: String,
     /// sidekiq-cron's `cron` field: expression, then zone unless UTC.
@@ -206,7 +321,7 @@ impl CronEntry {
         };
         let name = match get("name")? {
             Some(name) => name.to_owned(),
-            None => key.strip_prefix(KEY_PREFIX).unwrap_or(key).to_owned(),
+            None => Layout::name_in(key).to_owned(),
         };
         let cron = get("cron")?.ok_or("no \"cron\" field")?.to_owned();
         let message = match get("message")? {
@@ -254,6 +369,7 @@ impl CronEntry {
         };
         Ok(Self {
             key: key.to_owned(),
+            layout: Layout::of_key(key),
             name,
             cron,
             class,
@@ -377,21 +493,24 @@ pub enum Registered {
     Taken,
 }
 
-/// Registers (or updates) `schedule` of `plugin`. A new schedule's latest
+/// Registers (or updates) `schedule` of `plugin` in the cluster's
+/// [`Layout`], and removes wasmjobs' copy of it from the other layout (the
+/// cluster's layout changed since it was written). A new schedule's latest
 /// past tick is marked claimed, as sidekiq-cron's `save` does, so
 /// registering never enqueues a run that was due before it existed.
 pub async fn register<C>(conn: &mut C, plugin: &str, schedule: &Schedule, now: f64) -> Result<Registered>
 where
     C: ConnectionLike + Send,
 {
-    let key = keys::cron_job(&schedule.name);
+    let layout = Layout::of_cluster(conn).await?;
+    let key = layout.key(&schedule.name);
     let latest = schedule
         .cron
         .latest_at_or_before(now.floor() as i64)
         .map(cron::iso8601)
         .unwrap_or_default();
     let script = redis::Script::new(REGISTER);
-    let mut invocation = script.key(keys::CRON_JOBS);
+    let mut invocation = script.key(layout.set());
     invocation
         .key(&key)
         .key(format!("{key}:enqueued"))
@@ -405,6 +524,10 @@ where
         .invoke_async(conn)
         .await
         .with_context(|| format!("cannot register schedule {:?}", schedule.name))?;
+    if written == 1 {
+        let other = layout.other();
+        remove(conn, other.set(), &other.key(&schedule.name), "*").await?;
+    }
     Ok(if written == 0 {
         Registered::Taken
     } else {
@@ -426,27 +549,37 @@ where
         if entry.plugin.as_deref() != Some(plugin) || keep.contains(&entry.name) {
             continue;
         }
-        let done: i64 = redis::Script::new(REMOVE)
-            .key(keys::CRON_JOBS)
-            .key(&entry.key)
-            .key(format!("{}:enqueued", entry.key))
-            .key(format!("{}:jid_history", entry.key))
-            .arg(plugin)
-            .invoke_async(conn)
-            .await
-            .with_context(|| format!("cannot remove schedule {:?}", entry.name))?;
-        if done == 1 {
+        if remove(conn, entry.layout.set(), &entry.key, plugin).await? {
             removed.push(entry.name);
         }
     }
     Ok(removed)
 }
 
+/// Removes the schedule hash `key` (listed in `set`) with its claims and
+/// history, if `plugin` (`*`: any plugin) owns it. Returns whether it did.
+async fn remove<C>(conn: &mut C, set: &str, key: &str, plugin: &str) -> Result<bool>
+where
+    C: ConnectionLike + Send,
+{
+    let done: i64 = redis::Script::new(REMOVE)
+        .key(set)
+        .key(key)
+        .key(format!("{key}:enqueued"))
+        .key(format!("{key}:jid_history"))
+        .arg(plugin)
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("cannot remove schedule {key:?}"))?;
+    Ok(done == 1)
+}
+
 /// Most fields read of one schedule's hash (sidekiq-cron writes about 20).
 const MAX_FIELDS: usize = 200;
 
-/// Every schedule in `cron_jobs:default` (at most [`MAX_SCHEDULES`]), in
-/// two round trips, sorted by name. Whatever another client wrote there
+/// Every schedule in `cron_jobs:default` and in sidekiq-cron 1.x's
+/// `cron_jobs` (at most [`MAX_SCHEDULES`] in all), in two round trips,
+/// sorted by name. Whatever another client wrote there
 /// is reported in [`Listing::invalid`] and skipped: a set of another type,
 /// a member whose key is not a hash, a hash with a field over
 /// [`MAX_FIELD_BYTES`] (not transferred: only its size is read) or more
@@ -456,17 +589,18 @@ where
     C: ConnectionLike + Send,
 {
     let mut listing = Listing::default();
-    let members = bounded::tolerate(redis::cmd("SMEMBERS").arg(keys::CRON_JOBS).query_async(conn).await)
-        .context("cannot read the cron schedules")?;
-    let members: Vec<Vec<u8>> = match members {
-        Ok(members) => members,
-        Err(why) => {
-            listing
-                .invalid
-                .push((keys::CRON_JOBS.to_owned(), format!("not a set: {why}")));
-            return Ok(listing);
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.cmd("SMEMBERS").arg(Layout::V2.set());
+    pipe.cmd("SMEMBERS").arg(Layout::V1.set());
+    let sets: Vec<redis::Value> = pipe.query_async(conn).await.context("cannot read the cron schedules")?;
+    let mut members: Vec<Vec<u8>> = Vec::new();
+    for (set, reply) in [Layout::V2.set(), Layout::V1.set()].into_iter().zip(sets) {
+        match bounded::reply::<Vec<Vec<u8>>>(reply) {
+            Ok(found) => members.extend(found),
+            Err(why) => listing.invalid.push((set.to_owned(), format!("not a set: {why}"))),
         }
-    };
+    }
     let mut keys: Vec<String> = Vec::new();
     for member in members {
         match String::from_utf8(member) {
@@ -482,6 +616,7 @@ where
         }
     }
     keys.sort();
+    keys.dedup();
     if keys.len() > MAX_SCHEDULES {
         keys.truncate(MAX_SCHEDULES);
         listing.truncated = true;
@@ -587,6 +722,28 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
             .collect()
+    }
+
+    #[test]
+    fn both_sidekiq_cron_layouts_name_their_keys() {
+        assert_eq!(Layout::V2.key("a"), "cron_job:default:a");
+        assert_eq!(Layout::V1.key("a"), "cron_job:a");
+        assert_eq!((Layout::V2.set(), Layout::V1.set()), ("cron_jobs:default", "cron_jobs"));
+        for layout in [Layout::V1, Layout::V2] {
+            let key = layout.key("nightly-report");
+            assert_eq!(Layout::of_key(&key), layout);
+            assert_eq!(Layout::name_in(&key), "nightly-report");
+            let entry = CronEntry::from_hash(&key, &hash(&[("cron", "* * * * *"), ("klass", "K")])).unwrap();
+            assert_eq!((entry.layout, entry.name.as_str()), (layout, "nightly-report"));
+        }
+        assert_eq!(Layout::parse("").unwrap(), None);
+        assert_eq!(Layout::parse(" 1 ").unwrap(), Some(Layout::V1));
+        assert_eq!(Layout::parse("2").unwrap(), Some(Layout::V2));
+        let err = Layout::parse("3").unwrap_err().to_string();
+        assert!(
+            err.contains("WASMJOBS_CRON_LAYOUT") && err.contains("expected 1"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -115,6 +115,15 @@ pub fn cron_job(name: &str) -> String {
     format!("cron_job:default:{name}")
 }
 
+/// SET of the cron schedules' hash keys in sidekiq-cron 1.x's layout (no
+/// namespace), which Sidekiq 6 apps on sidekiq-cron 1.x use.
+pub const CRON_JOBS_V1: &str = "cron_jobs";
+
+/// The HASH of the cron schedule `name` (sidekiq-cron 1.x).
+pub fn cron_job_v1(name: &str) -> String {
+    format!("cron_job:{name}")
+}
+
 /// The HASH of the latency histograms published in the UTC minute
 /// `minute` (seconds since the epoch ÷ 60) by every process; see
 /// `metrics::published`.
