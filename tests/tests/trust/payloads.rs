@@ -82,8 +82,11 @@ async fn payloads_over_the_limit_go_to_dead_whole_without_the_runner_reading_the
     runner.wait_running();
     wait_dead(&mut conn, 1, &runner).await;
 
-    // Due in `schedule`.
-    let scheduled = quoted_job("NoopJob", quotes, &[json!("scheduled")]).to_json();
+    // Due in `schedule`, written as Sidekiq 8 writes times (milliseconds).
+    let mut scheduled = quoted_job("NoopJob", quotes, &[json!("scheduled")]);
+    let created_ms = (wasmjobs::redis::now_f64() * 1000.0) as u64;
+    scheduled.set("created_at", json!(created_ms));
+    let scheduled = scheduled.to_json();
     let _: () = conn.zadd("schedule", &scheduled, 0).await.expect("ZADD");
     wait_dead(&mut conn, 2, &runner).await;
     // Neither crossed the network: the runner never held one.
@@ -110,6 +113,20 @@ async fn payloads_over_the_limit_go_to_dead_whole_without_the_runner_reading_the
             .find(|e| Payload::parse(e).is_ok_and(|p| p.jid() == jid))
             .unwrap_or_else(|| panic!("no dead entry for {jid}"));
         assert_kept_with_reason(entry, job);
+        // Each keeps its own style of time.
+        let failed_at = Payload::parse(entry).expect("a job").get("failed_at").cloned();
+        if job == &scheduled {
+            let ms = failed_at.as_ref().and_then(Value::as_u64).unwrap_or(0);
+            assert!(
+                ms >= created_ms && ms < created_ms + 600_000,
+                "failed_at {failed_at:?} in ms"
+            );
+        } else {
+            assert!(
+                failed_at.as_ref().is_some_and(Value::is_f64),
+                "failed_at {failed_at:?} in seconds"
+            );
+        }
     }
     let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
     assert_eq!(processes.len(), 1, "the runner is still registered");

@@ -40,7 +40,9 @@ end
 /// most entries (`DeadSet::cap_args`). The entry keeps every byte: a JSON
 /// object gets the error fields appended before its closing brace (a key
 /// that appears twice is read as its last value by Sidekiq and
-/// wasmjobs), anything else is wrapped whole as `payload`. Returns
+/// wasmjobs), anything else is wrapped whole as `payload`; `failed_at`
+/// is in the payload's own style (integer milliseconds when its
+/// `created_at` is, as Sidekiq 8 writes it). Returns
 /// `o<size> <jid>` (the jid found near either end, else empty) for the
 /// runner's log.
 macro_rules! bury_oversized_lua {
@@ -52,6 +54,14 @@ local function bury_oversized(job, dead, at)
   local max, now, before, keep = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local size = #job
   local jid = jid_of(string.sub(job, -4096)) or jid_of(string.sub(job, 1, 4096)) or ''
+  -- failed_at in the payload's own style: integer milliseconds when its
+  -- created_at is (Sidekiq 8), float seconds otherwise.
+  local failed_at = now
+  local stamp = string.match(string.sub(job, -4096), '"created_at"%s*:%s*([%d%.eE+-]+)') or
+    string.match(string.sub(job, 1, 4096), '"created_at"%s*:%s*([%d%.eE+-]+)')
+  if stamp and not string.find(stamp, '[%.eE]') and #stamp >= 12 then
+    failed_at = string.format('%.0f', math.floor(tonumber(now) * 1000))
+  end
   local reason = 'payload of ' .. size .. ' bytes is larger than the ' .. max ..
     ' a job may have (wasmjobs run --max-payload); not run, kept whole'
   local entry
@@ -60,7 +70,7 @@ local function bury_oversized(job, dead, at)
   if string.sub(job, 1, 1) == '{' and close then
     local cut = size - #tail + close - 1
     entry = string.sub(job, 1, cut) .. ',"error_class":"wasmjobs::PayloadTooLarge","error_message":' ..
-      cjson.encode(reason) .. ',"failed_at":' .. now .. ',"payload_bytes":' .. size .. '}'
+      cjson.encode(reason) .. ',"failed_at":' .. failed_at .. ',"payload_bytes":' .. size .. '}'
   else
     entry = cjson.encode({class = 'wasmjobs::PayloadTooLarge', args = {}, jid = jid,
       error_class = 'wasmjobs::PayloadTooLarge', error_message = reason, failed_at = tonumber(now),
