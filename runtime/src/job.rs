@@ -41,13 +41,21 @@ pub struct Job {
 /// The ActiveJob side of a [`Job`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActiveJob {
-    /// The ActiveJob hash's fields, and the hash as Ruby wrote it.
-    pub context: ActiveJobContext,
+    /// The ActiveJob hash as Ruby wrote it (`args[0]`, JSON text); its
+    /// context is read from it when a guest asks ([`ActiveJob::context`]).
+    pub hash: String,
     /// Why the job cannot run as a plugin, if it cannot: an argument only
     /// Ruby can decode (an application's own serializer), or a wrapper
     /// without an ActiveJob hash. A plugin serving the class sends it to
     /// the dead set with this message.
     pub refused: Option<String>,
+}
+
+impl ActiveJob {
+    /// The context in the hash (read now: most jobs never ask).
+    pub fn context(&self) -> ActiveJobContext {
+        wasmjobs_client::activejob::context(&self.hash)
+    }
 }
 
 impl Job {

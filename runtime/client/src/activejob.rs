@@ -10,12 +10,14 @@
 //!
 //! - [`is_wrapper`] and [`job_class`]: the class a person reads and a
 //!   plugin is chosen by (as Sidekiq Web's `display_class` does);
-//! - [`unwrap`]: the job inside, with its [`Context`] and its arguments
-//!   decoded ([`decode_arguments`]) into plain JSON a guest in any
-//!   language reads: `_aj_*` markers removed, Rails' built-in serializers
+//! - [`unwrap`]: the job inside, its arguments decoded
+//!   ([`decode_arguments`]) into plain JSON a guest in any language reads: `_aj_*` markers removed, Rails' built-in serializers
 //!   (`_aj_serialized`) mapped to JSON values, a GlobalID as its string.
 //!   An argument serialized by an application's own serializer (Ruby code)
-//!   cannot be decoded: the arguments are then an error naming it.
+//!   cannot be decoded: the arguments are then an error naming it;
+//! - [`context`]: the rest of the ActiveJob hash, read only when a job
+//!   asks for it (most never do: reading it for every job cost more than
+//!   the unwrapping itself).
 //!
 //! The payload itself is never rewritten: retries and the dead set keep
 //! the wrapper, `wrapped` and the ActiveJob hash as Ruby wrote them, so
@@ -78,8 +80,6 @@ pub struct Context {
     pub enqueued_at: Option<String>,
     /// `scheduled_at` (ISO 8601), if set.
     pub scheduled_at: Option<String>,
-    /// The ActiveJob hash as Ruby wrote it (JSON text).
-    pub raw: String,
 }
 
 /// The job inside a wrapper payload.
@@ -90,20 +90,25 @@ pub struct Unwrapped {
     /// The arguments decoded into a plain JSON array (text), or why they
     /// cannot be (an argument an application's own serializer wrote).
     pub arguments: Result<String, String>,
-    /// The rest of the ActiveJob hash.
-    pub context: Context,
 }
 
-/// The ActiveJob hash's fields, borrowed; each kept raw so that a field
-/// of an unexpected type reads as absent instead of failing the rest.
+/// What [`unwrap`] reads of the ActiveJob hash.
+#[derive(Deserialize)]
+struct Inside<'a> {
+    #[serde(borrow, default)]
+    job_class: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+}
+
+/// The ActiveJob hash's context fields, borrowed; each kept raw so that a
+/// field of an unexpected type reads as absent instead of failing the rest.
 #[derive(Deserialize)]
 struct Hash<'a> {
     #[serde(borrow, default)]
     job_class: Option<&'a RawValue>,
     #[serde(borrow, default)]
     job_id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
     #[serde(borrow, default)]
     executions: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -132,13 +137,14 @@ fn integer(raw: Option<&RawValue>) -> Option<i64> {
 /// the dead set) when `hash` is not an ActiveJob hash: not an object, no
 /// `arguments` array, or no class named anywhere.
 pub fn unwrap(wrapped: Option<&str>, hash: &str) -> Result<Unwrapped, String> {
-    let fields: Hash<'_> = serde_json::from_str(hash)
+    let fields: Inside<'_> = serde_json::from_str(hash)
         .map_err(|_| "an ActiveJob wrapper's args[0] is not an ActiveJob hash (a JSON object)".to_owned())?;
-    let job_class = text(fields.job_class).unwrap_or_default();
     let class = match wrapped.filter(|w| !w.is_empty()) {
         Some(wrapped) => wrapped.to_owned(),
-        None if !job_class.is_empty() => job_class.clone(),
-        None => return Err("an ActiveJob wrapper names no class (neither \"wrapped\" nor \"job_class\")".into()),
+        None => match text(fields.job_class).filter(|c| !c.is_empty()) {
+            Some(job_class) => job_class,
+            None => return Err("an ActiveJob wrapper names no class (neither \"wrapped\" nor \"job_class\")".into()),
+        },
     };
     if class.len() > MAX_CLASS_LEN {
         return Err(format!(
@@ -159,9 +165,18 @@ pub fn unwrap(wrapped: Option<&str>, hash: &str) -> Result<Unwrapped, String> {
         // Nothing serialized, no markers: the text is already plain JSON.
         Ok(arguments.to_owned())
     };
-    let context = Context {
+    Ok(Unwrapped { class, arguments })
+}
+
+/// The context in the ActiveJob hash `hash` (JSON text); what it lacks, or
+/// holds in another type, is left empty.
+pub fn context(hash: &str) -> Context {
+    let Ok(fields) = serde_json::from_str::<Hash<'_>>(hash) else {
+        return Context::default();
+    };
+    Context {
         job_id: text(fields.job_id).unwrap_or_default(),
-        job_class,
+        job_class: text(fields.job_class).unwrap_or_default(),
         executions: integer(fields.executions)
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
@@ -170,13 +185,7 @@ pub fn unwrap(wrapped: Option<&str>, hash: &str) -> Result<Unwrapped, String> {
         timezone: text(fields.timezone),
         enqueued_at: text(fields.enqueued_at),
         scheduled_at: text(fields.scheduled_at),
-        raw: hash.to_owned(),
-    };
-    Ok(Unwrapped {
-        class,
-        arguments,
-        context,
-    })
+    }
 }
 
 /// The keys ActiveJob adds to a serialized hash to restore it in Ruby.
@@ -296,14 +305,13 @@ mod tests {
                 {"send_at": "2026-01-01T00:00:00.000000000Z", "tag": "vip"}
             ])
         );
-        let context = job.context;
+        let context = context(RAILS_61);
         assert_eq!(context.job_id, "c37401c3-cd5b-4735-89cb-35cf36006bb4");
         assert_eq!(context.job_class, "EchoJob");
         assert_eq!(context.executions, 0);
         assert_eq!((context.priority, context.timezone), (None, None));
         assert_eq!(context.locale.as_deref(), Some("en"));
         assert_eq!(context.enqueued_at.as_deref(), Some("2026-12-04T05:25:02Z"));
-        assert_eq!(context.raw, RAILS_61);
     }
 
     #[test]
@@ -338,11 +346,9 @@ mod tests {
                 {"_aj_globalid": "gid://a/B/2", "other": 1}
             ])
         );
-        assert_eq!((job.context.priority, job.context.executions), (Some(10), 2));
-        assert_eq!(
-            job.context.scheduled_at.as_deref(),
-            Some("2026-12-03T10:20:30.123456789Z")
-        );
+        let context = context(&hash.to_string());
+        assert_eq!((context.priority, context.executions), (Some(10), 2));
+        assert_eq!(context.scheduled_at.as_deref(), Some("2026-12-03T10:20:30.123456789Z"));
     }
 
     #[test]
@@ -379,15 +385,9 @@ mod tests {
                 .contains("more than")
         );
         // Fields of the wrong type read as absent.
-        let odd = unwrap(
-            Some("J"),
-            r#"{"arguments":[],"executions":"2","priority":[],"locale":1}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            (odd.context.executions, odd.context.priority, odd.context.locale),
-            (0, None, None)
-        );
+        let odd = context(r#"{"arguments":[],"executions":"2","priority":[],"locale":1}"#);
+        assert_eq!((odd.executions, odd.priority, odd.locale), (0, None, None));
+        assert_eq!(context("[1]"), Context::default());
     }
 
     #[test]

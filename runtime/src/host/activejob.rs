@@ -37,24 +37,25 @@ impl ActiveJobView {
         Self(job)
     }
 
-    /// The context's fields, if the job came through ActiveJob.
+    /// The context's fields, if the job came through ActiveJob (read from
+    /// its hash now).
     pub(crate) fn fields(&self) -> Option<Fields> {
-        let c = &self.0.as_ref()?.context;
+        let c = self.0.as_ref()?.context();
         Some((
-            c.job_id.clone(),
-            c.job_class.clone(),
+            c.job_id,
+            c.job_class,
             c.executions,
             c.priority,
-            c.locale.clone(),
-            c.timezone.clone(),
-            c.enqueued_at.clone(),
-            c.scheduled_at.clone(),
+            c.locale,
+            c.timezone,
+            c.enqueued_at,
+            c.scheduled_at,
         ))
     }
 
     /// The ActiveJob hash as Ruby wrote it.
     pub(crate) fn raw(&self) -> Option<String> {
-        self.0.as_ref().map(|job| job.context.raw.clone())
+        self.0.as_ref().map(|job| job.hash.clone())
     }
 }
 

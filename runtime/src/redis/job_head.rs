@@ -62,29 +62,26 @@ fn unwrap_activejob(job: &mut Job, wrapped: Option<&str>, hash: Option<&str>) {
     let unwrapped = hash
         .ok_or_else(|| "an ActiveJob wrapper has no args[0] (its ActiveJob hash)".to_owned())
         .and_then(|hash| activejob::unwrap(wrapped, hash));
-    let (context, refused) = match unwrapped {
+    let refused = match unwrapped {
         Ok(unwrapped) => {
             job.class = unwrapped.class;
             match unwrapped.arguments {
                 Ok(arguments) => {
                     job.args = arguments;
-                    (unwrapped.context, None)
+                    None
                 }
-                Err(reason) => (unwrapped.context, Some(reason)),
+                Err(reason) => Some(reason),
             }
         }
         Err(reason) => {
             if let Some(wrapped) = wrapped.filter(|w| !w.is_empty() && w.len() <= MAX_CLASS_LEN) {
                 job.class = wrapped.to_owned();
             }
-            let context = activejob::Context {
-                raw: hash.unwrap_or_default().to_owned(),
-                ..Default::default()
-            };
-            (context, Some(reason))
+            Some(reason)
         }
     };
-    job.activejob = Some(std::sync::Arc::new(ActiveJob { context, refused }));
+    let hash = hash.unwrap_or_default().to_owned();
+    job.activejob = Some(std::sync::Arc::new(ActiveJob { hash, refused }));
 }
 
 /// The fields a job needs to start, borrowed from the payload text.
@@ -107,6 +104,29 @@ struct Head<'a> {
     /// An ActiveJob wrapper's job class.
     #[serde(borrow, default)]
     wrapped: Option<&'a RawValue>,
+}
+
+/// The first element of a JSON array, borrowed (the rest skimmed).
+struct First<'a>(Option<&'a RawValue>);
+
+impl<'de> Deserialize<'de> for First<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = First<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON array")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<First<'de>, A::Error> {
+                let first = seq.next_element::<&'de RawValue>()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(First(first))
+            }
+        }
+        deserializer.deserialize_seq(Visitor)
+    }
 }
 
 /// A JSON document read in full, numbers included, and kept nowhere: fails
@@ -215,9 +235,9 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
         let wrapped = head
             .wrapped
             .and_then(|w| serde_json::from_str::<Cow<'_, str>>(w.get()).ok());
-        let first = serde_json::from_str::<Vec<&RawValue>>(args.get())
+        let first = serde_json::from_str::<First>(args.get())
             .ok()
-            .and_then(|args| args.first().map(|hash| hash.get()));
+            .and_then(|first| first.0.map(RawValue::get));
         unwrap_activejob(&mut job, wrapped.as_deref(), first);
     }
     Ok((job, enqueued))
@@ -320,20 +340,16 @@ mod tests {
             assert_eq!(fast.enqueued_at_ms, 1_764_756_930_124);
             let aj = fast.activejob.as_deref().unwrap();
             assert_eq!(aj.refused, None);
-            assert_eq!(aj.context.executions, 1);
-            assert_eq!(aj.context.timezone.as_deref(), Some("UTC"));
-            assert!(
-                aj.context.raw.starts_with(r#"{"job_class":"WelcomeJob""#),
-                "{}",
-                aj.context.raw
-            );
+            assert_eq!(aj.context().executions, 1);
+            assert_eq!(aj.context().timezone.as_deref(), Some("UTC"));
+            assert!(aj.hash.starts_with(r#"{"job_class":"WelcomeJob""#), "{}", aj.hash);
             let full = to_job(&Payload::parse(&raw).unwrap());
             assert_eq!(full.class, fast.class);
             assert_eq!(
                 serde_json::from_str::<Value>(&full.args).unwrap(),
                 serde_json::from_str::<Value>(&fast.args).unwrap()
             );
-            assert_eq!(full.activejob.unwrap().context.job_id, aj.context.job_id);
+            assert_eq!(full.activejob.unwrap().context().job_id, aj.context().job_id);
         }
         // Plain arguments pass as they are.
         let (plain, _) = job_from_raw(&activejob_payload(activejob::WRAPPERS[0], r#"["x", 1]"#)).unwrap();
