@@ -71,15 +71,47 @@ fn wasm_runs(dir: &Path) -> HashMap<String, usize> {
     )
 }
 
+/// A Redis, the report guest's plugin directory, and a Ruby Sidekiq worker
+/// on `default` with `concurrency` threads writing its runs to `ran`.
+struct Side {
+    redis: TestRedis,
+    url: String,
+    conn: redis::aio::MultiplexedConnection,
+    dir: tempfile::TempDir,
+    ran: std::path::PathBuf,
+    sidekiq: SidekiqProcess,
+}
+
+impl Side {
+    async fn start(concurrency: &str) -> Side {
+        let redis = TestRedis::start();
+        let url = redis.url();
+        let conn = redis.conn().await;
+        let dir = plugins(&[], &["activejob"]);
+        let ran = dir.path().join("ruby-ran.txt");
+        let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
+        let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", concurrency], &worker);
+        Side {
+            redis,
+            url,
+            conn,
+            dir,
+            ran,
+            sidekiq,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ruby_and_wasm_on_their_own_queues_each_run_their_own_jobs_once_through_a_kill() {
-    let redis = TestRedis::start();
-    let url = redis.url();
-    let mut conn = redis.conn().await;
-    let dir = plugins(&[], &["activejob"]);
-    let ran = dir.path().join("ruby-ran.txt");
-    let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
-    let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", "5"], &worker);
+    let Side {
+        redis: _redis,
+        url,
+        mut conn,
+        dir,
+        ran,
+        sidekiq,
+    } = Side::start("5").await;
     // Few slots, so the kill finds plain Wasm jobs (10 ms each) running
     // and others waiting, while Ruby is still pushing.
     let mut runner = Runner::start(&url, dir.path(), &["-q", "wasm", "-c", "4"]);
@@ -149,13 +181,14 @@ async fn ruby_and_wasm_on_their_own_queues_each_run_their_own_jobs_once_through_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_shared_queue_ruby_jobs_are_handed_back_untouched_and_the_sharing_is_named() {
-    let redis = TestRedis::start();
-    let url = redis.url();
-    let mut conn = redis.conn().await;
-    let dir = plugins(&[], &["activejob"]);
-    let ran = dir.path().join("ruby-ran.txt");
-    let worker = WORKER.replace(r#"ENV.fetch("RAN")"#, &format!("{:?}", ran.display().to_string()));
-    let sidekiq = SidekiqProcess::start_with(&url, &["-q", "default", "-c", "2"], &worker);
+    let Side {
+        redis: _redis,
+        url,
+        mut conn,
+        dir,
+        ran,
+        sidekiq,
+    } = Side::start("2").await;
     let ruby_id = identity_of(&mut conn, sidekiq.pid(), || sidekiq.log()).await;
     let (metrics, web) = (free_addr(), free_addr());
     let mut runner = Runner::start(
