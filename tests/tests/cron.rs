@@ -455,13 +455,34 @@ async fn a_sidekiq_cron_schedule_runs() {
 
 /// sidekiq-cron 1.x (Debian 12's ruby-sidekiq-cron 1.8, what Sidekiq 6
 /// apps run) keeps schedules in `cron_jobs` and `cron_job:<name>`: its
-/// schedules run under wasmjobs, ours are written where it reads them (its
-/// API lists them and their runs), and `wasmjobs schedule` shows both.
+/// schedules run under wasmjobs, ours move there once a Ruby schedule
+/// shows the cluster uses it (its API lists them and their runs), and
+/// `wasmjobs schedule` shows both.
 #[tokio::test(flavor = "multi_thread")]
 async fn sidekiq_cron_1_schedules_run_and_ours_are_written_where_it_reads_them() {
     let redis = TestRedis::start();
     let url = redis.url();
     let mut conn = redis.conn().await;
+    // Before any Ruby schedule, ours go where sidekiq-cron 2.x reads them.
+    let dir = plugin_with(EVERY_SECOND_SCHEDULE);
+    let mut first = Runner::start(&url, dir.path(), &["-q", "default"]);
+    first.wait_running();
+    eventually(
+        Duration::from_secs(30),
+        || first.log(),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                conn.exists::<_, bool>("cron_job:default:every-second")
+                    .await
+                    .expect("EXISTS")
+            }
+        },
+    )
+    .await;
+    first.stop();
+    // A Ruby app on sidekiq-cron 1.x registers one: the next runner
+    // moves ours to 1.x's layout, claims and all.
     let registered = ruby_json(
         &url,
         r#"require "sidekiq/cron/job"
@@ -470,7 +491,6 @@ Sidekiq::Cron::Job.create(name: "ruby-1x", cron: "* * * * * *", class: "RubyCron
 puts JSON.generate(Sidekiq::Cron::Job.all.map(&:name))"#,
     );
     assert_eq!(registered, json!(["ruby-1x"]));
-    let dir = plugin_with(EVERY_SECOND_SCHEDULE);
     let mut runner = Runner::start(&url, dir.path(), &["-q", "default"]);
     runner.wait_running();
     let start = now_f64().ceil() as i64;
@@ -499,7 +519,12 @@ puts JSON.generate(Sidekiq::Cron::Job.all.map(&:name))"#,
         .query_async(&mut conn)
         .await
         .expect("EXISTS");
-    assert_eq!(exists, (true, false));
+    assert_eq!(exists, (true, false), "moved to 1.x's layout");
+    let in_v2: bool = conn
+        .sismember("cron_jobs:default", "cron_job:default:every-second")
+        .await
+        .expect("SISMEMBER");
+    assert!(!in_v2, "the 2.x copy is gone from its set");
     let seen = ruby_json(
         &url,
         r#"require "sidekiq/cron/job"

@@ -148,31 +148,51 @@ impl Layout {
         if let Some(layout) = Layout::parse(&std::env::var(LAYOUT_ENV).unwrap_or_default())? {
             return Ok(layout);
         }
-        let ruby_v1: i64 = redis::Script::new(RUBY_SCHEDULES)
-            .key(keys::CRON_JOBS_V1)
-            .invoke_async(conn)
-            .await
-            .context("cannot tell which sidekiq-cron layout the cluster uses")?;
-        Ok(if ruby_v1 > 0 { Layout::V1 } else { Layout::V2 })
+        Ok(if ruby_schedule_in(conn, keys::CRON_JOBS_V1).await? {
+            Layout::V1
+        } else {
+            Layout::V2
+        })
     }
+}
+
+/// Whether the SET `set` names a schedule hash without our owner field (a
+/// Ruby app's), looking at 100 of its members at most. A set of another
+/// type, and members that are not hashes, name none.
+async fn ruby_schedule_in<C>(conn: &mut C, set: &str) -> Result<bool>
+where
+    C: ConnectionLike + Send,
+{
+    let context = "cannot tell which sidekiq-cron layout the cluster uses";
+    let members = bounded::tolerate(
+        redis::cmd("SRANDMEMBER")
+            .arg(set)
+            .arg(100)
+            .query_async::<Vec<Vec<u8>>>(conn)
+            .await,
+    )
+    .context(context)?;
+    let Ok(members) = members else { return Ok(false) };
+    if members.is_empty() {
+        return Ok(false);
+    }
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for member in &members {
+        pipe.cmd("TYPE").arg(member).cmd("HGET").arg(member).arg(OWNER_FIELD);
+    }
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await.context(context)?;
+    Ok(replies.chunks(2).any(|pair| match pair {
+        [kind, owner] => {
+            bounded::reply::<String>(kind.clone()).is_ok_and(|k| k == "hash")
+                && bounded::reply::<Option<String>>(owner.clone()).is_ok_and(|o| o.is_none_or(|o| o.is_empty()))
+        }
+        _ => false,
+    }))
 }
 
 /// The prefix of a sidekiq-cron 1.x schedule's hash key.
 const V1_KEY_PREFIX: &str = "cron_job:";
-
-/// Whether the SET KEYS[1] names a schedule hash without our owner field
-/// (a Ruby app's). Looks at 100 members at most; a key of another type
-/// counts as none.
-const RUBY_SCHEDULES: &str = r"
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'set' then return 0 end
-for _, key in ipairs(redis.call('SRANDMEMBER', KEYS[1], 100)) do
-  if redis.call('TYPE', key)['ok'] == 'hash' then
-    local owner = redis.call('HGET', key, 'wasmjobs_plugin')
-    if not owner or owner == '' then return 1 end
-  end
-end
-return 0
-";
 
 /// Registers a schedule (see [`register`]). KEYS: the set, the hash, its
 /// `:enqueued` ZSET. ARGV: the plugin, the member of the latest tick at or
