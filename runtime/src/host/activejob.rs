@@ -12,24 +12,30 @@
 use std::sync::Arc;
 
 use crate::bindings::activejob::{Context, Host};
-use crate::job::ActiveJob;
+use crate::job::{ActiveJob, ActiveJobContext};
+
+/// The WIT `context` record `$record` (either world's bindings generate
+/// one) from the [`ActiveJobContext`] `$c`.
+macro_rules! record {
+    ($record:path, $c:expr) => {{
+        let c = $c;
+        $record {
+            job_id: c.job_id,
+            job_class: c.job_class,
+            executions: c.executions,
+            priority: c.priority,
+            locale: c.locale,
+            timezone: c.timezone,
+            enqueued_at: c.enqueued_at,
+            scheduled_at: c.scheduled_at,
+        }
+    }};
+}
+pub(crate) use record;
 
 /// One job's ActiveJob context, as the import serves it.
 #[derive(Debug, Clone, Default)]
 pub struct ActiveJobView(Option<Arc<ActiveJob>>);
-
-/// The fields of the WIT `context` record, in its order, for building it
-/// in either world's bindings.
-pub(crate) type Fields = (
-    String,
-    String,
-    u32,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
 
 impl ActiveJobView {
     /// The view of `job`'s ActiveJob side (none for a plain job).
@@ -37,20 +43,10 @@ impl ActiveJobView {
         Self(job)
     }
 
-    /// The context's fields, if the job came through ActiveJob (read from
-    /// its hash now).
-    pub(crate) fn fields(&self) -> Option<Fields> {
-        let c = self.0.as_ref()?.context();
-        Some((
-            c.job_id,
-            c.job_class,
-            c.executions,
-            c.priority,
-            c.locale,
-            c.timezone,
-            c.enqueued_at,
-            c.scheduled_at,
-        ))
+    /// The context, if the job came through ActiveJob (read from its hash
+    /// now).
+    pub(crate) fn context(&self) -> Option<ActiveJobContext> {
+        self.0.as_ref().map(|job| job.context())
     }
 
     /// The ActiveJob hash as Ruby wrote it.
@@ -61,17 +57,7 @@ impl ActiveJobView {
 
 impl Host for ActiveJobView {
     fn current(&mut self) -> Option<Context> {
-        let (job_id, job_class, executions, priority, locale, timezone, enqueued_at, scheduled_at) = self.fields()?;
-        Some(Context {
-            job_id,
-            job_class,
-            executions,
-            priority,
-            locale,
-            timezone,
-            enqueued_at,
-            scheduled_at,
-        })
+        self.context().map(|c| record!(Context, c))
     }
 
     fn raw(&mut self) -> Option<String> {

@@ -116,18 +116,8 @@ impl activejob::Host for JobState {}
 
 impl<T> activejob::HostWithStore<T> for Scoped {
     fn current(mut access: Access<'_, T, Self>) -> Option<activejob::Context> {
-        let (job_id, job_class, executions, priority, locale, timezone, enqueued_at, scheduled_at) =
-            scope(&mut access)?.activejob.fields()?;
-        Some(activejob::Context {
-            job_id,
-            job_class,
-            executions,
-            priority,
-            locale,
-            timezone,
-            enqueued_at,
-            scheduled_at,
-        })
+        let context = scope(&mut access)?.activejob.context()?;
+        Some(super::activejob::record!(activejob::Context, context))
     }
 
     fn raw(mut access: Access<'_, T, Self>) -> Option<String> {

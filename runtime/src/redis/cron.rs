@@ -513,16 +513,22 @@ pub enum Registered {
     Taken,
 }
 
-/// Registers (or updates) `schedule` of `plugin` in the cluster's
-/// [`Layout`], and removes wasmjobs' copy of it from the other layout (the
-/// cluster's layout changed since it was written). A new schedule's latest
+/// Registers (or updates) `schedule` of `plugin` in `layout` (the
+/// cluster's, [`Layout::of_cluster`]), and removes wasmjobs' copy of it
+/// from the other layout (the cluster's layout changed since it was
+/// written). A new schedule's latest
 /// past tick is marked claimed, as sidekiq-cron's `save` does, so
 /// registering never enqueues a run that was due before it existed.
-pub async fn register<C>(conn: &mut C, plugin: &str, schedule: &Schedule, now: f64) -> Result<Registered>
+pub async fn register<C>(
+    conn: &mut C,
+    layout: Layout,
+    plugin: &str,
+    schedule: &Schedule,
+    now: f64,
+) -> Result<Registered>
 where
     C: ConnectionLike + Send,
 {
-    let layout = Layout::of_cluster(conn).await?;
     let key = layout.key(&schedule.name);
     let latest = schedule
         .cron

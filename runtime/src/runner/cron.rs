@@ -222,8 +222,20 @@ impl CronPoller {
             PluginSchedules::Removed { plugin } => (plugin, &[]),
         };
         let now = now_f64();
+        // Where the cluster keeps schedules: read once for all of them.
+        let layout = if schedules.is_empty() {
+            store::Layout::V2
+        } else {
+            match store::Layout::of_cluster(&mut conn).await {
+                Ok(layout) => layout,
+                Err(err) => {
+                    tracing::error!(plugin, "cron: {err:#}; schedules not registered");
+                    return;
+                }
+            }
+        };
         for schedule in schedules {
-            match store::register(&mut conn, plugin, schedule, now).await {
+            match store::register(&mut conn, layout, plugin, schedule, now).await {
                 Ok(Registered::Written { moved_from: None }) => {
                     tracing::debug!(plugin, schedule = %schedule.name, cron = %schedule.cron.sidekiq_field(), "schedule registered");
                 }
