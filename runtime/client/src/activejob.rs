@@ -137,8 +137,32 @@ fn integer(raw: Option<&RawValue>) -> Option<i64> {
 /// the dead set) when `hash` is not an ActiveJob hash: not an object, no
 /// `arguments` array, or no class named anywhere.
 pub fn unwrap(wrapped: Option<&str>, hash: &str) -> Result<Unwrapped, String> {
-    let fields: Inside<'_> = serde_json::from_str(hash)
-        .map_err(|_| "an ActiveJob wrapper's args[0] is not an ActiveJob hash (a JSON object)".to_owned())?;
+    let not_a_hash = || "an ActiveJob wrapper's args[0] is not an ActiveJob hash (a JSON object)".to_owned();
+    // (A derived `Deserialize` would also read a struct from an array.)
+    if !hash.trim_start().starts_with('{') {
+        return Err(not_a_hash());
+    }
+    let fields: Inside<'_> = serde_json::from_str(hash).map_err(|_| not_a_hash())?;
+    unwrap_fields(wrapped, fields)
+}
+
+/// [`unwrap`] of the first element of `args` (the JSON text of a wrapper's
+/// `args` array), in one pass over it: the job, and the text of the
+/// ActiveJob hash. `None` when `args[0]` is not a JSON object; a caller
+/// then takes the element out itself and calls [`unwrap`], which says why.
+pub fn unwrap_first<'a>(wrapped: Option<&str>, args: &'a str) -> Option<(Result<Unwrapped, String>, &'a str)> {
+    let inner = args.trim_start().strip_prefix('[')?;
+    let start = inner.len() - inner.trim_start().len();
+    if !inner[start..].starts_with('{') {
+        return None;
+    }
+    let mut stream = serde_json::Deserializer::from_str(inner).into_iter::<Inside<'a>>();
+    let fields = stream.next()?.ok()?;
+    let hash = inner.get(start..stream.byte_offset())?;
+    Some((unwrap_fields(wrapped, fields), hash))
+}
+
+fn unwrap_fields(wrapped: Option<&str>, fields: Inside<'_>) -> Result<Unwrapped, String> {
     let class = match wrapped.filter(|w| !w.is_empty()) {
         Some(wrapped) => wrapped.to_owned(),
         None => match text(fields.job_class).filter(|c| !c.is_empty()) {
@@ -171,6 +195,9 @@ pub fn unwrap(wrapped: Option<&str>, hash: &str) -> Result<Unwrapped, String> {
 /// The context in the ActiveJob hash `hash` (JSON text); what it lacks, or
 /// holds in another type, is left empty.
 pub fn context(hash: &str) -> Context {
+    if !hash.trim_start().starts_with('{') {
+        return Context::default();
+    }
     let Ok(fields) = serde_json::from_str::<Hash<'_>>(hash) else {
         return Context::default();
     };
@@ -370,6 +397,7 @@ mod tests {
     fn hashes_that_are_not_activejob_are_refused_with_a_reason() {
         for (wrapped, hash) in [
             (Some("J"), "[1]"),
+            (None, r#"["J", [1]]"#),
             (Some("J"), "\"text\""),
             (Some("J"), r#"{"job_class":"J"}"#),
             (Some("J"), r#"{"arguments":"1"}"#),
@@ -388,6 +416,31 @@ mod tests {
         let odd = context(r#"{"arguments":[],"executions":"2","priority":[],"locale":1}"#);
         assert_eq!((odd.executions, odd.priority, odd.locale), (0, None, None));
         assert_eq!(context("[1]"), Context::default());
+        assert_eq!(context(r#"["J", "id", 3]"#), Context::default());
+    }
+
+    #[test]
+    fn the_first_argument_unwraps_in_place_as_it_does_alone() {
+        let hash = r#"{"job_class":"J","arguments":[1,{"_aj_symbol_keys":[],"a":2}],"x":"]"}"#;
+        for args in [
+            format!("[{hash}]"),
+            format!(" [ \n{hash} , 7, \"x\"]"),
+            format!("[{hash},{hash}]"),
+        ] {
+            let (unwrapped, text) = unwrap_first(None, &args).unwrap();
+            assert_eq!(text, hash, "{args}");
+            assert_eq!(unwrapped, unwrap(None, hash));
+            assert_eq!(unwrapped.unwrap().arguments.unwrap(), r#"[1,{"a":2}]"#);
+        }
+        // Not an object first: left to the caller, which says why.
+        for args in ["[]", "[1]", "[\"x\"]", "[[1]]", "{}", "", "[{\"job_class\":"] {
+            assert!(unwrap_first(None, args).is_none(), "{args}");
+        }
+        // An object that is not an ActiveJob hash: the reason, as alone.
+        let (refused, text) = unwrap_first(Some("J"), r#"[{"job_class":"J"}]"#).unwrap();
+        assert_eq!(text, r#"{"job_class":"J"}"#);
+        assert_eq!(refused, unwrap(Some("J"), text));
+        assert!(refused.is_err());
     }
 
     #[test]

@@ -62,6 +62,12 @@ fn unwrap_activejob(job: &mut Job, wrapped: Option<&str>, hash: Option<&str>) {
     let unwrapped = hash
         .ok_or_else(|| "an ActiveJob wrapper has no args[0] (its ActiveJob hash)".to_owned())
         .and_then(|hash| activejob::unwrap(wrapped, hash));
+    apply_activejob(job, wrapped, hash.unwrap_or_default(), unwrapped);
+}
+
+/// Makes `job` the job `unwrapped` from the ActiveJob hash `hash`, or
+/// keeps what it can and the reason why not.
+fn apply_activejob(job: &mut Job, wrapped: Option<&str>, hash: &str, unwrapped: Result<activejob::Unwrapped, String>) {
     let refused = match unwrapped {
         Ok(unwrapped) => {
             job.class = unwrapped.class;
@@ -80,30 +86,87 @@ fn unwrap_activejob(job: &mut Job, wrapped: Option<&str>, hash: Option<&str>) {
             Some(reason)
         }
     };
-    let hash = hash.unwrap_or_default().to_owned();
-    job.activejob = Some(std::sync::Arc::new(ActiveJob { hash, refused }));
+    job.activejob = Some(std::sync::Arc::new(ActiveJob {
+        hash: hash.to_owned(),
+        refused,
+    }));
 }
 
-/// The fields a job needs to start, borrowed from the payload text.
-#[derive(Deserialize)]
+/// The fields a job needs to start, borrowed from the payload text. Every
+/// other field is read in full as it goes by ([`Checked`]), so one pass
+/// tells whether the full parse could hold the payload; the fields kept
+/// raw are checked on their own (`job_from_raw`). A field that appears
+/// twice fails, as a derived `Deserialize` would, and leaves the payload
+/// to the full parse.
+#[derive(Default)]
 struct Head<'a> {
-    #[serde(borrow, default)]
     class: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     args: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     jid: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     queue: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
     retry_count: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     enqueued_at: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     created_at: Option<&'a RawValue>,
     /// An ActiveJob wrapper's job class.
-    #[serde(borrow, default)]
     wrapped: Option<&'a RawValue>,
+}
+
+impl<'de> Deserialize<'de> for Head<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Head<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a job payload (a JSON object)")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Head<'de>, A::Error> {
+                fn once<'de, T, A: serde::de::MapAccess<'de>>(
+                    slot: &mut Option<Option<T>>,
+                    name: &'static str,
+                    map: &mut A,
+                ) -> Result<(), A::Error>
+                where
+                    T: Deserialize<'de>,
+                {
+                    if slot.is_some() {
+                        return Err(serde::de::Error::duplicate_field(name));
+                    }
+                    *slot = Some(map.next_value()?);
+                    Ok(())
+                }
+                let (mut class, mut args, mut jid, mut queue) = (None, None, None, None);
+                let (mut retry_count, mut enqueued_at, mut created_at, mut wrapped) = (None, None, None, None);
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "class" => once(&mut class, "class", &mut map)?,
+                        "args" => once(&mut args, "args", &mut map)?,
+                        "jid" => once(&mut jid, "jid", &mut map)?,
+                        "queue" => once(&mut queue, "queue", &mut map)?,
+                        "retry_count" => once(&mut retry_count, "retry_count", &mut map)?,
+                        "enqueued_at" => once(&mut enqueued_at, "enqueued_at", &mut map)?,
+                        "created_at" => once(&mut created_at, "created_at", &mut map)?,
+                        "wrapped" => once(&mut wrapped, "wrapped", &mut map)?,
+                        _ => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(Head {
+                    class: class.flatten(),
+                    args: args.flatten(),
+                    jid: jid.flatten(),
+                    queue: queue.flatten(),
+                    retry_count: retry_count.flatten(),
+                    enqueued_at: enqueued_at.flatten(),
+                    created_at: created_at.flatten(),
+                    wrapped: wrapped.flatten(),
+                })
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// The first element of a JSON array, borrowed (the rest skimmed).
@@ -195,16 +258,27 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
             (to_job(&p), enqueued)
         })
     };
-    // The head skims the fields it skips (and `args`) without reading their
-    // numbers; a number the full parse cannot hold (`1e400`) would start a
-    // job whose failure could then not be written back as a retry. One
-    // allocation-free pass reads every number as the full parse would.
-    if serde_json::from_str::<Checked>(raw).is_err() {
-        return full();
-    }
+    // The head reads every field it does not keep in full; the ones it
+    // keeps raw are checked here. A number the full parse cannot hold
+    // (`1e400`) would start a job whose failure could then not be written
+    // back as a retry: such a payload is left to the full parse.
     let Ok(head) = serde_json::from_str::<Head>(raw) else {
         return full();
     };
+    let kept = [
+        head.args,
+        head.retry_count,
+        head.enqueued_at,
+        head.created_at,
+        head.wrapped,
+    ];
+    if kept
+        .into_iter()
+        .flatten()
+        .any(|r| serde_json::from_str::<Checked>(r.get()).is_err())
+    {
+        return full();
+    }
     let (Some(class), Some(args)) = (&head.class, head.args) else {
         return full();
     };
@@ -235,10 +309,15 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
         let wrapped = head
             .wrapped
             .and_then(|w| serde_json::from_str::<Cow<'_, str>>(w.get()).ok());
-        let first = serde_json::from_str::<First>(args.get())
-            .ok()
-            .and_then(|first| first.0.map(RawValue::get));
-        unwrap_activejob(&mut job, wrapped.as_deref(), first);
+        match activejob::unwrap_first(wrapped.as_deref(), args.get()) {
+            Some((unwrapped, hash)) => apply_activejob(&mut job, wrapped.as_deref(), hash, unwrapped),
+            None => {
+                let first = serde_json::from_str::<First>(args.get())
+                    .ok()
+                    .and_then(|first| first.0.map(RawValue::get));
+                unwrap_activejob(&mut job, wrapped.as_deref(), first);
+            }
+        }
     }
     Ok((job, enqueued))
 }

@@ -75,7 +75,7 @@ pub(crate) fn script_jid(raw: &[u8]) -> Option<String> {
     // Lua's `%s` in the C locale.
     let space = |b: &u8| b" \t\n\x0b\x0c\r".contains(b);
     let mut from = 0;
-    while let Some(found) = raw[from..].windows(KEY.len()).position(|w| w == KEY) {
+    while let Some(found) = memchr::memmem::find(&raw[from..], KEY) {
         let after = from + found + KEY.len();
         let rest = &raw[after..];
         let colon = rest.iter().position(|b| !space(b));
