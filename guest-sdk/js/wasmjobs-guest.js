@@ -1,7 +1,7 @@
 // wasmjobs guest SDK for JavaScript: a job is one async function.
 //
 //   // job.js, built with componentize-js (see guest-sdk/js/README.md)
-//   import { job, log, http, Retry } from './wasmjobs-guest.js';
+//   import { job, log, http, Retry } from 'wasmjobs-guest';
 //
 //   export const perform = job(async (info, url) => {
 //     const response = await http.get(url);

@@ -113,7 +113,7 @@ pub mod bindings {
     // The generated glue, not ours to restyle.
     #![allow(clippy::all)]
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "plugin",
         generate_all,
         pub_export_macro: true,
@@ -137,7 +137,7 @@ pub mod async_bindings {
     #![allow(missing_docs)]
     #![allow(clippy::all)]
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "async-plugin",
         with: {
             "wasmjobs:job/types@0.1.0": crate::bindings::wasmjobs::job::types,

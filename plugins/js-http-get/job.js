@@ -1,6 +1,6 @@
 // JsHttpGetJob: the HttpGetJob workload in JavaScript. Args: [url]. GETs the
 // URL and fails (retry) on a non-2xx status.
-import { job, http, log, Retry } from './wasmjobs-guest.js';
+import { job, http, log, Retry } from 'wasmjobs-guest';
 
 export const perform = job(async (info, url) => {
   const response = await http.get(url);

@@ -1,4 +1,4 @@
 // JsNoopJob: does nothing; what a JavaScript job costs the runner by itself.
-import { job } from './wasmjobs-guest.js';
+import { job } from 'wasmjobs-guest';
 
 export const perform = job(async () => {});

@@ -19,10 +19,21 @@ pub fn wasmjobs_in<K: AsRef<OsStr>, V: AsRef<OsStr>>(
     envs: &[(K, V)],
     timeout: Duration,
 ) -> Output {
+    command_in(Command::new(wasmjobs_bin()), cwd, args, envs, timeout)
+}
+
+/// [`wasmjobs_in`] for any `command` (a wasmjobs binary, or a wrapper that
+/// runs one): `args` are added to it.
+pub fn command_in<K: AsRef<OsStr>, V: AsRef<OsStr>>(
+    mut command: Command,
+    cwd: &Path,
+    args: &[&str],
+    envs: &[(K, V)],
+    timeout: Duration,
+) -> Output {
     let out = tempfile::tempdir().expect("tempdir");
     let stdout = out.path().join("stdout");
     let stderr = out.path().join("stderr");
-    let mut command = Command::new(wasmjobs_bin());
     command
         .current_dir(cwd)
         .args(args)

@@ -3,23 +3,70 @@
 //! language, `wasmjobs build`, the `wasmjobs exec` line the build prints,
 //! then `wasmjobs enqueue` and `wasmjobs run` on the embedded Redis. Real
 //! toolchains (cargo, componentize-py, componentize-js), real processes.
-//! Toolchains and the Rust target directory: [`toolchain_env`].
+//!
+//! On the newcomer's machine there is no checkout: every command is an
+//! installed copy of the binary, run with the repository hidden (an empty
+//! `tmpfs` mounted over it in a mount namespace of the command's own), and
+//! its toolchains outside the repository ([`Machine`]). The plugin
+//! directory it makes names no path of the machine, and builds again
+//! after being moved.
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::Output;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use wasmjobs_e2e::cli::{printed, toolchain_env, wasmjobs_in};
-use wasmjobs_e2e::{assert_success, repo_root};
+use wasmjobs_e2e::cli::{command_in, printed};
+use wasmjobs_e2e::runner::wasmjobs_bin;
+use wasmjobs_e2e::{assert_success, plugins_dir, repo_root};
 
 /// A build installs its toolchain on first use: give it time.
 const BUILD: Duration = Duration::from_secs(900);
 const QUICK: Duration = Duration::from_secs(120);
 
-/// Runs a wasmjobs command in the newcomer's directory.
+/// The newcomer's machine: `wasmjobs` installed outside the repository,
+/// toolchains outside it (shared by the tests of this file, installed by
+/// the first that needs each).
+struct Machine {
+    bin: PathBuf,
+    toolchains: PathBuf,
+}
+
+fn machine() -> &'static Machine {
+    static MACHINE: OnceLock<Machine> = OnceLock::new();
+    MACHINE.get_or_init(|| {
+        // The guests are built first (the repository's own toolchains),
+        // so that this file's builds do not race theirs for the CPU.
+        let _ = plugins_dir();
+        let root = std::env::temp_dir().join(format!("wasmjobs-newcomer-{}", std::process::id()));
+        let bin = root.join("bin/wasmjobs");
+        std::fs::create_dir_all(root.join("bin")).expect("create the bin directory");
+        std::fs::copy(wasmjobs_bin(), &bin).expect("install wasmjobs");
+        let toolchains = root.join("toolchains");
+        assert!(!bin.starts_with(repo_root()) && !toolchains.starts_with(repo_root()));
+        Machine { bin, toolchains }
+    })
+}
+
+/// Runs the installed wasmjobs in the newcomer's directory, the
+/// repository hidden from it.
 fn wasmjobs(home: &Path, args: &[&str], timeout: Duration) -> Output {
-    wasmjobs_in(home, args, &toolchain_env(), timeout)
+    let machine = machine();
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs tmpfs "$0" && exec "$@""#)
+        .arg(repo_root())
+        .arg(&machine.bin)
+        .env_remove("WASMJOBS_SDK")
+        .env_remove("WASMJOBS_DATA_DIR")
+        .env_remove("REDIS_URL");
+    let envs = [
+        ("WASMJOBS_TOOLCHAINS", machine.toolchains.clone()),
+        ("CARGO_TARGET_DIR", PathBuf::new()),
+    ];
+    command_in(command, home, args, &envs, timeout)
 }
 
 /// Every file under `dir`, relative to it.
@@ -90,6 +137,31 @@ fn first_plugin(language: &str, class: &str, sources: &[&str], wrong_type: &str)
         expected,
         "the plugin directory holds its sources, its manifest and the component, nothing else (no __pycache__, no temporary file)"
     );
+    // Nothing in it names a place on this machine: it can be committed.
+    for file in sources.iter().chain(&["wasmjobs.toml"]) {
+        let text = std::fs::read_to_string(home.join("plugins/greet").join(file)).expect("read a source");
+        for place in [home, repo_root().as_path(), machine().toolchains.as_path()] {
+            assert!(
+                !text.contains(&place.display().to_string()),
+                "{file} names {}:\n{text}",
+                place.display()
+            );
+        }
+        assert!(
+            !text.contains("./wasmjobs-guest"),
+            "{file} imports a file that is not there:\n{text}"
+        );
+    }
+    // The SDK was the binary's own, written out under the toolchains.
+    let sdks: Vec<_> = std::fs::read_dir(machine().toolchains.join("sdk"))
+        .expect("the SDK under the toolchains directory")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|name| !name.starts_with('.'))
+        .collect();
+    assert!(
+        !sdks.is_empty() && sdks.iter().all(|name| name.starts_with(env!("CARGO_PKG_VERSION"))),
+        "{sdks:?}"
+    );
 
     // The line the build printed, as the newcomer would paste it: the
     // component was compiled once, by the build, into the same cache.
@@ -123,6 +195,19 @@ fn first_plugin(language: &str, class: &str, sources: &[&str], wrong_type: &str)
     let run = wasmjobs(home, &["run", "--plugins", "plugins", "--exit-when-empty"], QUICK);
     assert_success(&run, "wasmjobs run");
     assert!(printed(&run).contains("hello, runner!"), "{}", printed(&run));
+
+    // Committed and checked out elsewhere: the sources alone build again.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let moved = elsewhere.path().join("greet");
+    std::fs::create_dir_all(&moved).expect("create the new place");
+    for file in sources.iter().chain(&["wasmjobs.toml"]) {
+        let target = moved.join(file);
+        std::fs::create_dir_all(target.parent().expect("a parent")).expect("create a source directory");
+        std::fs::copy(home.join("plugins/greet").join(file), target).expect("copy a source");
+    }
+    let rebuild = wasmjobs(elsewhere.path(), &["build", "greet"], BUILD);
+    assert_success(&rebuild, "wasmjobs build of the moved plugin");
+    assert!(moved.join("greet.wasm").is_file(), "{}", printed(&rebuild));
 }
 
 #[test]

@@ -26,8 +26,8 @@ use crate::sandbox::{EngineConfig, Executor};
 pub struct BuildArgs {
     /// The plugin directory (holding wasmjobs.toml).
     pub dir: PathBuf,
-    /// The guest SDK (the repository's `guest-sdk` directory; default: the
-    /// one this wasmjobs was built from).
+    /// Another guest SDK (a wasmjobs checkout's `guest-sdk` directory, to
+    /// try changes to the SDK; default: the one this wasmjobs carries).
     #[arg(long, env = "WASMJOBS_SDK")]
     pub sdk: Option<PathBuf>,
 }
@@ -107,7 +107,7 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
     }
     let world = if concurrent { "async-plugin" } else { "plugin" };
     match language {
-        Language::Rust => build_rust(dir, out),
+        Language::Rust => build_rust(dir, sdk, out),
         Language::Python => {
             let tool = sdk::componentize_py()?;
             eprintln!("componentize-py: building {} (~10 s)", dir.display());
@@ -174,11 +174,13 @@ fn stage_sources(dir: &Path, stage: &Path) -> Result<()> {
 const RUST_TARGET: &str = "wasm32-wasip2";
 
 /// `cargo build --release --target wasm32-wasip2`, adding the target with
-/// rustup if it is missing, and copies the library's `.wasm` to `out`. The
+/// rustup if it is missing, and copies the library's `.wasm` to `out`.
+/// `wasmjobs-guest` is the SDK crate `sdk` holds (a `[patch]` given on
+/// the command line: the plugin's `Cargo.toml` names only a version). The
 /// build output goes to `CARGO_TARGET_DIR` if set, else to `target/` in
 /// the toolchains directory (shared by every plugin), never into the
 /// plugin directory.
-fn build_rust(dir: &Path, out: &Path) -> Result<()> {
+fn build_rust(dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -204,7 +206,13 @@ fn build_rust(dir: &Path, out: &Path) -> Result<()> {
         // would watch the build churn; shared by every plugin built here.
         cargo.env("CARGO_TARGET_DIR", sdk::toolchains_dir()?.join("target"));
     }
+    let patch = format!(
+        "patch.crates-io.wasmjobs-guest.path={}",
+        toml::Value::String(sdk.rust_crate().display().to_string())
+    );
     let output = cargo
+        .arg("--config")
+        .arg(patch)
         .args([
             "build",
             "--release",

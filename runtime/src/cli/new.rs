@@ -4,16 +4,21 @@
 //! and a `wasmjobs.toml` whose `component` is the file `wasmjobs build`
 //! writes, with the grants and limits a plugin may declare shown as
 //! comments. The templates are in `cli/templates/`, rendered with
-//! minijinja; nothing is written over an existing file.
+//! minijinja; nothing is written over an existing file. Nothing written
+//! names a path on this machine: a Rust plugin depends on the guest SDK
+//! by version (this binary's), so the directory can be committed and
+//! built elsewhere ([`super::sdk`]).
 
-use std::path::{Path, PathBuf};
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use super::sdk::Sdk;
+use super::sdk::SDK_VERSION;
 
 /// The language of a plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -37,10 +42,6 @@ pub struct NewArgs {
     /// `greet` → `GreetJob`).
     #[arg(long)]
     pub class: Option<String>,
-    /// The guest SDK (the repository's `guest-sdk` directory; default: the
-    /// one this wasmjobs was built from).
-    #[arg(long, env = "WASMJOBS_SDK")]
-    pub sdk: Option<PathBuf>,
 }
 
 impl Language {
@@ -60,7 +61,9 @@ struct Placeholders {
     class: String,
     crate_name: String,
     component: String,
-    sdk_rust: String,
+    /// The guest SDK's version (this binary's), for a Rust plugin's
+    /// `Cargo.toml`.
+    sdk_version: &'static str,
     /// How to make `perform` async in this language, for the manifest's
     /// `concurrent` hint; empty where the SDK cannot build the async-plugin
     /// world (JavaScript: componentize-js 0.23 has no async exports).
@@ -83,12 +86,11 @@ pub fn run(args: &NewArgs) -> Result<ExitCode> {
         bail!("{class:?} is not a job class name: letters, digits and '_', starting with a letter (e.g. GreetJob)");
     }
     let crate_name = crate_name(name);
-    let sdk = Sdk::locate(args.sdk.as_deref())?;
     let context = Placeholders {
         class: class.clone(),
         component: format!("{}.wasm", crate_name.replace('-', "_")),
         crate_name,
-        sdk_rust: toml_path(&sdk.rust_crate()),
+        sdk_version: SDK_VERSION,
         async_how: async_how(args.language),
     };
     let files: &[(&str, &str)] = match args.language {
@@ -194,11 +196,6 @@ fn crate_name(dir_name: &str) -> String {
     name
 }
 
-/// `path` as a TOML basic string's contents (backslashes and quotes escaped).
-fn toml_path(path: &Path) -> String {
-    path.display().to_string().replace('\\', "\\\\").replace('"', "\\\"")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,7 +224,7 @@ mod tests {
             class: "GreetJob".into(),
             crate_name: "greet".into(),
             component: "greet.wasm".into(),
-            sdk_rust: "/sdk".into(),
+            sdk_version: "0.1.0",
             async_how: "",
         };
         for template in [

@@ -1,11 +1,19 @@
 //! Where the guest SDKs and the WIT package are, and the pinned toolchains
 //! that build plugins (`wasmjobs new`, `wasmjobs build`).
 //!
-//! The SDK is the repository's `guest-sdk/` (the Rust crate, `python/`,
-//! `js/`) beside `wit/`; by default the one this binary was built from,
-//! else `--sdk PATH` or `WASMJOBS_SDK`. Toolchains that are not the
-//! machine's own (componentize-py in a virtualenv) live under
-//! `WASMJOBS_TOOLCHAINS`, else `$XDG_CACHE_HOME/wasmjobs`, else
+//! The binary carries the SDK it was built with (`build.rs` packs the Rust
+//! crate `wasmjobs-guest`, its `wit/`, the Python package and the
+//! JavaScript module), so a plugin builds on any machine with the same
+//! `wasmjobs` and nothing else of the repository. On first use it is
+//! written out under the toolchains directory, in a directory named by
+//! the binary's version and a digest of the files
+//! (`sdk/0.1.0-<digest>/`), never changed afterwards; `--sdk PATH` or
+//! `WASMJOBS_SDK` points at another one instead (a checkout's
+//! `guest-sdk/`, while working on the SDK itself).
+//!
+//! Toolchains that are not the machine's own (componentize-py in a
+//! virtualenv, componentize-js's `node_modules`, the Rust build output)
+//! live under `WASMJOBS_TOOLCHAINS`, else `$XDG_CACHE_HOME/wasmjobs`, else
 //! `~/.cache/wasmjobs`, and are installed on first use, pinned to the
 //! versions `scripts/build-plugins.sh` uses.
 
@@ -17,6 +25,16 @@ use anyhow::{Context, Result, bail};
 /// The componentize-py release the Python SDK is built and tested with.
 pub(crate) const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
 
+/// The SDK's version: the binary's (the guest SDK crate's, a test checks).
+pub(crate) const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+mod packed {
+    include!(concat!(env!("OUT_DIR"), "/sdk_files.rs"));
+}
+
+/// Written last into an unpacked SDK: the copy is whole.
+const COMPLETE: &str = ".complete";
+
 /// A located guest SDK.
 #[derive(Debug, Clone)]
 pub(crate) struct Sdk {
@@ -24,16 +42,17 @@ pub(crate) struct Sdk {
 }
 
 impl Sdk {
-    /// The SDK at `explicit`, or the one this binary was built from.
+    /// The SDK at `explicit`, or the one this binary carries.
     pub(crate) fn locate(explicit: Option<&Path>) -> Result<Self> {
-        let built_from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
-        let root = explicit.map(Path::to_path_buf).unwrap_or(built_from);
-        let root = root.canonicalize().with_context(|| {
-            format!(
-                "no guest SDK at {} (pass --sdk PATH to a wasmjobs checkout's guest-sdk directory)",
-                root.display()
-            )
-        })?;
+        let root = match explicit {
+            Some(root) => root.canonicalize().with_context(|| {
+                format!(
+                    "no guest SDK at {} (--sdk / WASMJOBS_SDK: a wasmjobs checkout's guest-sdk directory; leave it unset to use the SDK this wasmjobs carries)",
+                    root.display()
+                )
+            })?,
+            None => unpack()?,
+        };
         let sdk = Self { root };
         for needed in [
             sdk.root.join("Cargo.toml"),
@@ -43,7 +62,7 @@ impl Sdk {
         ] {
             if !needed.is_file() {
                 bail!(
-                    "{} is not a wasmjobs guest SDK: {} is missing (pass --sdk PATH to a checkout's guest-sdk directory)",
+                    "{} is not a wasmjobs guest SDK: {} is missing (--sdk / WASMJOBS_SDK: a checkout's guest-sdk directory)",
                     sdk.root.display(),
                     needed.display()
                 );
@@ -69,8 +88,59 @@ impl Sdk {
 
     /// The WIT package (`job.wit` and its WASI dependencies).
     pub(crate) fn wit(&self) -> PathBuf {
-        self.root.join("../wit")
+        self.root.join("wit")
     }
+}
+
+/// The SDK this binary carries, written out under the toolchains
+/// directory if it is not there yet; its root.
+fn unpack() -> Result<PathBuf> {
+    let dir = toolchains_dir()?
+        .join("sdk")
+        .join(format!("{SDK_VERSION}-{}", packed::SDK_DIGEST));
+    if dir.join(COMPLETE).is_file() {
+        return Ok(dir);
+    }
+    let parent = dir.parent().context("the SDK directory has no parent")?;
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    // Written aside and renamed into place: a reader never sees half a
+    // copy, and of two commands unpacking at once one copy wins.
+    let stage = tempfile::Builder::new()
+        .prefix(".unpacking-")
+        .tempdir_in(parent)
+        .with_context(|| format!("cannot write the guest SDK under {}", parent.display()))?;
+    for (name, bytes) in packed::SDK_FILES {
+        let target = stage.path().join(name);
+        if let Some(folder) = target.parent() {
+            std::fs::create_dir_all(folder).with_context(|| format!("cannot create {}", folder.display()))?;
+        }
+        let bytes = if *name == "Cargo.toml" {
+            standalone_manifest(bytes).into_bytes()
+        } else {
+            bytes.to_vec()
+        };
+        std::fs::write(&target, bytes).with_context(|| format!("cannot write {}", target.display()))?;
+    }
+    std::fs::write(stage.path().join(COMPLETE), SDK_VERSION)
+        .with_context(|| format!("cannot write the guest SDK under {}", parent.display()))?;
+    let staged = stage.keep();
+    if let Err(err) = std::fs::rename(&staged, &dir) {
+        let _ = std::fs::remove_dir_all(&staged);
+        if !dir.join(COMPLETE).is_file() {
+            return Err(err).with_context(|| format!("cannot move the guest SDK to {}", dir.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// The SDK crate's manifest as a crate of its own: without the line that
+/// makes it a member of the repository's guest workspace.
+fn standalone_manifest(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("workspace ="))
+        .map(|line| format!("{line}\n"))
+        .collect()
 }
 
 /// Where toolchains that wasmjobs installs live.
@@ -131,19 +201,48 @@ pub(crate) fn componentize_js(sdk: &Sdk) -> Result<()> {
     if major < 20 {
         bail!("componentize-js needs Node.js ≥ 20, found {version}");
     }
-    if sdk.js().join("node_modules/@bytecodealliance/componentize-js").is_dir() {
+    let modules = sdk.js().join("node_modules");
+    let ready = |modules: &Path| {
+        ["@bytecodealliance/componentize-js", "es-module-lexer"]
+            .iter()
+            .all(|package| modules.join(package).is_dir())
+    };
+    if ready(&modules) {
         return Ok(());
     }
-    eprintln!(
-        "installing componentize-js (npm ci in {}, first JavaScript build only)",
-        sdk.js().display()
-    );
-    run_quietly(
-        Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(sdk.js()),
-        "npm ci (npm is needed: on Debian, apt-get install npm)",
-    )
+    // Installed once per lock file under the toolchains directory and
+    // linked into the SDK: every copy of the SDK with the same lock (each
+    // wasmjobs version unpacks its own) shares one `node_modules`.
+    let lock = std::fs::read(sdk.js().join("package-lock.json"))
+        .with_context(|| format!("{}: no package-lock.json", sdk.js().display()))?;
+    let digest = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(&lock)[..8]);
+    let shared = toolchains_dir()?.join("js").join(digest);
+    if !ready(&shared.join("node_modules")) {
+        eprintln!(
+            "installing componentize-js (npm ci in {}, first JavaScript build only)",
+            shared.display()
+        );
+        std::fs::create_dir_all(&shared).with_context(|| format!("cannot create {}", shared.display()))?;
+        for file in ["package.json", "package-lock.json"] {
+            std::fs::copy(sdk.js().join(file), shared.join(file))
+                .with_context(|| format!("cannot copy {file} to {}", shared.display()))?;
+        }
+        run_quietly(
+            Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&shared),
+            "npm ci (npm is needed: on Debian, apt-get install npm)",
+        )?;
+    }
+    if modules.is_symlink() {
+        let _ = std::fs::remove_file(&modules);
+    }
+    if let Err(err) = std::os::unix::fs::symlink(shared.join("node_modules"), &modules)
+        && !ready(&modules)
+    {
+        return Err(err).with_context(|| format!("cannot link {}", modules.display()));
+    }
+    Ok(())
 }
 
 /// Runs `command`, showing its output only if it fails.
@@ -158,4 +257,44 @@ pub(crate) fn run_quietly(command: &mut Command, what: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_carries_a_whole_sdk_at_its_own_version() {
+        let names: Vec<&str> = packed::SDK_FILES.iter().map(|(name, _)| *name).collect();
+        for needed in [
+            "Cargo.toml",
+            "src/lib.rs",
+            "wit/job.wit",
+            "python/wasmjobs_guest/__init__.py",
+            "js/wasmjobs-guest.js",
+            "js/wasmjobs-guest.d.ts",
+            "js/build.mjs",
+            "js/package-lock.json",
+        ] {
+            assert!(names.contains(&needed), "{needed} is not packed: {names:?}");
+        }
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.contains("node_modules") && !n.contains("__pycache__")),
+            "{names:?}"
+        );
+        let manifest = packed::SDK_FILES
+            .iter()
+            .find(|(name, _)| *name == "Cargo.toml")
+            .map(|(_, bytes)| standalone_manifest(bytes))
+            .expect("Cargo.toml");
+        let parsed: toml::Table = manifest.parse().expect("the standalone manifest is TOML");
+        assert_eq!(parsed["package"]["version"].as_str(), Some(SDK_VERSION));
+        assert!(parsed["package"].get("workspace").is_none(), "{manifest}");
+        assert!(
+            !manifest.contains(".workspace = true"),
+            "inherits from a workspace:\n{manifest}"
+        );
+    }
 }

@@ -1,6 +1,6 @@
 // JsActiveJob: logs `seen<<{json}>>` with the job's class, decoded args,
 // ActiveJob context and raw ActiveJob hash, for the host's end-to-end tests.
-import { activejob, job, log } from './wasmjobs-guest.js';
+import { activejob, job, log } from 'wasmjobs-guest';
 
 export const perform = job(async (info, ...args) => {
   const context = activejob.context();
