@@ -24,11 +24,13 @@
 pub mod build;
 pub mod cancel;
 pub mod enqueue;
+pub mod env;
 pub mod exec;
 pub mod limits;
 pub mod new;
 pub mod pause;
 pub mod plugins;
+mod project;
 pub mod run;
 pub mod schedule;
 mod sdk;
@@ -56,9 +58,18 @@ pub struct Cli {
     /// Log line format on stderr.
     #[arg(long, global = true, value_enum, default_value_t)]
     pub log_format: LogFormat,
-    /// Where wasmjobs keeps its state (compilation cache, ...).
-    #[arg(long, global = true, env = "WASMJOBS_DATA_DIR", default_value = ".wasmjobs")]
+    /// Where wasmjobs keeps its state (the embedded Redis, the compilation
+    /// cache, ...). Default: the nearest `.wasmjobs` directory in the
+    /// current directory or a parent, else a new `./.wasmjobs`.
+    #[arg(long = "data-dir", global = true, env = "WASMJOBS_DATA_DIR", value_name = "DIR")]
+    pub data_dir_option: Option<PathBuf>,
+    /// The data directory in use (absolute), set by [`main`] from
+    /// `--data-dir` or the search up the tree.
+    #[arg(skip)]
     pub data_dir: PathBuf,
+    /// How it was chosen.
+    #[arg(skip)]
+    pub(crate) data: project::DataDir,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -93,6 +104,26 @@ pub enum Command {
     Schedule(schedule::ScheduleArgs),
     /// Serve the dashboard: queues, retries, dead jobs, processes, cron, live counts.
     Web(web::WebArgs),
+    /// Print the REDIS_URL (and data directory) this project's commands use, for another program: `eval "$(wasmjobs env)"`.
+    Env(env::EnvArgs),
+}
+
+impl Command {
+    /// The command's Redis options, if it talks to Redis.
+    fn redis(&self) -> Option<&RedisArgs> {
+        match self {
+            Command::Run(a) => Some(&a.redis),
+            Command::Enqueue(a) => Some(&a.redis),
+            Command::Stats(a) => Some(&a.redis),
+            Command::Cancel(a) => Some(&a.redis),
+            Command::Pause(a) | Command::Resume(a) => Some(&a.redis),
+            Command::Limits(a) => Some(&a.redis),
+            Command::Schedule(a) => Some(&a.redis),
+            Command::Web(a) => Some(&a.redis),
+            Command::Env(a) => Some(&a.redis),
+            Command::Exec(_) | Command::Plugins(_) | Command::New(_) | Command::Build(_) => None,
+        }
+    }
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -214,7 +245,25 @@ impl PluginSource {
 /// Parses the command line, runs the command, and maps the result to an
 /// exit status.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    let cwd = match std::env::current_dir() {
+        Ok(cwd) => cwd,
+        Err(err) => {
+            eprintln!("error: cannot read the current directory: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    cli.data = project::DataDir::resolve(cli.data_dir_option.as_deref(), &cwd);
+    cli.data_dir = cli.data.path.clone();
+    if !matches!(cli.command, Command::New(_) | Command::Env(_)) {
+        let embedded = cli
+            .command
+            .redis()
+            .is_some_and(|r| r.url.as_deref().is_none_or(|u| u.trim().is_empty()));
+        if let Some(notice) = cli.data.notice(embedded) {
+            eprintln!("{notice}");
+        }
+    }
     let default_filter = match cli.command {
         // `exec` prints the job's log lines and outcome itself.
         Command::Exec(_) => "warn,wasmjobs::compile=info,wasmjobs::guest=off,wasmjobs::sandbox=error",
@@ -227,7 +276,8 @@ pub fn main() -> ExitCode {
         | Command::Pause(_)
         | Command::Resume(_)
         | Command::Schedule(_)
-        | Command::Limits(_) => "warn",
+        | Command::Limits(_)
+        | Command::Env(_) => "warn",
         Command::Web(_) => "warn,wasmjobs::web=info",
     };
     telemetry::init(cli.log_format, default_filter);
@@ -247,6 +297,7 @@ pub fn main() -> ExitCode {
         Command::Build(args) => build::run(&cli, args),
         Command::Schedule(args) => runtime().and_then(|rt| rt.block_on(schedule::run(&cli, args))),
         Command::Web(args) => runtime().and_then(|rt| rt.block_on(web::run(&cli, args))),
+        Command::Env(args) => env::run(&cli, args),
     };
     match result {
         Ok(code) => code,

@@ -179,6 +179,14 @@ fn try_lock(file: &File) -> Result<bool> {
     }
 }
 
+/// The unix socket of the private server for `data_dir`, and whether a
+/// server answers on it now. Starts nothing.
+pub(crate) fn status(data_dir: &Path) -> (PathBuf, bool) {
+    let socket = data_dir.join("redis").join("redis.sock");
+    let up = matches!(probe(&socket), Ok(Probe::Pong | Probe::Loading));
+    (socket, up)
+}
+
 /// What is behind the socket.
 enum Probe {
     /// Nothing: no socket, or a stale one.
