@@ -39,10 +39,15 @@ fn machine() -> &'static Machine {
         // The guests are built first (the repository's own toolchains),
         // so that this file's builds do not race theirs for the CPU.
         let _ = plugins_dir();
-        let root = std::env::temp_dir().join(format!("wasmjobs-newcomer-{}", std::process::id()));
+        // One place per machine, reused by later runs (a CI machine is
+        // fresh; a developer's keeps its toolchains instead of collecting
+        // copies of them).
+        let root = std::env::temp_dir().join("wasmjobs-newcomer");
         let bin = root.join("bin/wasmjobs");
         std::fs::create_dir_all(root.join("bin")).expect("create the bin directory");
-        std::fs::copy(wasmjobs_bin(), &bin).expect("install wasmjobs");
+        let copy = root.join(format!("bin/.wasmjobs.{}", std::process::id()));
+        std::fs::copy(wasmjobs_bin(), &copy).expect("install wasmjobs");
+        std::fs::rename(&copy, &bin).expect("install wasmjobs");
         let toolchains = root.join("toolchains");
         assert!(!bin.starts_with(repo_root()) && !toolchains.starts_with(repo_root()));
         Machine { bin, toolchains }

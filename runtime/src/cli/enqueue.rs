@@ -166,11 +166,11 @@ async fn finish(
     last_jid: &str,
 ) -> Result<ExitCode> {
     // Best effort: the jobs are pushed whatever this finds.
-    let listening = match api::processes(conn).await {
-        Ok(processes) => processes.iter().any(|p| fetches(p, &args.queue)),
+    let warning = match api::processes(conn).await {
+        Ok(processes) => nobody_fetches(&args.redis.target(&cli.data_dir), &args.queue, &processes),
         Err(err) => {
             tracing::debug!("cannot read the live processes: {err:#}");
-            true
+            None
         }
     };
     redis.close().await?;
@@ -194,8 +194,8 @@ async fn finish(
         line.push_str(&format!(" (jid {last_jid})"));
     }
     println!("{line}");
-    if !listening {
-        eprintln!("{}", nobody_fetches(&args.redis.target(&cli.data_dir), &args.queue));
+    if let Some(warning) = warning {
+        eprintln!("{warning}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -217,25 +217,56 @@ fn duplicate(class: &str, queue: &str, jid: &str, ttl: Option<Duration>) -> Stri
 /// Whether live process `p` takes jobs from `queue` (not quiet, and
 /// `queue` among its queues, weighted `name:N` or not).
 fn fetches(p: &ProcessInfo, queue: &str) -> bool {
-    !p.quiet
-        && p.queues.iter().any(|q| {
-            q == queue
-                || q.rsplit_once(':')
-                    .is_some_and(|(name, weight)| name == queue && weight.parse::<u32>().is_ok())
-        })
+    !p.quiet && listens(p, queue)
 }
 
-/// The warning for jobs pushed where no process fetches them.
-fn nobody_fetches(target: &Target, queue: &str) -> String {
-    match target {
+/// Whether `queue` is among `p`'s queues, quiet or not.
+fn listens(p: &ProcessInfo, queue: &str) -> bool {
+    p.queues.iter().any(|q| {
+        q == queue
+            || q.rsplit_once(':')
+                .is_some_and(|(name, weight)| name == queue && weight.parse::<u32>().is_ok())
+    })
+}
+
+/// The warning for jobs pushed on `queue` where none of the live
+/// `processes` fetches them (`None` when one does): no process at all,
+/// only quiet ones on that queue (which say so), or processes that fetch
+/// other queues (named, with theirs).
+fn nobody_fetches(target: &Target, queue: &str, processes: &[ProcessInfo]) -> Option<String> {
+    if processes.iter().any(|p| fetches(p, queue)) {
+        return None;
+    }
+    let quiet: Vec<&str> = processes
+        .iter()
+        .filter(|p| p.quiet && listens(p, queue))
+        .map(|p| p.identity.as_str())
+        .collect();
+    if !quiet.is_empty() {
+        return Some(format!(
+            "warning: the processes fetching queue \"{queue}\" are quiet (stopping: {}): the job waits until a process that is not quiet fetches it",
+            quiet.join(", ")
+        ));
+    }
+    if !processes.is_empty() {
+        let others: Vec<String> = processes
+            .iter()
+            .map(|p| format!("{} ({})", p.identity, p.queues.join(", ")))
+            .collect();
+        return Some(format!(
+            "warning: no live process fetches queue \"{queue}\"; the live ones fetch other queues: {}. The job waits until a process fetching \"{queue}\" starts (`wasmjobs run -q {queue} --plugins DIR`)",
+            others.join("; ")
+        ));
+    }
+    Some(match target {
         Target::Embedded(data_dir) => format!(
-            "warning: no `wasmjobs run` is using the Redis of {} yet: the job waits in queue \"{queue}\" until one starts there (`wasmjobs run --plugins DIR` with the same --data-dir)",
+            "warning: no `wasmjobs run` is using the Redis of {} yet: the job waits in queue \"{queue}\" until one starts there (`wasmjobs run --plugins DIR` in this project)",
             data_dir.display()
         ),
         Target::Url(_) => format!(
             "warning: no live process fetches queue \"{queue}\" on this Redis: the job waits until one does (`wasmjobs stats` lists the processes and their queues)"
         ),
-    }
+    })
 }
 
 /// `at` (epoch seconds, checked to be in range) as RFC 3339.
@@ -315,10 +346,27 @@ mod tests {
         );
         assert!(!fetches(&process(&["mail"], false), "default"));
         assert!(!fetches(&process(&["default:x"], false), "default"));
-        let warning = nobody_fetches(&Target::Embedded("/srv/.wasmjobs".into()), "default");
+        let target = Target::Embedded("/srv/.wasmjobs".into());
+        let warning = nobody_fetches(&target, "default", &[]).unwrap();
         assert!(
             warning.contains("no `wasmjobs run` is using the Redis of /srv/.wasmjobs"),
             "{warning}"
+        );
+        assert_eq!(
+            nobody_fetches(&target, "default", &[process(&["default"], false)]),
+            None
+        );
+        let named = |queues: &[&str], quiet: bool| ProcessInfo {
+            identity: "host:1:abc".into(),
+            ..process(queues, quiet)
+        };
+        // A quiet runner is not "no runner"; one on other queues is named.
+        let quiet = nobody_fetches(&target, "default", &[named(&["default"], true)]).unwrap();
+        assert!(quiet.contains("are quiet") && quiet.contains("host:1:abc"), "{quiet}");
+        let other = nobody_fetches(&target, "default", &[named(&["mail", "wasm:2"], false)]).unwrap();
+        assert!(
+            other.contains("host:1:abc (mail, wasm:2)") && other.contains("-q default"),
+            "{other}"
         );
     }
 

@@ -255,14 +255,21 @@ pub fn main() -> ExitCode {
     };
     cli.data = project::DataDir::resolve(cli.data_dir_option.as_deref(), &cwd);
     cli.data_dir = cli.data.path.clone();
-    if !matches!(cli.command, Command::New(_) | Command::Env(_)) {
-        let embedded = cli
+    // Said only when the command makes something there: its Redis (no
+    // URL given) or the compilation cache (commands that load plugins).
+    let embedded = !matches!(cli.command, Command::Env(_))
+        && cli
             .command
             .redis()
             .is_some_and(|r| r.url.as_deref().is_none_or(|u| u.trim().is_empty()));
-        if let Some(notice) = cli.data.notice(embedded) {
-            eprintln!("{notice}");
-        }
+    let compiles = matches!(
+        cli.command,
+        Command::Run(_) | Command::Exec(_) | Command::Plugins(_) | Command::Build(_)
+    );
+    if (embedded || compiles)
+        && let Some(notice) = cli.data.notice(embedded)
+    {
+        eprintln!("{notice}");
     }
     let default_filter = match cli.command {
         // `exec` prints the job's log lines and outcome itself.
