@@ -220,7 +220,7 @@ async fn exit_when_empty_stops_after_the_last_job_with_a_matching_summary() {
     assert_eq!(classes.len(), 3, "{summary:#}");
     let log = runner.log();
     assert!(log.contains("every queue is empty"), "{log}");
-    assert!(log.contains("Peak RSS") && log.contains("Exec p99"), "{log}");
+    assert!(log.contains("MiB at peak") && log.contains("Exec p99"), "{log}");
 }
 
 /// `wasmjobs stats --json`, parsed.

@@ -315,6 +315,51 @@ async fn sigterm_requeues_jobs_still_running_at_the_deadline() {
     assert!(keys.is_empty(), "{keys:?}");
 }
 
+/// Issue 35: a second Ctrl-C while a shutdown waits for its jobs stops them
+/// at once and puts them back in their queue, instead of being ignored
+/// for the whole `--timeout`; meanwhile the wait counts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigint_ends_the_shutdown_wait_and_requeues_the_jobs() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        (0..3).map(|_| json!(["sleep", 600_000])).collect(),
+    )
+    .await;
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--concurrency", "5", "--timeout", "300"]);
+    runner.wait_running();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while conn.llen::<_, u64>("queue:default").await.expect("LLEN") > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jobs were not taken: {}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runner.signal("INT");
+    runner.wait_for_log("Ctrl-C again stops them now", Duration::from_secs(30));
+    runner.wait_for_log("s left (Ctrl-C again", Duration::from_secs(30));
+    let again = std::time::Instant::now();
+    runner.signal("INT");
+    let status = runner.wait(Duration::from_secs(120));
+    assert!(status.success(), "{status}: {}", runner.log());
+    assert!(
+        again.elapsed() < Duration::from_secs(60),
+        "the second SIGINT was not acted on ({:?}, --timeout 300):\n{}",
+        again.elapsed(),
+        runner.log()
+    );
+    assert!(runner.log().contains("a second SIGINT"), "{}", runner.log());
+    let queued: Vec<String> = conn.lrange("queue:default", 0, -1).await.expect("LRANGE");
+    assert_eq!(queued.len(), 3, "the jobs are back in their queue: {}", runner.log());
+    assert_eq!(int(&mut conn, "stat:processed").await, 0);
+}
+
 /// The OS signals a terminal or process manager sends: SIGTSTP quiets the
 /// runner (Sidekiq's meaning: finish what runs, take nothing new), SIGINT
 /// stops it like SIGTERM.

@@ -243,6 +243,29 @@ mod tests {
         assert_eq!(parsed.component, Path::new("/p/greet/greet.wasm"));
         assert_eq!(parsed.classes, ["GreetJob"]);
         assert!(!manifest.contains("concurrent = 100"), "{manifest}");
+        // Every grant and limit a manifest may set is shown, as the header says.
+        for key in [
+            "env = ",
+            "sql = ",
+            "[http]",
+            "30 s",
+            "[[files]]",
+            "memory = ",
+            "timeout = ",
+            "fuel = ",
+            "disk = ",
+            "concurrency = ",
+            "log = ",
+            "rate = ",
+            "[limits.per_key]",
+            "key = ",
+            "[[schedule]]",
+            "cron = ",
+            "[instances]",
+            "reuse = ",
+        ] {
+            assert!(manifest.contains(key), "the template does not show {key}:\n{manifest}");
+        }
         // Python's and Rust's manifests suggest `concurrent`, each saying
         // how, and still parse.
         for (language, how) in [(Language::Python, "`async def`"), (Language::Rust, "export_async_job!")] {

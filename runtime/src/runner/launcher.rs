@@ -260,6 +260,13 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         .then(|| monitor::drained(redis.clone(), options.queues.names(), inflight.clone()));
     wait_for_stop(&mut signals, &mut commands, &mut fetching, drained).await?;
 
+    // A second SIGINT or SIGTERM while jobs finish stops them at once.
+    let again = async {
+        tokio::select! {
+            _ = signals.int.recv() => "a second SIGINT",
+            _ = signals.term.recv() => "a second SIGTERM",
+        }
+    };
     let requeued = shut_down(
         options.shutdown_timeout,
         Running {
@@ -269,6 +276,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             stop: &stop,
             writer,
         },
+        again,
     )
     .await;
     done.cancel();
@@ -352,7 +360,11 @@ pub(crate) struct Running<'a> {
 /// Quiet, drain, stop what is left, record, requeue. Returns how many jobs
 /// the source requeued, or `None` if not every outcome could be recorded
 /// (then unfinished jobs stay held for recovery).
-pub(crate) async fn shut_down(timeout: Duration, running: Running<'_>) -> Option<u64> {
+pub(crate) async fn shut_down(
+    timeout: Duration,
+    running: Running<'_>,
+    again: impl Future<Output = &'static str>,
+) -> Option<u64> {
     let Running {
         source,
         manager,
@@ -363,16 +375,26 @@ pub(crate) async fn shut_down(timeout: Duration, running: Running<'_>) -> Option
     fetching.quiet().await;
     stop.cancel();
     tracing::info!(
-        "shutting down: no new jobs; waiting up to {:?} for {} in flight",
+        "shutting down: no new jobs; waiting up to {:?} for {} in flight (Ctrl-C again stops them now and requeues them)",
         timeout,
         manager.busy()
     );
     let mut leftovers = fetching.leftovers;
-    if !manager.drain(timeout).await {
-        tracing::warn!(
-            jobs = manager.busy(),
-            "shutdown timeout reached: stopping jobs still running and requeueing them"
-        );
+    let drained = tokio::select! {
+        biased;
+        drained = drain_counting_down(manager, timeout) => drained,
+        why = again => {
+            tracing::warn!(jobs = manager.busy(), "{why}: stopping the jobs in flight now and requeueing them");
+            false
+        }
+    };
+    if !drained {
+        if manager.busy() > 0 {
+            tracing::warn!(
+                jobs = manager.busy(),
+                "stopping the jobs still running and requeueing them"
+            );
+        }
         leftovers.extend(manager.stop_all(Duration::from_secs(5)).await);
     }
     manager.close();
@@ -391,6 +413,36 @@ pub(crate) async fn shut_down(timeout: Duration, running: Running<'_>) -> Option
     }
     Some(requeued)
 }
+
+/// Waits up to `timeout` for the jobs in flight to end, saying every
+/// [`COUNTDOWN_EVERY`] how many are left and for how long; whether they
+/// all ended.
+async fn drain_counting_down(manager: &Manager, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let drained = manager.drain(timeout);
+    tokio::pin!(drained);
+    let mut tick = tokio::time::interval_at(
+        deadline.min(tokio::time::Instant::now() + COUNTDOWN_EVERY),
+        COUNTDOWN_EVERY,
+    );
+    loop {
+        tokio::select! {
+            biased;
+            drained = &mut drained => return drained,
+            _ = tick.tick() => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tracing::info!(
+                    "waiting for {} in flight: {} s left (Ctrl-C again stops them now and requeues them)",
+                    manager.busy(),
+                    left.as_secs_f64().round()
+                );
+            }
+        }
+    }
+}
+
+/// How often a shutdown says how long it still waits.
+const COUNTDOWN_EVERY: Duration = Duration::from_secs(5);
 
 /// Opens the databases and loads the plugins on a blocking thread
 /// (compiling is CPU-heavy, opening SQLite files blocks).

@@ -1,7 +1,8 @@
-//! The run summary: what one `wasmjobs run` did, printed at exit as a table
-//! in the style of the seed benchmark reports (jobs, wall time, jobs/s,
-//! start / peak / finish RSS, %CPU, and per class p50 / p99 queue latency
-//! and execution time), and written as JSON with `--summary-json FILE`.
+//! The run summary: what one `wasmjobs run` did, printed at exit for a
+//! person (jobs and their rate over the busy window, memory in MiB, CPU,
+//! and per class p50 / p99 queue latency and execution time), and written
+//! as JSON with `--summary-json FILE` in the seed benchmark reports' terms
+//! (wall time, jobs/s, RSS in kB) for tools.
 //!
 //! The clock ([`Clock`]) starts when the runner starts fetching, not when
 //! the process starts: connecting to Redis and loading the plugins (which
@@ -155,36 +156,36 @@ impl RunSummary {
     /// The table printed at exit.
     pub fn table(&self) -> String {
         let mut out = String::new();
+        // Rates only over the busy window: a run that sat idle for minutes
+        // did not run at a fraction of its speed.
+        let rate = match self.busy {
+            Some(busy) if self.processed > 0 => format!(
+                "busy {} from the first job taken to the last outcome written: {} jobs/s",
+                seconds(busy),
+                thousands(self.busy_jobs_per_sec.round() as u64)
+            ),
+            _ => "no job was taken".to_owned(),
+        };
         let _ = writeln!(
             out,
-            "{:<9} {:>9} {:>9} {:>12} {:>12} {:>12} {:>6}",
-            "Jobs", "Time", "Jobs/s", "Start RSS", "Peak RSS", "Finish RSS", "%CPU"
+            "Jobs     {} ({rate}); fetching for {}",
+            thousands(self.processed),
+            seconds(self.wall)
         );
         let _ = writeln!(
             out,
-            "{:<9} {:>9} {:>9.0} {:>12} {:>12} {:>12} {:>6.1}",
-            group(self.processed),
-            format!("{:.2} sec", self.wall.as_secs_f64()),
-            self.jobs_per_sec,
-            format!("{} kb", group(self.start_rss_kb)),
-            format!("{} kb", group(self.peak_rss_kb)),
-            format!("{} kb", group(self.finish_rss_kb)),
-            self.cpu_percent
+            "Memory   {} at start, {} at peak, {} at finish (resident)",
+            mib(self.start_rss_kb),
+            mib(self.peak_rss_kb),
+            mib(self.finish_rss_kb)
         );
+        let _ = writeln!(out, "CPU      {:.1}% of one core while fetching", self.cpu_percent);
         let _ = writeln!(
             out,
-            "Start-up {:.2} sec (connect, load plugins; {:.2} sec CPU), not in Time, Jobs/s or %CPU",
-            self.startup.as_secs_f64(),
+            "Start-up {} (connect, load plugins; {:.2} s CPU), not counted above",
+            seconds(self.startup),
             self.startup_cpu_secs
         );
-        if let Some(busy) = self.busy {
-            let _ = writeln!(
-                out,
-                "Busy {:.2} sec from the first job taken to the last outcome written: {:.0} jobs/s",
-                busy.as_secs_f64(),
-                self.busy_jobs_per_sec
-            );
-        }
         let _ = writeln!(
             out,
             "failed {} (retry {}, dead {}), discarded {}, cancelled {}, requeued {}",
@@ -229,6 +230,32 @@ fn ms(count: u64, value: f64) -> String {
     }
 }
 
+/// A duration for a person: `0.25 s`, `12.3 s`, `6 min 22 s`.
+fn seconds(duration: Duration) -> String {
+    let secs = duration.as_secs_f64();
+    match secs {
+        s if s < 10.0 => format!("{s:.2} s"),
+        s if s < 60.0 => format!("{s:.1} s"),
+        s if s < 3600.0 => format!("{} min {} s", (s / 60.0) as u64, (s % 60.0) as u64),
+        s => format!("{} h {} min", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64),
+    }
+}
+
+/// Kilobytes as a person reads memory: `101.7 MiB`, `1.2 GiB`.
+fn mib(kb: u64) -> String {
+    let mib = kb as f64 / 1024.0;
+    if mib >= 1024.0 {
+        format!("{:.1} GiB", mib / 1024.0)
+    } else {
+        format!("{mib:.1} MiB")
+    }
+}
+
+/// `1234567` → `1,234,567`.
+fn thousands(n: u64) -> String {
+    group(n).replace('_', ",")
+}
+
 /// `1234567` → `1_234_567`, as the seed reports write numbers (also the
 /// benchmark suite's report).
 pub fn group(n: u64) -> String {
@@ -258,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_reads_like_the_seed_reports() {
+    fn the_table_reads_like_a_person_would_say_it() {
         let metrics = Metrics::new(true);
         metrics.record(&JobRecord {
             class: "NoopJob",
@@ -275,21 +302,40 @@ mod tests {
         }
         .with_metrics(&metrics);
         let table = summary.table();
-        assert!(table.contains("1_234_567"), "{table}");
-        assert!(table.contains("10.00 sec"), "{table}");
-        assert!(table.contains("123457"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("Jobs     1,234,567 (no job was taken")),
+            "{table}"
+        );
+        assert!(table.contains("fetching for 10.0 s"), "{table}");
+        assert!(!table.contains("jobs/s"), "a rate without a busy window: {table}");
+        assert!(table.contains("MiB at peak"), "{table}");
+        assert!(!table.contains(" kb"), "{table}");
         assert!(table.contains("NoopJob"), "{table}");
         assert!(table.contains("0.180 ms"), "{table}");
-        assert!(table.lines().any(|l| l.starts_with("Start-up 2.50 sec")), "{table}");
-        assert!(!table.contains("Busy"), "no busy window was set: {table}");
+        assert!(table.lines().any(|l| l.starts_with("Start-up 2.50 s")), "{table}");
         let busy = summary.clone().with_busy(Some(Duration::from_secs(5)));
         assert!(
             busy.table()
                 .lines()
-                .any(|l| l.starts_with("Busy 5.00 sec") && l.ends_with(": 246913 jobs/s")),
+                .any(|l| l
+                    .contains("(busy 5.00 s from the first job taken to the last outcome written: 246,913 jobs/s)")),
             "{}",
             busy.table()
         );
+        // Idle for minutes after: the rate is still the busy one.
+        let idle = RunSummary {
+            wall: Duration::from_secs(382),
+            ..busy.clone()
+        };
+        assert!(
+            idle.table().contains("246,913 jobs/s); fetching for 6 min 22 s"),
+            "{}",
+            idle.table()
+        );
+        assert_eq!(mib(104_160), "101.7 MiB");
+        assert_eq!(mib(3 * 1024 * 1024), "3.0 GiB");
         let busy_json = serde_json::to_value(&busy).expect("json");
         assert_eq!(busy_json["busy_secs"], 5.0);
         assert_eq!(busy_json["busy_jobs_per_sec"], 1_234_567.0 / 5.0);

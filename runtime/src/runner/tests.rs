@@ -95,7 +95,7 @@ impl Core {
             stop: &CancellationToken::new(),
             writer: self.writer,
         };
-        shut_down(timeout, running).await
+        shut_down(timeout, running, std::future::pending()).await
     }
 }
 
