@@ -9,19 +9,13 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use wasmjobs_e2e::repo_root;
+use wasmjobs_e2e::{assert_success, repo_root};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn run(command: &mut Command, what: &str) -> Output {
     let output = command.output().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_success(&output, what);
     output
 }
 
