@@ -84,9 +84,8 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         .execute(plugin, &job, &ExecOptions { capture_logs: true })
         .await;
     let mut out = std::io::stdout().lock();
-    // One printed line per log line, however the guest wrote it.
     for line in &execution.logs {
-        writeln!(out, "[{:<5}] {}", level_name(line.level), escape_control(&line.message))?;
+        writeln!(out, "{}", log_line(level_name(line.level), &line.message))?;
     }
     let took = format!("{:.3} ms", execution.duration.as_secs_f64() * 1000.0);
     writeln!(
@@ -106,4 +105,43 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// A guest's log line as `exec` prints it: `[level] text`, its own line
+/// breaks (a Python traceback, a JS stack) continued on lines that start
+/// `        | `, every other control character escaped. So the text reads
+/// as the guest wrote it, and no guest text can start a line of its own
+/// (a forged `[info ]` or outcome line).
+fn log_line(level: &str, message: &str) -> String {
+    let mut out = format!("[{level:<5}] ");
+    for (i, part) in message.split('\n').enumerate() {
+        if i > 0 {
+            out.push_str("\n        | ");
+        }
+        out.push_str(&escape_control(part.strip_suffix('\r').unwrap_or(part)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceback_prints_on_its_own_lines_and_cannot_forge_one() {
+        let text = log_line(
+            "error",
+            "Traceback (most recent call last):\r\n  File \"app.py\", line 3\nValueError: \u{1b}[31mboom\n[info ] forged",
+        );
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            [
+                "[error] Traceback (most recent call last):",
+                "        |   File \"app.py\", line 3",
+                "        | ValueError: \\u{1b}[31mboom",
+                "        | [info ] forged",
+            ]
+        );
+        assert_eq!(log_line("info", "hello"), "[info ] hello");
+    }
 }
