@@ -258,6 +258,24 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
     expected.sort();
     assert_eq!(from, expected);
 
+    // Issue 35: cancelling again says it was done, and when, and where
+    // the job was; it is not "no such job" (nor "stopped while running").
+    let again = wasmjobs(&redis, "cancel", &[&queued, later.jid()]);
+    let text = printed(&again);
+    assert!(again.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{queued}: already cancelled at ")) && text.contains("(queue default)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}: already cancelled at ", later.jid())) && text.contains("(schedule)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("no such job") && !text.contains("stopped while running"),
+        "{text}"
+    );
+
     let unknown = wasmjobs(&redis, "cancel", &["ffffffffffffffffffffffff"]);
     assert_eq!(unknown.status.code(), Some(1), "{}", printed(&unknown));
     assert!(printed(&unknown).contains("no such job is queued, scheduled, retrying or running"));

@@ -98,13 +98,34 @@ async fn cancel(
         })
         .collect();
     let mut confirmed = confirm(conn, request, deadlines, sent).await?;
+    // Found nowhere: perhaps cancelled before (a second `cancel`).
+    let unknown: Vec<&str> = found
+        .iter()
+        .filter(|(jid, found)| matches!(found, Found::Unknown) && !confirmed.contains_key(jid))
+        .map(|(jid, _)| jid.as_str())
+        .collect();
+    let mut earlier = control::already_cancelled(conn, &unknown).await?;
     Ok(found
         .into_iter()
-        .map(|(jid, found)| {
-            let stopped = confirmed.remove(&jid);
-            line(&jid, found, stopped, wait)
+        .map(|(jid, found)| match earlier.remove(&jid) {
+            Some((at, from)) if matches!(found, Found::Unknown) => (already(&jid, at, &from), true),
+            _ => {
+                let stopped = confirmed.remove(&jid);
+                line(&jid, found, stopped, wait)
+            }
         })
         .collect())
+}
+
+/// What is printed for `jid`, cancelled before this request, at `at`
+/// (epoch seconds) where `from` says.
+fn already(jid: &str, at: Option<f64>, from: &str) -> String {
+    let when = at
+        .and_then(|at| Duration::try_from_secs_f64(at).ok())
+        .and_then(|d| std::time::UNIX_EPOCH.checked_add(d))
+        .map(|t| format!(" at {}", humantime::format_rfc3339_seconds(t)))
+        .unwrap_or_default();
+    format!("{jid}: already cancelled{when} ({from}); nothing more to do")
 }
 
 /// What is printed for `jid`, found at `found` and confirmed stopped by a

@@ -419,6 +419,28 @@ pub async fn recorded_since<C: ConnectionLike + Send>(
         .collect())
 }
 
+/// Which of `jids` are in the cancelled set already (newest first, as
+/// `ZREVRANGE` reads it): for each, when it was cancelled (epoch seconds)
+/// and where it was stopped (`cancelled_from`).
+pub async fn already_cancelled<C: ConnectionLike + Send>(
+    conn: &mut C,
+    jids: &[&str],
+) -> Result<HashMap<String, (Option<f64>, String)>> {
+    let wanted: HashSet<&str> = jids.iter().copied().collect();
+    if wanted.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(find::entries(conn, "ZREVRANGE", keys::CANCELLED, &wanted)
+        .await?
+        .into_iter()
+        .filter_map(|(jid, raw)| {
+            let payload = Payload::parse(&raw).ok()?;
+            let from = payload.str("cancelled_from").unwrap_or("recorded").to_owned();
+            Some((jid.to_owned(), (payload.time("cancelled_at"), from)))
+        })
+        .collect())
+}
+
 /// How many jobs were ever recorded as cancelled (`None` if the counter is
 /// not a number: another client wrote it).
 pub async fn cancelled_count<C: ConnectionLike + Send>(conn: &mut C) -> Result<Option<u64>> {
