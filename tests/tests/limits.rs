@@ -108,6 +108,31 @@ fn sample(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Pushes `n` chaos `span` jobs recording into `file`; returns the jids.
+async fn push_spans(conn: &mut redis::aio::MultiplexedConnection, file: &str, n: usize) -> Vec<String> {
+    push(
+        conn,
+        "ChaosJob",
+        "default",
+        (0..n).map(|_| json!(["span", file, "r", 0])).collect(),
+    )
+    .await
+}
+
+/// Most `spans` started in any window `[t, t + 1 s)`.
+fn busiest_second(spans: &[Span]) -> usize {
+    spans
+        .iter()
+        .map(|from| {
+            spans
+                .iter()
+                .filter(|s| s.start >= from.start && s.start < from.start + 1_000)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Three runners on `dir`, each with its metrics endpoint.
 fn three_runners(redis: &TestRedis, dir: &Path, extra: &[&str]) -> (Vec<Runner>, Vec<String>) {
     let addrs: Vec<String> = (0..3).map(|_| free_addr()).collect();
@@ -129,39 +154,35 @@ fn three_runners(redis: &TestRedis, dir: &Path, extra: &[&str]) -> (Vec<Runner>,
 async fn a_rate_limit_holds_for_every_sliding_second_across_three_processes() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
-    let dir = chaos_with("[limits]\nrate = \"50/s\"");
+    let dir = chaos_with("[limits]\nrate = \"20/s\"");
     let file = dir.path().join("chaos/data/rate.log");
-    let (mut runners, addrs) = three_runners(&redis, dir.path(), &["--concurrency", "20"]);
+    // 300 slots and room to park: every job is held at once, 200 are
+    // admitted for a start within the 10 s horizon, the rest are refused
+    // and sent back to `schedule` for their turn.
+    let (mut runners, addrs) = three_runners(&redis, dir.path(), &["--concurrency", "50"]);
 
     let pushed = Instant::now();
-    let jids = push(
-        &mut conn,
-        "ChaosJob",
-        "default",
-        (0..500).map(|_| json!(["span", "rate.log", "r", 0])).collect(),
-    )
-    .await;
-    wait_ended(&file, 500, Duration::from_secs(180), &runners).await;
+    let jids = push_spans(&mut conn, "rate.log", 300).await;
+    wait_ended(&file, 300, Duration::from_secs(180), &runners).await;
     let took = pushed.elapsed();
 
     let spans = spans(&file);
     let ran: std::collections::HashSet<&str> = spans.iter().map(|s| s.jid.as_str()).collect();
     assert!(jids.iter().all(|j| ran.contains(j.as_str())), "every job ran");
     assert!(
-        took >= Duration::from_millis(9_500),
-        "500 jobs at 50/s took only {took:?}"
+        took >= Duration::from_millis(14_000),
+        "300 jobs at 20/s took only {took:?}"
     );
     let starts: Vec<u64> = spans.iter().map(|s| s.start).collect();
-    let busiest = starts
-        .iter()
-        .map(|&from| starts.iter().filter(|&&t| t >= from && t < from + 1_000).count())
-        .max()
-        .unwrap_or(0);
-    eprintln!("500 jobs at 50/s over 3 processes: {took:?}; busiest second: {busiest} starts");
-    assert!(busiest <= 55, "{busiest} jobs started within one second");
+    let busiest = busiest_second(&spans);
+    eprintln!("300 jobs at 20/s over 3 processes: {took:?}; busiest second: {busiest} starts");
+    // The limiter's log holds at most 20 starts in any second; the guests'
+    // own clock readings (taken as each instance starts) may put one or
+    // two more in a second.
+    assert!(busiest <= 22, "{busiest} jobs started within one second");
     assert!(
-        starts[starts.len() - 1] - starts[0] >= 9_000,
-        "the 500 starts spread over only {} ms",
+        starts[starts.len() - 1] - starts[0] >= 14_000,
+        "the 300 starts spread over only {} ms",
         starts[starts.len() - 1] - starts[0]
     );
 
@@ -388,4 +409,100 @@ async fn a_killed_process_frees_its_leases_within_its_heartbeat_expiry() {
     for runner in &mut others {
         assert!(runner.stop().success(), "{}", runner.log());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limited_jobs_wait_for_their_turn_and_exit_when_empty_waits_for_them() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = chaos_with("[limits]\nrate = \"5/s\"");
+    let file = dir.path().join("chaos/data/turns.log");
+    let jids = push_spans(&mut conn, "turns.log", 100).await;
+    // The default poll interval; the processes hold every job at once, so
+    // half are admitted for a start within the 10 s horizon and half are
+    // sent back to `schedule` for their turn, to come back through the
+    // poller.
+    let mut runners: Vec<Runner> = (0..2)
+        .map(|_| Runner::start(&redis.url(), dir.path(), &["--concurrency", "50", "--exit-when-empty"]))
+        .collect();
+    for runner in &mut runners {
+        let status = runner.wait(Duration::from_secs(180));
+        assert!(status.success(), "{}", runner.log());
+    }
+
+    let spans = spans(&file);
+    let ran: std::collections::HashSet<&str> = spans.iter().map(|s| s.jid.as_str()).collect();
+    let missing = jids.iter().filter(|j| !ran.contains(j.as_str())).count();
+    assert_eq!(
+        missing,
+        0,
+        "--exit-when-empty stopped with {missing} of 100 limited jobs not run:\n{}",
+        runners.iter().map(Runner::log).collect::<Vec<_>>().join("\n----\n")
+    );
+    assert_eq!(spans.len(), 100, "each job ran once");
+    assert_eq!(int(&mut conn, "stat:failed").await, 0);
+    let starts: Vec<u64> = spans.iter().map(|s| s.start).collect();
+    let busiest = busiest_second(&spans);
+    let overrated: u64 = conn
+        .hget::<_, _, Option<u64>>("wasmjobs:limit:chaos:overrated", "rate")
+        .await
+        .expect("HGET")
+        .unwrap_or(0);
+    eprintln!(
+        "100 jobs at 5/s, 2 processes: starts over {} ms, busiest second {busiest}, {overrated} refusals",
+        starts[starts.len() - 1] - starts[0]
+    );
+    assert!(busiest <= 6, "{busiest} jobs started within one second");
+    assert!(
+        overrated >= 40,
+        "half the jobs must have waited in schedule, {overrated} did"
+    );
+    assert!(
+        overrated <= 100,
+        "{overrated} refusals for 100 jobs: a job sent back for its turn must run when it comes back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_reserved_by_a_job_stopped_at_shutdown_is_given_back() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = chaos_with("[limits]\nrate = \"1/8s\"");
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["--timeout", "0.5"]);
+    runner.wait_running();
+    push(
+        &mut conn,
+        "ChaosJob",
+        "default",
+        vec![
+            json!(["span", "given.log", "g", 0]),
+            json!(["span", "given.log", "g", 0]),
+        ],
+    )
+    .await;
+    // The first job starts, the second is admitted for a start 8 s later
+    // and waits for it in the process.
+    let log = "wasmjobs:limit:chaos:rate";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while conn.zcard::<_, u64>(log).await.expect("ZCARD") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the second start was never reserved:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conn.zcard::<_, u64>(log).await.expect("ZCARD") != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped job's start was not given back: {:?}\n{}",
+            conn.zrange_withscores::<_, Vec<(String, f64)>>(log, 0, -1).await,
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let queued: u64 = conn.llen("queue:default").await.expect("LLEN");
+    assert_eq!(queued, 1, "the waiting job goes back to its queue:\n{}", runner.log());
 }

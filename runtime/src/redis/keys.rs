@@ -62,6 +62,12 @@ pub fn limit_rate(plugin: &str) -> String {
     format!("{LIMIT_PREFIX}{plugin}:rate")
 }
 
+/// String beside a rate's log (`limit_rate`, `limit_key_rate`): the next
+/// turn handed to a job sent back to `schedule`, in Redis ms.
+pub fn limit_turn(rate_key: &str) -> String {
+    format!("{rate_key}:turn")
+}
+
 /// ZSET, the sliding-window log of one key value's starts
 /// (`limits.per_key.rate`); `bucket` is a hash of the value, or `none`.
 pub fn limit_key_rate(plugin: &str, bucket: &str) -> String {

@@ -103,6 +103,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         options.concurrency as usize * 2,
     );
     let limiter = Limiter::new(redis.clone(), &identity.identity);
+    let turns = limiter.turns();
     let processor = Processor {
         executor: executor.clone(),
         catalog: catalog.clone(),
@@ -159,6 +160,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         options.poll_interval,
         options.dead,
         options.max_payload,
+        turns,
     ));
     supervised("scheduled poller", &stop, {
         let (poller, stop) = (poller.clone(), stop.clone());

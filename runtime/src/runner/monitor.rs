@@ -61,7 +61,8 @@ pub(crate) async fn start(
     Ok(())
 }
 
-/// Resolves once every queue in `queues` is empty and no job is in flight,
+/// Resolves once every queue in `queues` is empty, no job is in flight and
+/// no job kept back by a cluster limit waits in `schedule` for its turn,
 /// seen on two checks in a row (a job can be between the queue and the
 /// in-flight table during one check).
 pub(crate) async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InFlightTable>) {
@@ -81,13 +82,46 @@ pub(crate) async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InF
                 continue;
             }
         };
-        if busy_before == 0 && inflight.is_empty() && lengths.iter().all(|&n| n == 0) {
+        let idle = busy_before == 0 && inflight.is_empty() && lengths.iter().all(|&n| n == 0);
+        if idle && !limited_waiting(&redis).await {
             empty_checks += 1;
             if empty_checks >= 2 {
                 return;
             }
         } else {
             empty_checks = 0;
+        }
+    }
+}
+
+/// The mark a cluster limit leaves in the payloads it reschedules
+/// (`limiter::policy::OVERRATED`), as a `SCAN` pattern.
+const OVERRATED_PATTERN: &str = "*\"overrated\":*";
+
+/// Whether `schedule` holds a job a cluster limit sent back to wait for its
+/// turn (its payload counts `overrated`). Read with `ZSCAN`, so a large
+/// schedule costs rounds of this check, never a long command in Redis; a
+/// schedule that cannot be read (a key of another type) holds none.
+async fn limited_waiting(redis: &Redis) -> bool {
+    let mut cursor = 0u64;
+    loop {
+        let page: Result<(u64, Vec<Vec<u8>>), _> = ::redis::cmd("ZSCAN")
+            .arg(keys::SCHEDULE)
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(OVERRATED_PATTERN)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut redis.conn())
+            .await;
+        match page {
+            Ok((_, found)) if !found.is_empty() => return true,
+            Ok((0, _)) => return false,
+            Ok((next, _)) => cursor = next,
+            Err(err) => {
+                tracing::debug!("--exit-when-empty: cannot read the schedule: {err}");
+                return false;
+            }
         }
     }
 }

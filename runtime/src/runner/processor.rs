@@ -7,8 +7,10 @@
 //!
 //! A plugin with cluster limits (`limits.rate`, `[limits.per_key]`) has
 //! each job admitted by the [`Limiter`] after its per-process slot and
-//! before it runs; a refused job is rescheduled at once (giving up its
-//! slots), and a plugin without them costs no Redis call.
+//! before it runs: an admitted job may have to wait for its start (parked,
+//! without its runner slot, while there is room), a refused job is
+//! rescheduled at once (giving up its slots), and a plugin without them
+//! costs no Redis call.
 //!
 //! With tracing on, each job gets a span (`crate::otel::job`) from here to
 //! its decision: the processor notes the plugin, the queue latency and
@@ -186,7 +188,7 @@ async fn process(
     processor: &Processor,
     catalog: &Catalog,
     typed: &TypedJob,
-    slots: Slots<'_>,
+    mut slots: Slots<'_>,
     span: Option<&JobSpan>,
 ) -> Write {
     let Processor {
@@ -240,7 +242,7 @@ async fn process(
         record(metrics, &job.class, &plugin.version, &write, queue_latency, None);
         return write;
     }
-    let _plugin_slot = match plugin_slot(&plugin, slots).await {
+    let _plugin_slot = match plugin_slot(&plugin, &mut slots).await {
         Ok(slot) => slot,
         Err(outcome) => {
             failed(span, outcome.message().unwrap_or_default());
@@ -248,6 +250,9 @@ async fn process(
         }
     };
     let mut lease = None;
+    // Room held while the job waited for its start, parked: kept until it
+    // ends, as a runner slot would be.
+    let mut _parked = None;
     if plugin.manifest.cluster_limits.any() {
         let payload = match typed.payload() {
             Ok(payload) => payload,
@@ -255,10 +260,17 @@ async fn process(
         };
         match limiter.admit(&plugin, &payload).await {
             Admission::Run {
+                start,
                 lease: taken,
                 first_enqueued_at,
             } => {
                 lease = taken;
+                if !start.wait.is_zero() {
+                    tracing::debug!(jid = %job.jid, class = %job.class, wait_ms = start.wait.as_millis() as u64, "admitted by a rate limit for a later start: waiting");
+                    _parked = park(&mut slots);
+                    tokio::time::sleep(start.wait).await;
+                }
+                start.begun();
                 if let Some(first) = first_enqueued_at {
                     queue_latency = Some(Duration::from_secs_f64((now_f64() - first).max(0.0)));
                 }
@@ -340,20 +352,30 @@ fn record(
 /// Takes a slot of the plugin's `limits.concurrency`, if it has one.
 async fn plugin_slot(
     plugin: &Plugin,
-    slots: Slots<'_>,
+    slots: &mut Slots<'_>,
 ) -> Result<Option<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>)>, Outcome> {
     let Some(limit) = &plugin.slots else { return Ok(None) };
     if let Ok(permit) = limit.clone().try_acquire_owned() {
         return Ok(Some((permit, None)));
     }
-    let parked = slots.parking.clone().try_acquire_owned().ok();
-    if parked.is_some() {
-        slots.runner.take();
-    }
+    let parked = park(slots);
     match limit.clone().acquire_owned().await {
         Ok(permit) => Ok(Some((permit, parked))),
         Err(_) => Err(Outcome::Retry(format!("plugin {} is being unloaded", plugin.name))),
     }
+}
+
+/// Gives up the job's runner slot while it waits, if there is room to
+/// park (else it waits in its slot); the permit returned is the room.
+fn park(slots: &mut Slots<'_>) -> Option<OwnedSemaphorePermit> {
+    if slots.runner.is_none() {
+        return None;
+    }
+    let parked = slots.parking.clone().try_acquire_owned().ok();
+    if parked.is_some() {
+        slots.runner.take();
+    }
+    parked
 }
 
 /// The write for a job `plugin` ran; a failure records which plugin

@@ -9,6 +9,10 @@
 //! and a set key of another type (written by some other client) stops the
 //! polling of that set alone, said once until it is readable again.
 //!
+//! While jobs this process's limiter sent back for their turn are due
+//! ([`Turns`]), it polls every second instead, so they come back in time
+//! whatever the interval.
+//!
 //! When a plugin appears for a class that had none, the jobs of that class
 //! waiting in `retry` for it ([`Poller::release_unserved`]) are enqueued at
 //! once instead of at their backoff time.
@@ -19,6 +23,7 @@ use anyhow::{Context, Result};
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
+use super::limiter::Turns;
 use super::source::DeadCaps;
 use super::source::due::DueMover;
 use crate::redis::payload::Payload;
@@ -35,18 +40,28 @@ pub(crate) struct Poller {
     redis: Redis,
     average: Duration,
     mover: DueMover,
+    /// When the jobs sent back by the limiter are due.
+    turns: std::sync::Arc<Turns>,
     /// What fails now (a set, or the poll itself), already said.
     failing: std::sync::Mutex<std::collections::HashSet<&'static str>>,
 }
 
 impl Poller {
-    /// A poller whose average pause per process is `average`; jobs over
-    /// `max_payload` bytes (0: no limit) go to the dead set unread.
-    pub(crate) fn new(redis: Redis, average: Duration, dead: DeadCaps, max_payload: usize) -> Self {
+    /// A poller whose average pause per process is `average` (shorter
+    /// while `turns` says limited jobs are due); jobs over `max_payload`
+    /// bytes (0: no limit) go to the dead set unread.
+    pub(crate) fn new(
+        redis: Redis,
+        average: Duration,
+        dead: DeadCaps,
+        max_payload: usize,
+        turns: std::sync::Arc<Turns>,
+    ) -> Self {
         Self {
             redis,
             average,
             mover: DueMover::new(dead, max_payload),
+            turns,
             failing: Default::default(),
         }
     }
@@ -56,9 +71,17 @@ impl Poller {
         // A random first wait spreads processes started together.
         let mut pause = self.average.mul_f64(rand::rng().random_range(0.0..1.0));
         loop {
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stop.cancelled() => return,
+            let paused = std::time::Instant::now();
+            loop {
+                let left = self.turns.pause(pause, now_f64()).saturating_sub(paused.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                // Wake each second to see whether limited jobs became due.
+                tokio::select! {
+                    () = tokio::time::sleep(left.min(super::limiter::turns::POLL_WHILE_WAITING)) => {}
+                    () = stop.cancelled() => return,
+                }
             }
             let processes = match self.poll().await {
                 Ok((_, processes)) => {

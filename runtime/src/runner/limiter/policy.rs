@@ -5,11 +5,18 @@
 //! - The payload's `overrated` goes up by one (Ent's field), its
 //!   `retry_count` and error fields are untouched; the job goes to
 //!   `schedule` at `now + delay` and is not a failure.
-//! - The delay starts from the limit's own refill time (for a rate, when
-//!   the oldest start leaves the window; for a concurrency limit
-//!   [`CONCURRENCY_BASE`]), grows by 10% per reschedule already counted,
-//!   is capped at [`MAX_DELAY_SECS`], and is spread by up to +50% of
-//!   jitter so that jobs refused together do not come back together.
+//! - A rate refusal carries the job's *turn* (the script hands them out
+//!   one `window / limit` apart): the job comes back [`EARLY`] before it,
+//!   so that it is moved back by a poller in time (the poller of the
+//!   process that sent it back polls every second while it is due, see
+//!   [`super::turns`]) and waits the rest in its process, admitted for its start ([`super::HORIZON`] ≥ `EARLY`).
+//!   No growth, no jitter: turns are already spread at the rate; only a
+//!   turn further than [`MAX_TURN_SECS`] is cut short (the job then asks
+//!   again and gets a later turn).
+//! - A concurrency refusal (the holders' end is unknown) waits
+//!   [`CONCURRENCY_BASE`], growing by 10% per reschedule already counted,
+//!   capped at [`MAX_DELAY_SECS`] and spread by up to +50% of jitter so
+//!   that jobs refused together do not come back together.
 //! - After [`MAX_RESCHEDULES`] reschedules the refusal goes through the
 //!   normal retry path instead (Ent does the same after 20, with minutes
 //!   between reschedules; ours are seconds apart, so the cap is higher):
@@ -45,15 +52,20 @@ pub(crate) const CONCURRENCY_BASE: f64 = 1.0;
 pub(crate) const UNAVAILABLE_BASE: f64 = 5.0;
 /// Shortest base delay, seconds.
 pub(crate) const MIN_DELAY_SECS: f64 = 0.05;
-/// Longest delay before jitter, seconds.
+/// Longest delay before jitter, seconds (concurrency and unavailable).
 pub(crate) const MAX_DELAY_SECS: f64 = 60.0;
+/// How long before its turn a job refused by a rate comes back, seconds.
+pub(crate) const EARLY: f64 = 5.0;
+/// Longest wait for a turn, seconds (a week).
+pub(crate) const MAX_TURN_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
 /// Why a job may not start now.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Refusal {
-    /// A rate limit is full; a start leaves its window in `wait_secs`.
+    /// A rate limit is full within the horizon; the job's turn comes in
+    /// `wait_secs`.
     Rate {
-        /// Seconds until the window has room again.
+        /// Seconds until the job's turn.
         wait_secs: f64,
     },
     /// A per-key concurrency limit is full.
@@ -77,7 +89,14 @@ impl Refusal {
 /// rescheduled `overrated` times; `jitter` is uniform in [0, 1).
 pub(crate) fn delay_secs(refusal: Refusal, overrated: u64, jitter: f64) -> f64 {
     let base = match refusal {
-        Refusal::Rate { wait_secs } => wait_secs,
+        Refusal::Rate { wait_secs } => {
+            let early = if wait_secs.is_finite() {
+                wait_secs - EARLY
+            } else {
+                MAX_TURN_SECS
+            };
+            return early.clamp(MIN_DELAY_SECS, MAX_TURN_SECS);
+        }
         Refusal::Concurrency => CONCURRENCY_BASE,
         Refusal::Unavailable => UNAVAILABLE_BASE,
     };
@@ -170,14 +189,21 @@ mod tests {
     }
 
     #[test]
-    fn delays_start_at_the_refill_time_grow_and_are_capped() {
-        assert_eq!(delay_secs(Refusal::Rate { wait_secs: 0.25 }, 0, 0.0), 0.25);
-        assert_eq!(delay_secs(Refusal::Rate { wait_secs: 0.0 }, 0, 0.0), MIN_DELAY_SECS);
-        assert_eq!(
-            delay_secs(Refusal::Rate { wait_secs: f64::NAN }, 0, 0.0),
-            MAX_DELAY_SECS
-        );
-        assert_eq!(delay_secs(Refusal::Rate { wait_secs: 1e9 }, 0, 0.0), MAX_DELAY_SECS);
+    fn a_rate_refusal_comes_back_early_for_its_turn_without_growth_or_jitter() {
+        let rate = |wait_secs| Refusal::Rate { wait_secs };
+        assert_eq!(delay_secs(rate(EARLY + 3.5), 0, 0.0), 3.5);
+        assert_eq!(delay_secs(rate(EARLY + 3.5), 50, 0.9), 3.5);
+        assert_eq!(delay_secs(rate(3600.0), 7, 0.3), 3600.0 - EARLY);
+        assert_eq!(delay_secs(rate(0.25), 0, 0.0), MIN_DELAY_SECS);
+        assert_eq!(delay_secs(rate(-4.0), 0, 0.0), MIN_DELAY_SECS);
+        assert_eq!(delay_secs(rate(f64::NAN), 0, 0.0), MAX_TURN_SECS);
+        assert_eq!(delay_secs(rate(f64::INFINITY), 0, 0.0), MAX_TURN_SECS);
+        assert_eq!(delay_secs(rate(1e12), 0, 0.0), MAX_TURN_SECS);
+        assert!(EARLY <= super::super::HORIZON.as_secs_f64());
+    }
+
+    #[test]
+    fn concurrency_delays_grow_and_are_capped() {
         assert!((delay_secs(Refusal::Concurrency, 10, 0.0) - 1.1f64.powi(10)).abs() < 1e-9);
         assert_eq!(delay_secs(Refusal::Concurrency, u64::MAX, 0.0), MAX_DELAY_SECS);
         assert_eq!(delay_secs(Refusal::Concurrency, 0, 0.999_999_9), 1.499_999_95);
