@@ -28,6 +28,8 @@ pub struct Runner {
     child: Child,
     log: PathBuf,
     _dir: tempfile::TempDir,
+    /// Stopped with SIGTERM on drop (else SIGKILL).
+    gentle: bool,
 }
 
 impl Runner {
@@ -77,7 +79,38 @@ impl Runner {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("start wasmjobs run");
-        Runner { child, log, _dir: dir }
+        Runner {
+            child,
+            log,
+            _dir: dir,
+            gentle: false,
+        }
+    }
+
+    /// Starts `wasmjobs ARGS` in `cwd` as a user types it: no `--redis`,
+    /// no `--data-dir`, none of the test environment's `REDIS_URL` or
+    /// `WASMJOBS_DATA_DIR`; stdout and stderr both go to the log. Stopped
+    /// with SIGTERM on drop, so an embedded Redis stops with its last user.
+    pub fn start_as_user(cwd: &Path, args: &[&str]) -> Runner {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("runner.log");
+        let out = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(wasmjobs_bin())
+            .current_dir(cwd)
+            .args(args)
+            .env_remove("WASMJOBS_DATA_DIR")
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log file"))
+            .stderr(out)
+            .spawn()
+            .expect("start wasmjobs");
+        Runner {
+            child,
+            log,
+            _dir: dir,
+            gentle: true,
+        }
     }
 
     /// The process id.
@@ -161,7 +194,11 @@ impl Runner {
 
 impl Drop for Runner {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if self.gentle && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill").arg(self.pid().to_string()).status();
+        } else {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }

@@ -9,10 +9,11 @@
 //! Redis.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use wasmjobs_e2e::cli::{command_in, printed};
+use wasmjobs_e2e::runner::Runner;
 use wasmjobs_e2e::sidekiq::ruby;
 use wasmjobs_e2e::{assert_success, plugins_dir, repo_root};
 
@@ -40,46 +41,6 @@ fn until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool, context:
     }
 }
 
-/// A `wasmjobs run --plugins ./plugins` in `project`, stopped on drop.
-struct Run {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Run {
-    fn start(project: &Path) -> Run {
-        let log = project.join("run.log");
-        let child = Command::new(wasmjobs_e2e::runner::wasmjobs_bin())
-            .current_dir(project)
-            .args(["run", "--plugins", "./plugins"])
-            .env_remove("WASMJOBS_DATA_DIR")
-            .env_remove("REDIS_URL")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("log file"))
-            .stderr(std::fs::File::create(project.join("run.err")).expect("log file"))
-            .spawn()
-            .expect("start wasmjobs run");
-        Run { child, log }
-    }
-
-    fn log(&self) -> String {
-        let dir = self.log.parent().expect("a parent");
-        format!(
-            "{}{}",
-            std::fs::read_to_string(&self.log).unwrap_or_default(),
-            std::fs::read_to_string(dir.join("run.err")).unwrap_or_default()
-        )
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        // SIGTERM, then wait: the embedded Redis stops with its last user.
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
-        let _ = self.child.wait();
-    }
-}
-
 /// `export NAME='value'` in `wasmjobs env`'s output.
 fn exported(env: &str, name: &str) -> String {
     let prefix = format!("export {name}='");
@@ -100,14 +61,9 @@ fn every_directory_of_a_project_uses_its_one_embedded_redis() {
         std::fs::copy(plugins_dir().join("noop").join(file), noop.join(file)).expect("copy the noop plugin");
     }
 
-    let run = Run::start(&project);
+    let mut run = Runner::start_as_user(&project, &["run", "--plugins", "./plugins"]);
     let socket = project.join(".wasmjobs/redis/redis.sock");
-    until(
-        "the runner to start",
-        QUICK,
-        || run.log().contains("running identity="),
-        || run.log(),
-    );
+    run.wait_for_log("running identity=", QUICK);
     // The first command in a project makes its data directory, and says so.
     assert!(
         run.log().contains("starting a new, empty embedded Redis"),

@@ -144,6 +144,19 @@ async fn overview_count_goes_up_live() {
     let overview: Value = serde_json::from_str(&api.body).expect("JSON from /api/overview");
     assert_eq!(overview["processed"], json!(15), "{overview}");
     assert_eq!(overview["failed"], json!(0), "{overview}");
+
+    // A queue no live process fetches is flagged; the served one is not.
+    push(&mut conn, "NoopJob", "nobody", vec![json!([])]).await;
+    browser.goto(&format!("{base}/")).await;
+    let flagged = browser.text("tr.queue[data-queue=\"nobody\"] .state.unserved").await;
+    assert!(flagged.contains("no live process serves it"), "{flagged}");
+    assert!(
+        browser
+            .try_find("tr.queue[data-queue=\"default\"] .state.unserved")
+            .await
+            .is_none(),
+        "the runner serves default"
+    );
     drop(browser);
     assert!(runner.stop().success());
 }
@@ -162,6 +175,8 @@ async fn dead_job_is_retried_from_its_page_and_runs() {
 
     browser.goto(&format!("{base}/dead")).await;
     assert_eq!(browser.text(&format!("{} td.class", row(&jid))).await.trim(), "NoopJob");
+    // Its retry count, as Sidekiq Web's "Retry Count" column shows it.
+    assert_eq!(browser.text(&format!("{} td.retries", row(&jid))).await.trim(), "25");
     browser.click_to_navigate(&format!("{} a.job-link", row(&jid))).await;
     let payload = browser.text("pre#payload").await;
     assert!(payload.contains(&jid), "{payload}");

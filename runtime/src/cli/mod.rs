@@ -124,6 +124,24 @@ impl Command {
             Command::Exec(_) | Command::Plugins(_) | Command::New(_) | Command::Build(_) => None,
         }
     }
+
+    /// Whether the command compiles plugins (into the data directory's
+    /// compilation cache).
+    fn compiles_plugins(&self) -> bool {
+        match self {
+            Command::Run(_) | Command::Exec(_) | Command::Plugins(_) | Command::Build(_) => true,
+            Command::Enqueue(_)
+            | Command::Stats(_)
+            | Command::Cancel(_)
+            | Command::Pause(_)
+            | Command::Resume(_)
+            | Command::Limits(_)
+            | Command::Schedule(_)
+            | Command::Web(_)
+            | Command::Env(_)
+            | Command::New(_) => false,
+        }
+    }
 }
 
 /// Where Redis is; shared by every command that talks to it.
@@ -262,11 +280,7 @@ pub fn main() -> ExitCode {
             .command
             .redis()
             .is_some_and(|r| r.url.as_deref().is_none_or(|u| u.trim().is_empty()));
-    let compiles = matches!(
-        cli.command,
-        Command::Run(_) | Command::Exec(_) | Command::Plugins(_) | Command::Build(_)
-    );
-    if (embedded || compiles)
+    if (embedded || cli.command.compiles_plugins())
         && let Some(notice) = cli.data.notice(embedded)
     {
         eprintln!("{notice}");

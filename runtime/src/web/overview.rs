@@ -25,6 +25,13 @@ pub(super) async fn page(
     let latency = last_hour(&mut conn, now_f64()).await?;
     let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
     let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
+    // Queues some live process (ours or a Ruby Sidekiq's) fetches: any
+    // other queue gets a warning, its jobs wait for nobody.
+    let served: Vec<&str> = stats
+        .processes
+        .iter()
+        .flat_map(|p| p.queues.iter().map(String::as_str))
+        .collect();
     web.view.render(
         "overview.html",
         context! {
@@ -35,6 +42,7 @@ pub(super) async fn page(
             latency,
             busy,
             capacity,
+            served,
             unreadable => stats.unreadable,
         },
     )
