@@ -10,6 +10,7 @@ use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
 use super::inflight::InFlightTable;
+use super::limiter::policy::OVERRATED;
 use crate::metrics::{Metrics, ProcessSampler, server};
 use crate::redis::{Redis, keys};
 use crate::sandbox::Executor;
@@ -94,10 +95,6 @@ pub(crate) async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InF
     }
 }
 
-/// The mark a cluster limit leaves in the payloads it reschedules
-/// (`limiter::policy::OVERRATED`), as a `SCAN` pattern.
-const OVERRATED_PATTERN: &str = "*\"overrated\":*";
-
 /// Whether `schedule` holds a job a cluster limit sent back to wait for its
 /// turn (its payload counts `overrated`). Read with `ZSCAN`, so a large
 /// schedule costs rounds of this check, never a long command in Redis; a
@@ -109,7 +106,8 @@ async fn limited_waiting(redis: &Redis) -> bool {
             .arg(keys::SCHEDULE)
             .arg(cursor)
             .arg("MATCH")
-            .arg(OVERRATED_PATTERN)
+            // The mark a cluster limit leaves in the payloads it reschedules.
+            .arg(format!("*\"{OVERRATED}\":*"))
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut redis.conn())

@@ -77,9 +77,10 @@ impl Poller {
                 if left.is_zero() {
                     break;
                 }
-                // Wake each second to see whether limited jobs became due.
+                // A job sent back meanwhile may shorten the pause.
                 tokio::select! {
-                    () = tokio::time::sleep(left.min(super::limiter::turns::POLL_WHILE_WAITING)) => {}
+                    () = tokio::time::sleep(left) => {}
+                    () = self.turns.sent() => {}
                     () = stop.cancelled() => return,
                 }
             }

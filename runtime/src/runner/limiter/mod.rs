@@ -45,7 +45,7 @@
 pub(crate) mod bucket;
 pub(crate) mod policy;
 mod scripts;
-pub(crate) mod turns;
+mod turns;
 
 pub(crate) use turns::Turns;
 

@@ -9,7 +9,8 @@
 //!   one `window / limit` apart): the job comes back [`EARLY`] before it,
 //!   so that it is moved back by a poller in time (the poller of the
 //!   process that sent it back polls every second while it is due, see
-//!   [`super::turns`]) and waits the rest in its process, admitted for its start ([`super::HORIZON`] ≥ `EARLY`).
+//!   [`super::turns`]) and waits the rest in its process, admitted for
+//!   its start ([`super::HORIZON`] ≥ `EARLY`).
 //!   No growth, no jitter: turns are already spread at the rate; only a
 //!   turn further than [`MAX_TURN_SECS`] is cut short (the job then asks
 //!   again and gets a later turn).

@@ -4,13 +4,17 @@
 //! [`POLL_WHILE_WAITING`] instead of its usual interval (5 s × processes
 //! by default). A limited job comes back [`super::policy::EARLY`] before
 //! its turn, so a poll a second late costs nothing, and an idle process
-//! (or one whose plugins have no limits) polls as before.
+//! (or one whose plugins have no limits) polls as before. A job sent back
+//! wakes a poller asleep for its usual pause ([`Turns::sent`]), so no
+//! timer runs while nothing is due.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 /// The poller's pause while jobs sent back by a limit are due.
-pub(crate) const POLL_WHILE_WAITING: Duration = Duration::from_secs(1);
+const POLL_WHILE_WAITING: Duration = Duration::from_secs(1);
 /// How long after the last one is due the poller keeps the short pause.
 const GRACE: f64 = 2.0;
 
@@ -18,6 +22,7 @@ const GRACE: f64 = 2.0;
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
     latest_ms: AtomicU64,
+    sent: Notify,
 }
 
 impl Turns {
@@ -25,7 +30,14 @@ impl Turns {
     pub(crate) fn sent_back(&self, at: f64) {
         if at.is_finite() && at > 0.0 {
             self.latest_ms.fetch_max((at * 1000.0) as u64, Ordering::Relaxed);
+            self.sent.notify_one();
         }
+    }
+
+    /// Resolves when a job is sent back (at once if one was since the
+    /// last call).
+    pub(crate) async fn sent(&self) {
+        self.sent.notified().await;
     }
 
     /// Whether, at `now` (epoch seconds), a job sent back may be waiting
