@@ -337,6 +337,43 @@ async fn running_job_is_cancelled_from_the_page() {
     assert!(runner.stop().success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_shows_as_running_within_seconds_of_its_start_not_at_the_next_beat() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["chaos"]);
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &["-c", "4", "--timeout", "0.5"]);
+    let browser = Browser::start("a_job_shows_as_running_within_seconds").await;
+    browser.goto(&format!("{base}/")).await;
+    browser.find("#chart").await;
+    browser.mark_page().await;
+    let first = push(&mut conn, "ChaosJob", "default", vec![json!(["sleep", 60_000])])
+        .await
+        .remove(0);
+    browser
+        .wait_text("#busy", Duration::from_secs(15), |text| text.trim() == "1")
+        .await;
+    // The heartbeat that showed the first job was at most a second ago,
+    // the next is ten seconds away: the second job must not wait for it.
+    let second = push(&mut conn, "ChaosJob", "default", vec![json!(["sleep", 60_000])])
+        .await
+        .remove(0);
+    let pushed = Instant::now();
+    browser
+        .wait_text("#busy", Duration::from_secs(4), |text| text.trim() == "2")
+        .await;
+    assert!(browser.page_is_marked().await, "the overview must update Busy in place");
+    browser.goto(&format!("{base}/processes")).await;
+    for jid in [&first, &second] {
+        browser.find(&format!("tr.running[data-jid=\"{jid}\"]")).await;
+    }
+    eprintln!("the second job showed as running {:?} after its push", pushed.elapsed());
+    drop(browser);
+    // Stopped with the jobs running: both go back to their queue.
+    assert!(runner.stop().success(), "{}", runner.log());
+    assert_eq!(conn.llen::<_, u64>("queue:default").await.expect("LLEN"), 2);
+}
+
 /// Asserts that the page shows `SCRIPT` and `IMG` as text in `css` and
 /// ran neither.
 async fn assert_shown_as_text(browser: &Browser, css: &str) {

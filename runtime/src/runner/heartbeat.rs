@@ -15,10 +15,18 @@
 //! process stops ([`Heartbeat::clear`]). A hot reload asks for a beat at
 //! once (at most one a second), so the plugin versions and report others
 //! read are current.
+//!
+//! Between beats, every [`WORK_TICK`], the `:work` hash and `busy` are
+//! brought up to date ([`Heartbeat::show_work`]): the jobs started since
+//! the last write and still running are added, those that ended removed,
+//! and nothing is written when nothing changed. So a running job shows in
+//! the dashboard and Sidekiq's Web UI within a second of its start, at a
+//! cost bounded by the jobs in flight at each tick (jobs shorter than a
+//! tick never show, as under Sidekiq's 10 s beat), not by the jobs run.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -36,6 +44,8 @@ use crate::redis::{Redis, keys, latency, now_f64};
 
 /// Time between beats (Sidekiq's).
 pub const INTERVAL: Duration = Duration::from_secs(10);
+/// Time between updates of the `:work` hash and `busy` between beats.
+pub const WORK_TICK: Duration = Duration::from_secs(1);
 /// Shortest time between beats when a reload asks for one early.
 pub const EARLIEST: Duration = Duration::from_secs(1);
 /// A heartbeat failing for this long is logged as an error: half the
@@ -136,6 +146,11 @@ pub struct Heartbeat {
     cpu: CpuSince,
     /// Notified when a plugin changed: beat now, not in up to 10 s.
     reloaded: Arc<Notify>,
+    /// The jobs the `:work` hash shows, by in-flight id, as last written.
+    shown: Mutex<HashSet<u64>>,
+    /// When a beat was last written: a tick writes only while the process
+    /// hash it updates is alive.
+    beaten: Mutex<Option<Instant>>,
 }
 
 /// Percent of one core a process used between two readings.
@@ -209,6 +224,8 @@ impl Heartbeat {
             published: Published::default(),
             cpu: CpuSince::new(),
             reloaded: Arc::new(Notify::new()),
+            shown: Mutex::new(HashSet::new()),
+            beaten: Mutex::new(None),
         }
     }
 
@@ -254,18 +271,28 @@ impl Heartbeat {
                     }
                 }
             }
-            let beaten = Instant::now();
-            tokio::select! {
-                () = tokio::time::sleep(INTERVAL) => {}
-                () = self.reloaded.notified() => {
-                    // At most one extra beat a second, however often
-                    // plugins change.
-                    tokio::select! {
-                        () = tokio::time::sleep_until((beaten + EARLIEST).into()) => {}
-                        () = stop.cancelled() => return,
+            let next = Instant::now() + INTERVAL;
+            loop {
+                let wake = (Instant::now() + WORK_TICK).min(next);
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake.into()) => {
+                        if Instant::now() >= next {
+                            break;
+                        }
+                        if let Err(err) = self.show_work().await {
+                            tracing::debug!("heartbeat: updating the jobs in flight: {err:#}");
+                        }
                     }
+                    () = self.reloaded.notified() => {
+                        // At most one extra beat a second, however often
+                        // plugins change.
+                        tokio::select! {
+                            () = tokio::time::sleep_until((next - INTERVAL + EARLIEST).into()) => break,
+                            () = stop.cancelled() => return,
+                        }
+                    }
+                    () = stop.cancelled() => return,
                 }
-                () = stop.cancelled() => return,
             }
         }
     }
@@ -282,20 +309,12 @@ impl Heartbeat {
         let rtt_us = self.rtt_us.load(Ordering::Relaxed);
 
         let id = &self.identity.identity;
-        let work = self.inflight.describe(work_entry);
+        let work = self.inflight.describe(|_| true, work_entry);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for key in [keys::work(id), keys::workers(id)] {
             pipe.cmd("UNLINK").arg(&key).ignore();
-            if !work.is_empty() {
-                let mut hset = redis::cmd("HSET");
-                hset.arg(&key);
-                for (tid, entry) in &work {
-                    hset.arg(tid).arg(entry);
-                }
-                pipe.add_command(hset).ignore();
-                pipe.cmd("EXPIRE").arg(&key).arg(keys::HEARTBEAT_TTL_SECS).ignore();
-            }
+            stage_work(&mut pipe, &key, &work, &[]);
         }
         pipe.cmd("SADD").arg(keys::PROCESSES).arg(id).ignore();
         pipe.cmd("HSET")
@@ -331,6 +350,8 @@ impl Heartbeat {
         if let Some(snapshot) = snapshot {
             self.published.commit(snapshot);
         }
+        *lock(&self.shown) = work.iter().map(|(id, _)| *id).collect();
+        *lock(&self.beaten) = Some(Instant::now());
         let signal = signal.map(|s| String::from_utf8_lossy(&s).into_owned());
         let rtt_us = started.elapsed().as_micros() as u64;
         self.rtt_us.store(rtt_us, Ordering::Relaxed);
@@ -349,6 +370,45 @@ impl Heartbeat {
                 None
             }
         }))
+    }
+
+    /// Brings the `:work` hash and `busy` up to date with the jobs in
+    /// flight (see the module header); writes nothing when nothing
+    /// changed since the last write, or when no beat was written lately
+    /// (the process hash `busy` lives in may have expired).
+    pub(crate) async fn show_work(&self) -> Result<()> {
+        let alive = lock(&self.beaten).is_some_and(|at| at.elapsed() < INTERVAL + WORK_TICK * 5);
+        if !alive {
+            return Ok(());
+        }
+        let now = self.inflight.ids();
+        let (started, ended): (HashSet<u64>, Vec<u64>) = {
+            let shown = lock(&self.shown);
+            (
+                now.difference(&shown).copied().collect(),
+                shown.difference(&now).copied().collect(),
+            )
+        };
+        if started.is_empty() && ended.is_empty() {
+            return Ok(());
+        }
+        let added = self.inflight.describe(|id| started.contains(&id), work_entry);
+        let id = &self.identity.identity;
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for key in [keys::work(id), keys::workers(id)] {
+            stage_work(&mut pipe, &key, &added, &ended);
+        }
+        pipe.cmd("HSET").arg(id).arg("busy").arg(now.len()).ignore();
+        pipe.query_async::<()>(&mut self.redis.conn())
+            .await
+            .context("writing the jobs in flight")?;
+        let mut shown = lock(&self.shown);
+        for gone in &ended {
+            shown.remove(gone);
+        }
+        shown.extend(added.iter().map(|(id, _)| *id));
+        Ok(())
     }
 
     /// Adds the latency counts recorded since the last publication to
@@ -407,6 +467,34 @@ impl Heartbeat {
             self.published.commit(snapshot);
         }
         Ok(())
+    }
+}
+
+/// Locks `mutex`, whatever a panicking holder left in it (a set of ids).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Adds to `pipe` the commands that write the jobs `added` (in-flight id,
+/// entry) into the work hash `key` and remove the `ended` ones, and renew
+/// its expiry.
+fn stage_work(pipe: &mut redis::Pipeline, key: &str, added: &[(u64, String)], ended: &[u64]) {
+    if !ended.is_empty() {
+        let mut hdel = redis::cmd("HDEL");
+        hdel.arg(key);
+        for id in ended {
+            hdel.arg(format!("{id:x}"));
+        }
+        pipe.add_command(hdel).ignore();
+    }
+    if !added.is_empty() {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key);
+        for (id, entry) in added {
+            hset.arg(format!("{id:x}")).arg(entry);
+        }
+        pipe.add_command(hset).ignore();
+        pipe.cmd("EXPIRE").arg(key).arg(keys::HEARTBEAT_TTL_SECS).ignore();
     }
 }
 

@@ -136,13 +136,24 @@ impl InFlightTable {
         self.inner().entries.values().map(|e| e.info.job.raw.clone()).collect()
     }
 
-    /// `describe` of each job in flight, keyed by a per-job id (Sidekiq's
-    /// "tid"); nothing is cloned but what `describe` makes.
-    pub(crate) fn describe<T>(&self, mut describe: impl FnMut(&InFlight) -> T) -> Vec<(String, T)> {
+    /// The ids of the jobs in flight (what [`Self::describe`] keys on).
+    pub(crate) fn ids(&self) -> HashSet<u64> {
+        self.inner().entries.keys().copied().collect()
+    }
+
+    /// `describe` of each job in flight whose id `pick` accepts, keyed by
+    /// that id (Sidekiq's "tid" is its hex form); nothing is cloned but
+    /// what `describe` makes.
+    pub(crate) fn describe<T>(
+        &self,
+        pick: impl Fn(u64) -> bool,
+        mut describe: impl FnMut(&InFlight) -> T,
+    ) -> Vec<(u64, T)> {
         self.inner()
             .entries
             .iter()
-            .map(|(id, e)| (format!("{id:x}"), describe(&e.info)))
+            .filter(|(id, _)| pick(**id))
+            .map(|(id, e)| (*id, describe(&e.info)))
             .collect()
     }
 }
