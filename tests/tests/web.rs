@@ -157,6 +157,129 @@ async fn overview_count_goes_up_live() {
             .is_none(),
         "the runner serves default"
     );
+
+    // A job of a class no plugin serves never executes: its row counts it
+    // by its queue latency, not as 0 jobs.
+    push(&mut conn, "NobodysJob", "default", vec![json!([])]).await;
+    let unserved = "tr.latency[data-class=\"(unserved)\"] td.jobs";
+    browser
+        .wait_for(
+            Duration::from_secs(30),
+            || format!("the (unserved) row after the next heartbeat:\n{}", runner.log()),
+            async |browser: &Browser| {
+                browser.goto(&format!("{base}/")).await;
+                browser.try_find(unserved).await.is_some()
+            },
+        )
+        .await;
+    assert_eq!(digits(&browser.text(unserved).await), 1);
+    assert_eq!(
+        digits(&browser.text("tr.latency[data-class=\"NoopJob\"] td.jobs").await),
+        15
+    );
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_open_with_the_last_hour_and_the_days_before() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let now = wasmjobs::redis::now_f64();
+    let minute = (now / 60.0) as u64;
+    let date = |days_ago: f64| {
+        let secs = now - days_ago * 86_400.0;
+        let (y, m, d) = wasmjobs::time::civil_from_days((secs / 86_400.0).floor() as i64);
+        format!("{y:04}-{m:02}-{d:02}")
+    };
+    // What Sidekiq (or an earlier run) left: a busy day three days ago, a
+    // minute ten minutes ago; and a key some client wrote with another type.
+    let _: () = conn
+        .set(format!("stat:processed:{}", date(3.0)), 500)
+        .await
+        .expect("SET");
+    let _: () = conn.set(format!("stat:failed:{}", date(3.0)), 20).await.expect("SET");
+    let _: () = conn
+        .hset_multiple(
+            format!("wasmjobs:stat:minute:{}", minute - 10),
+            &[("processed", 120), ("failed", 6)],
+        )
+        .await
+        .expect("HSET");
+    let _: () = conn
+        .hset(format!("stat:processed:{}", date(5.0)), "x", 1)
+        .await
+        .expect("HSET");
+
+    let dir = plugins(&["noop"], &[]);
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &[]);
+    push(&mut conn, "NoopJob", "default", (0..7).map(|_| json!([])).collect()).await;
+    wait_processed(&mut conn, 7, Duration::from_secs(30), || runner.log()).await;
+
+    let history = || {
+        let api = request(&base["http://".len()..], "GET", "/api/history?days=7", &[], "");
+        assert_eq!(api.status, 200, "{api:?}");
+        serde_json::from_str::<Value>(&api.body).expect("JSON from /api/history")
+    };
+    // Each runner adds its jobs to the minute's counters with its next
+    // heartbeat (every 10 s).
+    let counted = |history: &Value| -> u64 {
+        history["minutes"].as_array().map_or(0, |m| {
+            m[m.len().saturating_sub(3)..]
+                .iter()
+                .map(|m| m["processed"].as_u64().unwrap_or(0))
+                .sum()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let history = loop {
+        let history = history();
+        if counted(&history) >= 7 || Instant::now() > deadline {
+            break history;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(counted(&history), 7, "the runner counts its jobs per minute: {history}");
+    let days = history["days"].as_array().expect("days");
+    assert_eq!(days.len(), 7, "{history}");
+    assert_eq!(days[3], json!({"date": date(3.0), "processed": 500, "failed": 20}));
+    assert_eq!(days[6]["processed"], json!(7), "today's runs: {history}");
+    assert_eq!(days[1]["processed"], json!(0), "the hash read as zero: {history}");
+    assert!(history["unreadable"].to_string().contains(&date(5.0)), "{history}");
+    let minutes = history["minutes"].as_array().expect("minutes");
+    assert_eq!(minutes.len(), 60, "{history}");
+    assert_eq!(
+        minutes[49],
+        json!({"t": (minute - 10) * 60, "processed": 120, "failed": 6})
+    );
+
+    let browser = Browser::start("the_charts_open_with_the_last_hour").await;
+    browser.goto(&format!("{base}/?days=7")).await;
+    // Drawn on open: the 59 minutes before this one (then a point a
+    // second) and 7 days.
+    let points = |id: &str| format!("return Number(document.getElementById('{id}').getAttribute('data-points'))");
+    browser
+        .wait_for(
+            Duration::from_secs(10),
+            || "the charts to be drawn".to_owned(),
+            async |browser: &Browser| {
+                browser
+                    .execute(&points("chart"))
+                    .await
+                    .as_u64()
+                    .is_some_and(|n| n >= 59)
+                    && browser.execute(&points("history")).await.as_u64() == Some(7)
+            },
+        )
+        .await;
+    assert!(
+        !browser.find_all("#history canvas").await.is_empty(),
+        "the history is drawn"
+    );
+    assert!(
+        !browser.find_all("#chart canvas").await.is_empty(),
+        "the last hour is drawn"
+    );
     drop(browser);
     assert!(runner.stop().success());
 }

@@ -529,7 +529,7 @@ fn lossy(bytes: Vec<u8>) -> String {
 }
 
 /// A stat counter, read as leniently as Ruby's `to_i`.
-fn counter(value: Option<Vec<u8>>) -> u64 {
+pub(super) fn counter(value: Option<Vec<u8>>) -> u64 {
     value
         .map(lossy)
         .and_then(|v| v.trim().parse::<i64>().ok())

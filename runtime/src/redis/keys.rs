@@ -33,6 +33,13 @@ pub fn daily(stat: &str, date: &str) -> String {
     format!("{stat}:{date}")
 }
 
+/// The HASH of the jobs processed and failed in the UTC minute `minute`
+/// (seconds since the epoch ÷ 60), every process merged; see
+/// [`super::history`].
+pub fn minute_stats(minute: u64) -> String {
+    format!("wasmjobs:stat:minute:{minute}")
+}
+
 /// The in-progress list of the process `identity` (reliable fetch).
 pub fn inprogress(identity: &str) -> String {
     format!("wasmjobs:inprogress:{identity}")

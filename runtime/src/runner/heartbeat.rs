@@ -11,7 +11,10 @@
 //! transaction renews the cluster concurrency leases the process holds
 //! ([`super::limiter`]) and adds the latency counts recorded since the last
 //! beat to the cluster's per-minute histograms
-//! ([`crate::metrics::published`]); the last counts are written when the
+//! ([`crate::metrics::published`]) and the jobs it recorded as processed
+//! and failed to the per-minute counters the dashboard's chart draws the
+//! last hour from ([`crate::redis::history`]; the daily ones are written
+//! with each batch of outcomes); the last counts are written when the
 //! process stops ([`Heartbeat::clear`]). A hot reload asks for a beat at
 //! once (at most one a second), so the plugin versions and report others
 //! read are current.
@@ -36,11 +39,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::inflight::{InFlight, InFlightTable};
 use super::limiter::Limiter;
+use super::outcome::Counters;
 use super::reloader::LiveCatalog;
 use super::source::JobSource;
 use crate::metrics::Metrics;
 use crate::metrics::published::Published;
-use crate::redis::{Redis, keys, latency, now_f64};
+use crate::redis::{Redis, history, keys, latency, now_f64};
 
 /// Time between beats (Sidekiq's).
 pub const INTERVAL: Duration = Duration::from_secs(10);
@@ -121,6 +125,8 @@ pub(crate) struct Parts {
     pub(crate) catalog: LiveCatalog,
     /// Cancelled once the process is quiet.
     pub(crate) quiet: CancellationToken,
+    /// The outcomes written (processed and failed, per minute).
+    pub(crate) counters: Arc<Counters>,
 }
 
 /// The heartbeat of one process.
@@ -142,6 +148,10 @@ pub struct Heartbeat {
     rtt_us: AtomicU64,
     /// The latency counts already published.
     published: Published,
+    /// The outcomes written.
+    counters: Arc<Counters>,
+    /// Of those, the processed and failed counts already published.
+    counted: Mutex<(u64, u64)>,
     /// CPU use since the previous beat (the `cpu` field).
     cpu: CpuSince,
     /// Notified when a plugin changed: beat now, not in up to 10 s.
@@ -198,6 +208,7 @@ impl Heartbeat {
             source,
             catalog,
             quiet,
+            counters,
         } = parts;
         let info = json!({
             "hostname": identity.hostname,
@@ -222,6 +233,8 @@ impl Heartbeat {
             limiter: None,
             rtt_us: AtomicU64::new(0),
             published: Published::default(),
+            counters,
+            counted: Mutex::new((0, 0)),
             cpu: CpuSince::new(),
             reloaded: Arc::new(Notify::new()),
             shown: Mutex::new(HashSet::new()),
@@ -343,6 +356,7 @@ impl Heartbeat {
             limiter.renew(&mut pipe);
         }
         let snapshot = self.publish_latency(&mut pipe);
+        let counted = self.publish_counts(&mut pipe);
         pipe.cmd("RPOP").arg(keys::signals(id));
         let started = Instant::now();
         // Anyone can push into the signals list: read bytes, not text.
@@ -350,6 +364,7 @@ impl Heartbeat {
         if let Some(snapshot) = snapshot {
             self.published.commit(snapshot);
         }
+        *lock(&self.counted) = counted;
         *lock(&self.shown) = work.iter().map(|(id, _)| *id).collect();
         *lock(&self.beaten) = Some(Instant::now());
         let signal = signal.map(|s| String::from_utf8_lossy(&s).into_owned());
@@ -421,6 +436,24 @@ impl Heartbeat {
         Some(snapshot)
     }
 
+    /// Adds the jobs recorded as processed and failed since the last
+    /// publication to the current minute's counters in `pipe`; returns the
+    /// totals to remember once `pipe` succeeded.
+    fn publish_counts(&self, pipe: &mut redis::Pipeline) -> (u64, u64) {
+        let now = (
+            self.counters.processed.load(Ordering::Relaxed),
+            self.counters.failed.load(Ordering::Relaxed),
+        );
+        let before = *lock(&self.counted);
+        history::stage_minute(
+            pipe,
+            now_f64(),
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        );
+        now
+    }
+
     /// The `info` field: this process's description, with the version of
     /// every plugin loaded now (`"plugins": {"name": "version"}`), which
     /// changes as plugins are reloaded.
@@ -450,6 +483,7 @@ impl Heartbeat {
         let mut pipe = redis::pipe();
         pipe.atomic();
         let snapshot = self.publish_latency(&mut pipe);
+        let counted = self.publish_counts(&mut pipe);
         pipe.cmd("SREM")
             .arg(keys::PROCESSES)
             .arg(id)
@@ -466,6 +500,7 @@ impl Heartbeat {
         if let Some(snapshot) = snapshot {
             self.published.commit(snapshot);
         }
+        *lock(&self.counted) = counted;
         Ok(())
     }
 }

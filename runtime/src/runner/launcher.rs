@@ -138,6 +138,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             source: source.clone(),
             catalog: catalog.clone(),
             quiet: quiet.clone(),
+            counters: counters.clone(),
         },
     )
     .with_metrics(metrics.clone())

@@ -1,10 +1,10 @@
 //! The dashboard: `wasmjobs web`, or `wasmjobs run --web ADDR` beside a
 //! runner. One binary, no build step and no Node: pages are rendered on the
 //! server from the templates in `templates/` (minijinja, HTML-escaped
-//! everywhere by default), and a small script (`assets/app.js`) updates
-//! the overview's numbers and its chart (uPlot, vendored in
-//! `assets/vendor/uplot/` with its licence and version) once a second from
-//! `GET /api/overview`.
+//! everywhere by default), and a small script (`assets/app.js`) draws the
+//! overview's charts (uPlot, vendored in `assets/vendor/uplot/` with its
+//! licence and version) from `GET /api/history` on open and updates its
+//! numbers and live chart once a second from `GET /api/overview`.
 //!
 //! Everything it shows and changes is in Redis, so a dashboard serves the
 //! whole cluster, and it reads the same keys Sidekiq's Web UI reads. Like
@@ -12,7 +12,7 @@
 //!
 //! | file | page |
 //! |---|---|
-//! | [`overview`] | `/`: counters, live chart, queues, capacity, per-class p50/p95/p99 of the last hour; `/api/overview` |
+//! | [`overview`] | `/`: counters, live chart (from the last hour per minute), history per day, queues, capacity, per-class p50/p95/p99 of the last hour; `/api/overview`, `/api/history` |
 //! | [`queues`] | `/queues`, `/queues/NAME`: browse, delete one, clear, pause, resume |
 //! | [`sets`] | `/scheduled`, `/retries`, `/dead` and a job's page: view, retry now, delete, bulk, filter by class |
 //! | [`processes`] | `/processes`: quiet, stop, RSS, CPU, in flight, plugin versions; cancel a running job |
@@ -136,6 +136,7 @@ fn router(web: Arc<Web>) -> Router {
     Router::new()
         .route("/", get(overview::page))
         .route("/api/overview", get(overview::api))
+        .route("/api/history", get(overview::api_history))
         .route("/queues", get(queues::list))
         .route("/queues/{name}", get(queues::page))
         .route("/queues/{name}/{action}", post(queues::act))
