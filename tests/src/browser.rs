@@ -255,6 +255,16 @@ impl Browser {
         element.click().await.unwrap_or_else(|e| panic!("clicking {css}: {e}"));
     }
 
+    /// Types `text` into the first field matching `css`.
+    pub async fn type_into(&self, css: &str, text: &str) {
+        self.remember().await;
+        let element = self.find(css).await;
+        element
+            .send_keys(text)
+            .await
+            .unwrap_or_else(|e| panic!("typing into {css}: {e}"));
+    }
+
     /// Clicks the first element matching `css` (a link, or a form's
     /// button) and waits until the page it leads to has loaded, following
     /// redirects. Returns the new page's path.

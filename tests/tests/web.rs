@@ -551,6 +551,80 @@ async fn script_in_args_renders_as_text() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_found_by_jid_or_by_text_in_its_args_within_the_bound() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    // No runner: the jobs stay where they are put.
+    let queued = push(&mut conn, "MailJob", "default", vec![json!(["Ada@Example.com", 7])])
+        .await
+        .remove(0);
+    push(&mut conn, "MailJob", "low", vec![json!(["bob@example.com", 8])]).await;
+    let dead = dead_job("MailJob", vec![json!("ada@example.com")], "smtp refused <b>ada</b>");
+    zadd(&mut conn, "dead", &dead, wasmjobs::redis::now_f64()).await;
+    // One more beyond the first 1,000 of a queue: not looked at, and said.
+    let deep = push(&mut conn, "DeepJob", "big", vec![json!(["ada@example.com"])])
+        .await
+        .remove(0);
+    push(&mut conn, "FillerJob", "big", (0..1_000).map(|i| json!([i])).collect()).await;
+    let (_web, addr) = Web::start(&redis, "127.0.0.1:0", &[]);
+    let base = format!("http://{addr}");
+    let browser = Browser::start("a_job_is_found_by_jid_or_by_text").await;
+
+    // From any page, by jid.
+    browser.goto(&format!("{base}/queues")).await;
+    browser.type_into("#nav-search", &format!("{queued}\u{E007}")).await;
+    browser
+        .wait_for(
+            Duration::from_secs(10),
+            || "the search results".to_owned(),
+            async |browser: &Browser| browser.path().await == "/search",
+        )
+        .await;
+    let matches = browser.find_all("tr.match").await;
+    assert_eq!(matches.len(), 1, "one job has that jid");
+    let place = browser
+        .find(&format!("tr.match[data-jid=\"{queued}\"]"))
+        .await
+        .attr("data-where")
+        .await
+        .expect("attribute");
+    assert_eq!(place.as_deref(), Some("queue:default"));
+
+    // By text in the args, whatever its case: in queues and sets.
+    browser.goto(&format!("{base}/search")).await;
+    browser.type_into("#search-q", "ADA@example").await;
+    browser.click_to_navigate("#search-go").await;
+    let mut found: Vec<String> = Vec::new();
+    for row in browser.find_all("tr.match").await {
+        found.push(row.attr("data-where").await.expect("attribute").unwrap_or_default());
+    }
+    found.sort();
+    assert_eq!(found, ["queue:default", "set:dead"], "bob's job does not match");
+    assert!(
+        browser
+            .try_find(&format!("tr.match[data-jid=\"{deep}\"]"))
+            .await
+            .is_none(),
+        "the oldest job of a queue of 1,001 is beyond the bound"
+    );
+    let looked = browser.text("#looked").await;
+    assert!(
+        looked.contains("queue big (1001 jobs)"),
+        "the page says what it did not look at: {looked}"
+    );
+    // The error text is shown as text, the way every page shows it.
+    let error = browser
+        .text(&format!("tr.match[data-jid=\"{}\"] td.error", dead.jid()))
+        .await;
+    assert!(error.contains("<b>ada</b>"), "{error}");
+
+    // Bob's job, by its args in another case.
+    browser.goto(&format!("{base}/search?q=BOB%40")).await;
+    assert_eq!(browser.find_all("tr.match").await.len(), 1);
+    browser.assert_no_alert().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_without_csrf_is_refused() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;

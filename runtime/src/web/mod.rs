@@ -17,6 +17,7 @@
 //! | [`sets`] | `/scheduled`, `/retries`, `/dead` and a job's page: view, retry now, delete, bulk, filter by class |
 //! | [`processes`] | `/processes`: quiet, stop, RSS, CPU, in flight, plugin versions; cancel a running job |
 //! | [`plugins`] | `/plugins`: versions and where they run, classes, grants, limits, load errors, reload history |
+//! | [`search`] | `/search?q=`: a job by jid or by text in its payload, in every queue and set (bounded) |
 //! | [`cron`] | `/cron`: schedules, next runs, enqueue now |
 //! | [`auth`] | the name asked for, credentials, CSRF and security headers, checked in one place for every request |
 //! | [`hosts`] | the names the dashboard answers to without credentials (DNS rebinding) |
@@ -38,6 +39,7 @@ mod pager;
 mod plugins;
 mod processes;
 mod queues;
+mod search;
 mod serve;
 mod sets;
 mod view;
@@ -144,6 +146,7 @@ fn router(web: Arc<Web>) -> Router {
         .route("/processes/signal", post(processes::signal))
         .route("/cancel", post(processes::cancel))
         .route("/plugins", get(plugins::page))
+        .route("/search", get(search::page))
         .route("/cron", get(cron::page))
         .route("/cron/enqueue", post(cron::enqueue))
         .route("/assets/{file}", get(asset))

@@ -15,7 +15,7 @@ pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 12] = [
+const TEMPLATES: [(&str, &str); 13] = [
     ("base.html", include_str!("templates/base.html")),
     ("pager.html", include_str!("templates/pager.html")),
     ("unreadable.html", include_str!("templates/unreadable.html")),
@@ -26,6 +26,7 @@ const TEMPLATES: [(&str, &str); 12] = [
     ("job.html", include_str!("templates/job.html")),
     ("processes.html", include_str!("templates/processes.html")),
     ("cron.html", include_str!("templates/cron.html")),
+    ("search.html", include_str!("templates/search.html")),
     ("plugins.html", include_str!("templates/plugins.html")),
     ("login.html", include_str!("templates/login.html")),
 ];
