@@ -625,6 +625,70 @@ async fn a_job_is_found_by_jid_or_by_text_in_its_args_within_the_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_is_disabled_and_enabled_from_the_cron_page() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    let manifest = dir.path().join("noop/wasmjobs.toml");
+    let base_manifest = std::fs::read_to_string(&manifest).expect("manifest");
+    std::fs::write(
+        &manifest,
+        format!("{base_manifest}\n{}", wasmjobs_e2e::EVERY_SECOND_SCHEDULE),
+    )
+    .expect("write");
+    // The runner serves `default`: the ticks wait in `cron`, to be counted.
+    let (mut runner, base) = runner_with_web(&redis, dir.path(), &[]);
+    let counter = conn.clone();
+    let ticked = || {
+        let mut conn = counter.clone();
+        async move { conn.llen::<_, u64>("queue:cron").await.expect("LLEN") }
+    };
+    eventually(
+        Duration::from_secs(10),
+        || "a first tick".to_owned(),
+        || async { ticked().await > 0 },
+    )
+    .await;
+    let browser = Browser::start("a_schedule_is_disabled_and_enabled").await;
+    browser.goto(&format!("{base}/cron")).await;
+    let row = "tr.schedule[data-name=\"every-second\"]";
+    browser.click_to_navigate(&format!("{row} button.disable")).await;
+    let notice = browser.text("#notice").await;
+    assert!(notice.contains("every-second disabled"), "{notice}");
+    assert!(browser.text(row).await.contains("disabled"));
+    browser.find(&format!("{row} button.enable")).await;
+    let status: String = conn
+        .hget("cron_job:default:every-second", "status")
+        .await
+        .expect("HGET");
+    assert_eq!(status, "disabled", "sidekiq-cron's field, so its Web UI shows it too");
+
+    // A tick claimed as the click landed may still be pushed; after that,
+    // none for three seconds (three ticks of an every-second schedule).
+    let settled = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = ticked().await;
+    let quiet_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < quiet_until {
+        assert_eq!(ticked().await, held, "a disabled schedule enqueued a tick");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    browser.click_to_navigate(&format!("{row} button.enable")).await;
+    assert!(!browser.text(row).await.contains("disabled"));
+    eventually(
+        Duration::from_secs(10),
+        || format!("ticks again after enable:\n{}", runner.log()),
+        || async { ticked().await > held },
+    )
+    .await;
+    drop(browser);
+    assert!(runner.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_without_csrf_is_refused() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;

@@ -600,6 +600,32 @@ where
     Ok(done == 1)
 }
 
+/// Enables or disables the schedule `entry` (its `status`), as
+/// sidekiq-cron's Web UI does: every claim checks it ([`CLAIM`]), so no
+/// process, ours or sidekiq-cron's, enqueues a tick of a disabled
+/// schedule. A plugin's schedule keeps the status across reloads and
+/// restarts ([`fields`] leaves it as it is). False when the schedule's
+/// hash is gone (or was replaced by another type): nothing is written then.
+pub async fn set_enabled<C>(conn: &mut C, entry: &CronEntry, enabled: bool) -> Result<bool>
+where
+    C: ConnectionLike + Send,
+{
+    let set: i64 = redis::Script::new(SET_STATUS)
+        .key(&entry.key)
+        .arg(if enabled { "enabled" } else { "disabled" })
+        .invoke_async(conn)
+        .await
+        .with_context(|| format!("cannot change the status of schedule {:?}", entry.name))?;
+    Ok(set == 1)
+}
+
+/// KEYS: the schedule's hash; ARGV: the status.
+const SET_STATUS: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1])
+return 1
+";
+
 /// Most fields read of one schedule's hash (sidekiq-cron writes about 20).
 const MAX_FIELDS: usize = 200;
 

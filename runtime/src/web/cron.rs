@@ -1,11 +1,14 @@
 //! `/cron`: every cron schedule in Redis (plugins' and sidekiq-cron's)
-//! with its next run, and "enqueue now", which pushes the job a tick would
+//! with its next run; "enqueue now", which pushes the job a tick would
 //! (with `cron_tick` the time of the click) without claiming a tick, so
-//! the schedule's own runs are unaffected.
+//! the schedule's own runs are unaffected; and disable / enable, which
+//! sets the schedule's `status` as sidekiq-cron's Web UI does
+//! ([`cron::set_enabled`]).
 
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
 use axum::response::{Html, Response};
 use minijinja::context;
 use serde_json::Value;
@@ -68,4 +71,35 @@ pub(super) async fn enqueue(State(web): State<Arc<Web>>, body: String) -> Result
         "/cron",
         &format!("{} enqueued now (job {}).", entry.name, payload.jid()),
     ))
+}
+
+pub(super) async fn status(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {
+    let name = query_param(&body, "name").unwrap_or_default();
+    let enabled = match query_param(&body, "status").as_deref() {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        _ => {
+            return Err(Failure(
+                StatusCode::BAD_REQUEST,
+                "status must be enabled or disabled".into(),
+            ));
+        }
+    };
+    let mut conn = web.conn();
+    let listing = cron::list(&mut conn).await?;
+    let Some(entry) = listing.entries.iter().find(|e| e.name == name) else {
+        return Ok(back("/cron", "That schedule no longer exists."));
+    };
+    if !cron::set_enabled(&mut conn, entry, enabled).await? {
+        return Ok(back("/cron", "That schedule no longer exists."));
+    }
+    let notice = if enabled {
+        format!("{} enabled: its next tick is enqueued.", entry.name)
+    } else {
+        format!(
+            "{} disabled: no process enqueues its ticks until it is enabled again.",
+            entry.name
+        )
+    };
+    Ok(back("/cron", &notice))
 }

@@ -18,7 +18,7 @@
 //! | [`processes`] | `/processes`: quiet, stop, RSS, CPU, in flight, plugin versions; cancel a running job |
 //! | [`plugins`] | `/plugins`: versions and where they run, classes, grants, limits, load errors, reload history |
 //! | [`search`] | `/search?q=`: a job by jid or by text in its payload, in every queue and set (bounded) |
-//! | [`cron`] | `/cron`: schedules, next runs, enqueue now |
+//! | [`cron`] | `/cron`: schedules, next runs, enqueue now, disable / enable |
 //! | [`auth`] | the name asked for, credentials, CSRF and security headers, checked in one place for every request |
 //! | [`hosts`] | the names the dashboard answers to without credentials (DNS rebinding) |
 //! | [`login`] | the sign-in form for the token |
@@ -149,6 +149,7 @@ fn router(web: Arc<Web>) -> Router {
         .route("/search", get(search::page))
         .route("/cron", get(cron::page))
         .route("/cron/enqueue", post(cron::enqueue))
+        .route("/cron/status", post(cron::status))
         .route("/assets/{file}", get(asset))
         .route("/{set}", get(sets::list))
         .route("/{set}/job", get(sets::job))
