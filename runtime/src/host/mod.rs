@@ -20,6 +20,7 @@
 
 pub mod activejob;
 pub mod disk;
+pub(crate) mod file_hint;
 pub mod files;
 pub mod http;
 pub mod log;

@@ -440,7 +440,7 @@ impl Executor {
             Err(_) => (done(Outcome::Retry(format!("timed out after {timeout:?}")), None), None),
             Ok(Ok((exports, Ok(())))) => (done(Outcome::Success, None), Some(exports)),
             Ok(Ok((exports, Err(job_error)))) => (
-                done(with_disk_note(job_error.into(), store.data()), None),
+                done(with_notes(job_error.into(), store.data(), &plugin.manifest.files), None),
                 Some(exports),
             ),
             Ok(Err(err)) => {
@@ -530,7 +530,7 @@ impl Executor {
         }
         let (outcome, backtrace) = match finished {
             Finished::Returned(Ok(())) => (Outcome::Success, None),
-            Finished::Returned(Err(job_error)) => (job_error.into(), None),
+            Finished::Returned(Err(job_error)) => (with_files_note(job_error.into(), &plugin.manifest.files), None),
             Finished::Ended { message, backtrace } => (Outcome::Retry(message), backtrace),
         };
         sink.finish();
@@ -578,17 +578,36 @@ fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
     }
 }
 
-/// `outcome` with, for a failure, why the job's writes were refused for
-/// lack of space: guests on wasi-libc see a refused file-stream write as a
-/// bare EIO ("I/O error"), so the message says what really happened.
-fn with_disk_note(outcome: Outcome, state: &JobState) -> Outcome {
-    let Some(note) = state.disk_note() else {
-        return outcome;
+/// `outcome` with, for a failure, what the guest could not see: why the
+/// job's writes were refused for lack of space (guests on wasi-libc see a
+/// refused file-stream write as a bare EIO, "I/O error"), which request
+/// `http.allow` refused (a guest sees only `HttpRequestDenied`, which some
+/// SDKs report vaguely) and which `[[files]]` grant a path outside them
+/// needs.
+fn with_notes(outcome: Outcome, state: &JobState, grants: &[crate::plugin::manifest::Preopen]) -> Outcome {
+    let outcome = noted(outcome, |_| state.disk_note());
+    let outcome = noted(outcome, |message| {
+        state.http_note().filter(|_| !message.contains("to [http] allow"))
+    });
+    with_files_note(outcome, grants)
+}
+
+/// `outcome` with, for a failure that looks like a path the plugin was
+/// not granted, which grant would allow it ([`crate::host::file_hint`]).
+fn with_files_note(outcome: Outcome, grants: &[crate::plugin::manifest::Preopen]) -> Outcome {
+    noted(outcome, |message| crate::host::file_hint::note(message, grants))
+}
+
+/// A failure's message with `note(message)` appended in parentheses.
+fn noted(outcome: Outcome, note: impl FnOnce(&str) -> Option<String>) -> Outcome {
+    let with = |message: String| match note(&message) {
+        Some(note) => format!("{message} ({note})"),
+        None => message,
     };
     match outcome {
-        Outcome::Retry(message) => Outcome::Retry(format!("{message} ({note})")),
-        Outcome::Discard(message) => Outcome::Discard(format!("{message} ({note})")),
-        Outcome::Dead(message) => Outcome::Dead(format!("{message} ({note})")),
+        Outcome::Retry(message) => Outcome::Retry(with(message)),
+        Outcome::Discard(message) => Outcome::Discard(with(message)),
+        Outcome::Dead(message) => Outcome::Dead(with(message)),
         Outcome::Success => Outcome::Success,
     }
 }

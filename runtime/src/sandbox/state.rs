@@ -112,6 +112,11 @@ impl JobState {
         self
     }
 
+    /// Which request of the job `http.allow` refused, if one was.
+    pub fn http_note(&self) -> Option<String> {
+        self.http_policy.denied_note()
+    }
+
     /// Why the job's writes were refused for lack of space, if they were.
     pub fn disk_note(&self) -> Option<String> {
         self.disk.as_ref().and_then(|disk| disk.note())

@@ -75,6 +75,9 @@ pub struct HttpPolicy {
     /// The job's trace, when tracing is on: each request gets a span (if
     /// sampled) and a `traceparent` header.
     trace: Option<JobTrace>,
+    /// The first request of the job `http.allow` refused: its authority and
+    /// the rule that would grant it, for the failure's message.
+    denied: Option<(String, String)>,
 }
 
 impl HttpPolicy {
@@ -95,7 +98,17 @@ impl HttpPolicy {
             log,
             open: None,
             trace: None,
+            denied: None,
         }
+    }
+
+    /// For a failed job: which request `http.allow` refused and the rule
+    /// that would grant it (a guest sees only `HttpRequestDenied`, which
+    /// some SDKs, JavaScript's `fetch` among them, report vaguely).
+    pub fn denied_note(&self) -> Option<String> {
+        self.denied.as_ref().map(|(authority, rule)| {
+            format!("http: the request to {authority} was denied: the plugin's manifest does not grant this host; add \"{rule}\" to [http] allow")
+        })
     }
 
     /// The same policy, tracing each request under `trace`.
@@ -131,8 +144,12 @@ type Sent = Box<dyn Future<Output = Result<(), Error>> + Send>;
 
 impl HttpPolicy {
     /// Counts and logs a request refused by `http.allow`.
-    fn note_denied(&self, uri: &http::Uri) {
+    fn note_denied(&mut self, uri: &http::Uri) {
         self.stats.denied.fetch_add(1, Ordering::Relaxed);
+        if self.denied.is_none() {
+            let authority = uri.authority().map_or_else(|| uri.to_string(), ToString::to_string);
+            self.denied = Some((authority, call::rule_for(uri)));
+        }
         let labels = self.log.labels();
         tracing::warn!(
             jid = %labels.jid,
