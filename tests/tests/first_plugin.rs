@@ -134,6 +134,10 @@ fn first_plugin(language: &str, class: &str, sources: &[&str], wrong_type: &str)
         "{try_it}"
     );
     assert!(try_it.contains(class), "{try_it}");
+    assert!(
+        try_it.contains(r#"'["world"]'"#),
+        "the scaffold's [examples] args: {try_it}"
+    );
 
     let mut expected: BTreeSet<String> = sources.iter().map(|s| (*s).to_owned()).collect();
     expected.extend(["wasmjobs.toml".to_owned(), "greet.wasm".to_owned()]);

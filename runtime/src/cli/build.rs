@@ -63,8 +63,8 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
     let parent = dir.parent().unwrap_or(&dir);
     for class in &manifest.classes {
         println!(
-            "try it: wasmjobs exec --plugins {} {class} '[\"world\"]'   (the args are the job's JSON array)",
-            parent.display()
+            "{}",
+            try_it(&parent.display().to_string(), class, manifest.examples.get(class))
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -299,5 +299,41 @@ mod tests {
         assert_eq!(detect(dir.path()).unwrap(), Language::Python);
         std::fs::write(dir.path().join("job.js"), "").unwrap();
         assert!(detect(dir.path()).unwrap_err().to_string().contains("more than one"));
+    }
+}
+
+/// The `exec` command that tries `class`: with its `[examples]` args, or
+/// a placeholder saying what to put there (a guess could be of the wrong
+/// type).
+fn try_it(plugins: &str, class: &str, example: Option<&String>) -> String {
+    match example {
+        Some(args) => format!(
+            "try it: wasmjobs exec --plugins {plugins} {class} '{}'   (its [examples] args)",
+            args.replace('\'', "'\\''")
+        ),
+        None => format!(
+            "try it: wasmjobs exec --plugins {plugins} {class} '[ARGS]'   (the job's args as a JSON array; set [examples] {class} = '[...]' in wasmjobs.toml to have them here)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod try_it_tests {
+    use super::try_it;
+
+    #[test]
+    fn the_hint_uses_the_declared_example_or_says_what_to_give() {
+        let with = try_it("plugins", "AddJob", Some(&"[1, 2]".to_owned()));
+        assert_eq!(
+            with,
+            "try it: wasmjobs exec --plugins plugins AddJob '[1, 2]'   (its [examples] args)"
+        );
+        let quoted = try_it("p", "Greet", Some(&r#"["it's"]"#.to_owned()));
+        assert!(quoted.contains(r#"'["it'\''s"]'"#), "{quoted}");
+        let without = try_it("p", "AddJob", None);
+        assert!(
+            without.contains("'[ARGS]'") && without.contains("[examples] AddJob"),
+            "{without}"
+        );
     }
 }

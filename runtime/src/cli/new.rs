@@ -242,6 +242,10 @@ mod tests {
         let parsed = crate::plugin::Manifest::parse(Path::new("/p/greet/wasmjobs.toml"), &manifest).unwrap();
         assert_eq!(parsed.component, Path::new("/p/greet/greet.wasm"));
         assert_eq!(parsed.classes, ["GreetJob"]);
+        assert_eq!(
+            parsed.examples.get("GreetJob").map(String::as_str),
+            Some(r#"["world"]"#)
+        );
         assert!(!manifest.contains("concurrent = 100"), "{manifest}");
         // Every grant and limit a manifest may set is shown, as the header says.
         for key in [

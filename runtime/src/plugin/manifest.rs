@@ -110,6 +110,9 @@ pub struct Manifest {
     /// Periodic jobs (`[[schedule]]`), validated; the runner registers
     /// them in Redis when the plugin loads.
     pub schedules: Vec<Schedule>,
+    /// Example args per class (`[examples]`, a JSON array each), for the
+    /// commands that suggest a job to try (`wasmjobs build`).
+    pub examples: std::collections::BTreeMap<String, String>,
     /// The granted directories, opened once when the plugin loaded
     /// ([`crate::host::files::check`]); empty until then, and jobs of a
     /// manifest whose grants were never opened get no preopens at all.
@@ -159,6 +162,8 @@ struct RawManifest {
     sql: Vec<Spanned<RawSqlGrant>>,
     #[serde(default)]
     schedule: Vec<Spanned<RawSchedule>>,
+    #[serde(default)]
+    examples: std::collections::BTreeMap<String, Spanned<String>>,
 }
 
 /// One `sql` grant: `"main"` (read-write) or `{ name = "main", mode = "ro" }`.
@@ -366,6 +371,24 @@ impl Manifest {
             None => InstancePolicy::default(),
         };
         let schedules = super::schedule::resolve(&raw.schedule, &classes, &at)?;
+        let mut examples = std::collections::BTreeMap::new();
+        for (class, args) in &raw.examples {
+            if !classes.contains(class) {
+                bail!(
+                    "{}: examples: {class:?} is not one of this plugin's classes",
+                    at(args.span())
+                );
+            }
+            match serde_json::from_str::<serde_json::Value>(args.get_ref()) {
+                Ok(serde_json::Value::Array(_)) => {}
+                _ => bail!(
+                    "{}: examples.{class}: {:?} is not a JSON array (a job's args, e.g. '[\"world\", 3]')",
+                    at(args.span()),
+                    args.get_ref()
+                ),
+            }
+            examples.insert(class.clone(), args.get_ref().clone());
+        }
 
         Ok(Self {
             path: path.to_path_buf(),
@@ -381,6 +404,7 @@ impl Manifest {
             sql,
             sql_read_only,
             schedules,
+            examples,
             handles: Handles::default(),
         })
     }
