@@ -176,24 +176,20 @@ async fn the_summary_reports_start_up_apart_from_the_time_spent_on_jobs() {
     assert!(table.contains("MiB at peak"), "{table}");
 }
 
-/// A job that opens a path its plugin was not granted fails with a message
-/// that names the path and the `[[files]]` grant that would allow it (the
-/// guest itself only sees WASI's "No such file or directory").
-#[test]
-fn a_file_outside_the_grants_is_named_with_the_grant_that_would_allow_it() {
+/// What `wasmjobs exec` of one failing job of `class` in a copy of the
+/// plugin `plugin` printed (it must have failed).
+fn failed_exec(plugin: &str, from_tests: bool, class: &str, args: &str) -> String {
     let data = tempfile::tempdir().expect("data dir");
-    let dir = plugins(&[], &["chaos"]);
+    let dir = if from_tests {
+        plugins(&[], &[plugin])
+    } else {
+        plugins(&[plugin], &[])
+    };
     let plugins_dir = dir.path().to_str().expect("UTF-8 path");
     let exec = wasmjobs(
         data.path(),
-        &[
-            "exec",
-            "--plugins",
-            plugins_dir,
-            "ChaosJob",
-            r#"["read", "/etc/passwd"]"#,
-        ],
-        Duration::from_secs(120),
+        &["exec", "--plugins", plugins_dir, class, args],
+        Duration::from_secs(300),
     );
     let text = format!(
         "{}{}",
@@ -201,6 +197,15 @@ fn a_file_outside_the_grants_is_named_with_the_grant_that_would_allow_it() {
         String::from_utf8_lossy(&exec.stderr)
     );
     assert!(!exec.status.success(), "{text}");
+    text
+}
+
+/// A job that opens a path its plugin was not granted fails with a message
+/// that names the path and the `[[files]]` grant that would allow it (the
+/// guest itself only sees WASI's "No such file or directory").
+#[test]
+fn a_file_outside_the_grants_is_named_with_the_grant_that_would_allow_it() {
+    let text = failed_exec("chaos", true, "ChaosJob", r#"["read", "/etc/passwd"]"#);
     assert!(text.contains("No such file or directory"), "{text}");
     assert!(text.contains("/etc/passwd is not granted"), "{text}");
     assert!(text.contains("may use only /data (rw)"), "{text}");
@@ -211,26 +216,12 @@ fn a_file_outside_the_grants_is_named_with_the_grant_that_would_allow_it() {
 /// network error; its failure names the host and the rule that grants it.
 #[test]
 fn a_denied_host_is_named_with_the_rule_that_would_allow_it_whatever_the_sdk() {
-    let data = tempfile::tempdir().expect("data dir");
-    let dir = plugins(&["js-http-get"], &[]);
-    let plugins_dir = dir.path().to_str().expect("UTF-8 path");
-    let exec = wasmjobs(
-        data.path(),
-        &[
-            "exec",
-            "--plugins",
-            plugins_dir,
-            "JsHttpGetJob",
-            r#"["http://example.invalid:81/x"]"#,
-        ],
-        Duration::from_secs(300),
+    let text = failed_exec(
+        "js-http-get",
+        false,
+        "JsHttpGetJob",
+        r#"["http://example.invalid:81/x"]"#,
     );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&exec.stdout),
-        String::from_utf8_lossy(&exec.stderr)
-    );
-    assert!(!exec.status.success(), "{text}");
     assert!(text.contains("the request to example.invalid:81 was denied"), "{text}");
     assert!(text.contains("add \"example.invalid:81\" to [http] allow"), "{text}");
 }
