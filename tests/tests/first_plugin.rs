@@ -54,9 +54,9 @@ fn machine() -> &'static Machine {
     })
 }
 
-/// Runs the installed wasmjobs in the newcomer's directory, the
+/// The installed wasmjobs, to run in the newcomer's directory with the
 /// repository hidden from it.
-fn wasmjobs(home: &Path, args: &[&str], timeout: Duration) -> Output {
+fn installed() -> Command {
     let machine = machine();
     let mut command = Command::new("unshare");
     command
@@ -66,12 +66,16 @@ fn wasmjobs(home: &Path, args: &[&str], timeout: Duration) -> Output {
         .arg(&machine.bin)
         .env_remove("WASMJOBS_SDK")
         .env_remove("WASMJOBS_DATA_DIR")
-        .env_remove("REDIS_URL");
-    let envs = [
-        ("WASMJOBS_TOOLCHAINS", machine.toolchains.clone()),
-        ("CARGO_TARGET_DIR", PathBuf::new()),
-    ];
-    command_in(command, home, args, &envs, timeout)
+        .env_remove("REDIS_URL")
+        .env("WASMJOBS_TOOLCHAINS", &machine.toolchains)
+        .env("CARGO_TARGET_DIR", "");
+    command
+}
+
+/// Runs the installed wasmjobs in the newcomer's directory, the
+/// repository hidden from it.
+fn wasmjobs(home: &Path, args: &[&str], timeout: Duration) -> Output {
+    command_in(installed(), home, args, &[] as &[(&str, &str)], timeout)
 }
 
 /// Every file under `dir`, relative to it.
@@ -237,4 +241,75 @@ fn a_python_plugin_from_new_to_run_outside_the_repo() {
 #[test]
 fn a_javascript_plugin_from_new_to_run_outside_the_repo() {
     first_plugin("js", "JsGreet", &["job.js"], "arg 1 must be string, got an integer 42");
+}
+
+/// `build --watch` builds again after an edit, prints a broken edit's
+/// error and keeps watching, and builds the fix.
+#[test]
+fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let home = home.path();
+    let new = wasmjobs(home, &["new", "rust", "plugins/greet", "--class", "WatchGreet"], QUICK);
+    assert_success(&new, "wasmjobs new");
+    let source = home.join("plugins/greet/src/lib.rs");
+    let original = std::fs::read_to_string(&source).expect("lib.rs");
+    let (out, err) = (home.join("watch.out"), home.join("watch.err"));
+    let mut command = installed();
+    command
+        .current_dir(home)
+        .args(["build", "--watch", "plugins/greet"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"));
+    let mut watch = command.spawn().expect("start wasmjobs build --watch");
+    let said = || {
+        format!(
+            "{}{}",
+            std::fs::read_to_string(&out).unwrap_or_default(),
+            std::fs::read_to_string(&err).unwrap_or_default()
+        )
+    };
+    let wait = |what: &str, timeout: Duration, done: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + timeout;
+        while !done(&said()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not within {timeout:?}: {what}\n{}",
+                said()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let builds = |text: &str| text.lines().filter(|l| l.starts_with("built ")).count();
+    let watching = |text: &str| text.lines().filter(|l| l.starts_with("watching ")).count();
+    wait("the first build", BUILD, &|t| builds(t) == 1 && watching(t) == 1);
+
+    std::fs::write(&source, original.replace("hello, ", "howdy, ")).expect("edit");
+    wait("a build of the edit", BUILD, &|t| builds(t) >= 2 && watching(t) >= 2);
+    let exec = wasmjobs(
+        home,
+        &["exec", "--plugins", "plugins", "WatchGreet", r#"["world"]"#],
+        QUICK,
+    );
+    assert!(printed(&exec).contains("howdy, world!"), "{}", printed(&exec));
+
+    let built = builds(&said());
+    std::fs::write(&source, format!("{original}\nthis is not rust\n")).expect("break it");
+    wait("the broken build's error", BUILD, &|t| t.contains("build failed"));
+    assert!(
+        watch.try_wait().expect("try_wait").is_none(),
+        "the watch goes on: {}",
+        said()
+    );
+    assert_eq!(builds(&said()), built, "a failed build replaces nothing");
+    std::fs::write(&source, original.replace("hello, ", "hi again, ")).expect("fix it");
+    wait("a build of the fix", BUILD, &|t| builds(t) > built);
+    let exec = wasmjobs(
+        home,
+        &["exec", "--plugins", "plugins", "WatchGreet", r#"["world"]"#],
+        QUICK,
+    );
+    assert!(printed(&exec).contains("hi again, world!"), "{}", printed(&exec));
+    let _ = watch.kill();
+    let _ = watch.wait();
 }

@@ -7,7 +7,8 @@
 //! job world (compiled through the same cache `run` uses, so the runner
 //! then loads it at once), and it is put where the manifest's `component`
 //! says by write-then-rename, so a runner watching the directory reloads a
-//! whole file, never half of one.
+//! whole file, never half of one. With `--watch` it builds again after
+//! each change to the sources ([`super::build_watch`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -30,6 +31,10 @@ pub struct BuildArgs {
     /// try changes to the SDK; default: the one this wasmjobs carries).
     #[arg(long, env = "WASMJOBS_SDK")]
     pub sdk: Option<PathBuf>,
+    /// Keep watching the plugin's sources and build again after each
+    /// change (a failed build waits for the next one); Ctrl-C stops.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 /// Runs the command.
@@ -38,6 +43,16 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
         .dir
         .canonicalize()
         .with_context(|| format!("{}: no such plugin directory", args.dir.display()))?;
+    if args.watch {
+        return super::build_watch::watch(&dir, || build_once(cli, args, &dir));
+    }
+    build_once(cli, args, &dir)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the plugin in `dir` once.
+fn build_once(cli: &Cli, args: &BuildArgs, dir: &Path) -> Result<()> {
+    let dir = dir.to_path_buf();
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = std::fs::read_to_string(&manifest_path)
         .with_context(|| format!("{}: cannot read (is this a plugin directory?)", manifest_path.display()))?;
@@ -67,7 +82,7 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
             try_it(&parent.display().to_string(), class, manifest.examples.get(class))
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The plugin's language, from the files it has.
@@ -147,13 +162,18 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
     }
 }
 
+/// Whether a file or directory of a plugin is build output or a cache
+/// (`__pycache__`, `target`, `node_modules`, `.git`, `*.wasm`), not a
+/// source.
+pub(super) fn not_a_source(entry: &walkdir::DirEntry) -> bool {
+    let name = entry.file_name().to_string_lossy();
+    matches!(name.as_ref(), "__pycache__" | "target" | "node_modules" | ".git") || name.ends_with(".wasm")
+}
+
 /// Copies `dir`'s files to `stage`, leaving out build output and caches
-/// (`__pycache__`, `target`, `node_modules`, `.git`, `*.wasm`).
+/// ([`not_a_source`]).
 fn stage_sources(dir: &Path, stage: &Path) -> Result<()> {
-    let skipped = |entry: &walkdir::DirEntry| {
-        let name = entry.file_name().to_string_lossy();
-        matches!(name.as_ref(), "__pycache__" | "target" | "node_modules" | ".git") || name.ends_with(".wasm")
-    };
+    let skipped = not_a_source;
     for entry in walkdir::WalkDir::new(dir)
         .min_depth(1)
         .into_iter()
