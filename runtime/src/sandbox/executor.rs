@@ -586,9 +586,7 @@ fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
 /// needs.
 fn with_notes(outcome: Outcome, state: &JobState, grants: &[crate::plugin::manifest::Preopen]) -> Outcome {
     let outcome = noted(outcome, |_| state.disk_note());
-    let outcome = noted(outcome, |message| {
-        state.http_note().filter(|_| !message.contains("to [http] allow"))
-    });
+    let outcome = noted(outcome, |message| state.http_note(message));
     with_files_note(outcome, grants)
 }
 

@@ -112,9 +112,10 @@ impl JobState {
         self
     }
 
-    /// Which request of the job `http.allow` refused, if one was.
-    pub fn http_note(&self) -> Option<String> {
-        self.http_policy.denied_note()
+    /// For a job that failed with `message`: which of its requests
+    /// `http.allow` refused, if one was and the message does not say so.
+    pub(crate) fn http_note(&self, message: &str) -> Option<String> {
+        self.http_policy.denied_note(message)
     }
 
     /// Why the job's writes were refused for lack of space, if they were.

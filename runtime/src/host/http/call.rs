@@ -100,6 +100,12 @@ pub(crate) fn build(request: Request) -> Result<Built, HttpError> {
     Ok(Built { request, options, what })
 }
 
+/// What to do about a request to `uri` that `[http] allow` refused:
+/// `add "<rule>" to [http] allow` ([`rule_for`]).
+pub(crate) fn allow_hint(uri: &Uri) -> String {
+    format!("add \"{}\" to [http] allow", rule_for(uri))
+}
+
 /// The rule that would grant `uri` in `[http] allow`: `host` on the
 /// scheme's default port, `host:port` otherwise.
 pub(crate) fn rule_for(uri: &Uri) -> String {
@@ -183,8 +189,8 @@ impl super::HttpPolicy {
         let Some((rule, route)) = self.permitted(request.uri()) else {
             self.note_denied(request.uri());
             return Err(HttpError::Denied(format!(
-                "{what}: denied: the plugin's manifest does not grant this host; add \"{}\" to [http] allow",
-                rule_for(request.uri())
+                "{what}: denied: the plugin's manifest does not grant this host; {}",
+                allow_hint(request.uri())
             )));
         };
         let Some(slot) = self.take_slot() else {

@@ -76,7 +76,7 @@ pub struct HttpPolicy {
     /// sampled) and a `traceparent` header.
     trace: Option<JobTrace>,
     /// The first request of the job `http.allow` refused: its authority and
-    /// the rule that would grant it, for the failure's message.
+    /// what to do about it ([`call::allow_hint`]), for the failure's message.
     denied: Option<(String, String)>,
 }
 
@@ -102,12 +102,17 @@ impl HttpPolicy {
         }
     }
 
-    /// For a failed job: which request `http.allow` refused and the rule
-    /// that would grant it (a guest sees only `HttpRequestDenied`, which
-    /// some SDKs, JavaScript's `fetch` among them, report vaguely).
-    pub fn denied_note(&self) -> Option<String> {
-        self.denied.as_ref().map(|(authority, rule)| {
-            format!("http: the request to {authority} was denied: the plugin's manifest does not grant this host; add \"{rule}\" to [http] allow")
+    /// For a job that failed with `message`: which request `http.allow`
+    /// refused and the rule that would grant it (a guest sees only
+    /// `HttpRequestDenied`, which some SDKs, JavaScript's `fetch` among
+    /// them, report vaguely); none when the message already says what to
+    /// do (the one-call import's error does).
+    pub(crate) fn denied_note(&self, message: &str) -> Option<String> {
+        let (authority, hint) = self.denied.as_ref()?;
+        (!message.contains(hint.as_str())).then(|| {
+            format!(
+                "http: the request to {authority} was denied: the plugin's manifest does not grant this host; {hint}"
+            )
         })
     }
 
@@ -148,7 +153,7 @@ impl HttpPolicy {
         self.stats.denied.fetch_add(1, Ordering::Relaxed);
         if self.denied.is_none() {
             let authority = uri.authority().map_or_else(|| uri.to_string(), ToString::to_string);
-            self.denied = Some((authority, call::rule_for(uri)));
+            self.denied = Some((authority, call::allow_hint(uri)));
         }
         let labels = self.log.labels();
         tracing::warn!(
@@ -157,8 +162,8 @@ impl HttpPolicy {
             plugin = %labels.plugin,
             uri = %uri,
             allowed = %self.allow,
-            "outgoing HTTP request denied: host not in the plugin's http.allow; add \"{}\" to [http] allow",
-            call::rule_for(uri)
+            "outgoing HTTP request denied: host not in the plugin's http.allow; {}",
+            call::allow_hint(uri)
         );
     }
 
