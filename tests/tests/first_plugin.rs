@@ -286,6 +286,13 @@ fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
 
     std::fs::write(&source, original.replace("hello, ", "howdy, ")).expect("edit");
     wait("a build of the edit", BUILD, &|t| builds(t) >= 2 && watching(t) >= 2);
+    // Compiling the edit reused the unchanged functions of the first build
+    // (what makes the edit loop of a Python or JS job seconds shorter).
+    assert!(
+        said().contains("functions from its last compile"),
+        "the edit's compile reused nothing:\n{}",
+        said()
+    );
     let exec = wasmjobs(
         home,
         &["exec", "--plugins", "plugins", "WatchGreet", r#"["world"]"#],

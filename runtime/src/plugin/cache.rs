@@ -24,6 +24,10 @@
 //! asking for fuel has its metered variant instead. A first run that lists
 //! the plugins compiles them once, and `run` then starts from the cache.
 //!
+//! A miss is compiled reusing the functions of the plugin's last compile
+//! where they did not change (`plugin::function_pack`): editing a Python or
+//! JavaScript job recompiles its few changed functions, not the interpreter.
+//!
 //! Writes go to a temporary file renamed into place, so concurrent processes
 //! sharing a cache directory never see a half-written artifact. An artifact
 //! that fails to load (truncated, from a foreign build) is recompiled and
@@ -56,6 +60,8 @@ use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use crate::sandbox::function_cache::Reuse;
 
 /// How long an artifact may go unused before a compile removes it.
 pub const UNUSED_FOR: Duration = Duration::from_secs(7 * 86_400);
@@ -155,11 +161,12 @@ impl CompileCache {
         }
         tracing::info!(target: "wasmjobs::compile", "{}", compiling_notice(label, bytes.len()));
         let started = std::time::Instant::now();
-        let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
+        let (component, reuse) = super::function_pack::compile(engine, bytes, dir, label)?;
         tracing::info!(
             target: "wasmjobs::compile",
-            "compiled {label} in {:.1} s; cached in {}",
+            "compiled {label} in {:.1} s{}; cached in {}",
             started.elapsed().as_secs_f64(),
+            reused_note(reuse),
             dir.display()
         );
         if let Err(err) = store(dir, &path, &component) {
@@ -191,6 +198,18 @@ fn compiling_notice(label: &str, len: usize) -> String {
     } else {
         format!("compiling {label} for this machine, first run only")
     }
+}
+
+/// How much of a compile its last version's functions saved, when any did.
+fn reused_note(reuse: Reuse) -> String {
+    if reuse.reused == 0 {
+        return String::new();
+    }
+    format!(
+        ", reusing {} of {} functions from its last compile",
+        reuse.reused,
+        reuse.reused + reuse.compiled
+    )
 }
 
 /// The effective user id of this process.
@@ -229,13 +248,20 @@ fn private_dir(dir: &Path) -> Result<()> {
 /// Whether the artifact at `path` exists (`false` if not); an error if it
 /// is a symlink, not a regular file, or writable by someone else.
 fn own_file(path: &Path) -> Result<bool> {
+    Ok(open_own(path)?.is_some())
+}
+
+/// Opens the cache file at `path` for reading (`None` if there is none):
+/// an error if it is a symlink, not a regular file, or writable by someone
+/// else.
+pub(super) fn open_own(path: &Path) -> Result<Option<std::fs::File>> {
     let file = match std::fs::File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
         Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(err) if err.raw_os_error() == Some(libc::ELOOP) => bail!("it is a symlink"),
         Err(err) => return Err(err).context("cannot open it"),
     };
@@ -244,7 +270,7 @@ fn own_file(path: &Path) -> Result<bool> {
         bail!("not a regular file");
     }
     private(&meta)?;
-    Ok(true)
+    Ok(Some(file))
 }
 
 /// Maps a cached artifact instead of reading it into memory: its pages are
@@ -277,7 +303,8 @@ fn mark_used(path: &Path) {
 }
 
 /// Removes artifacts no load has used for [`UNUSED_FOR`] (every deploy of
-/// a plugin leaves one, ~40 MB for a Python guest), and temporary files a
+/// a plugin leaves one, ~40 MB for a Python guest), function packs no
+/// compile has rewritten for as long, and temporary files a
 /// crash left behind mid-write. Deleting an artifact that another process
 /// has mapped is safe: its mapping keeps the old file; that process
 /// compiles again only on its next start. Errors are logged, never fatal.
@@ -288,7 +315,7 @@ pub fn prune(dir: &Path, now: SystemTime) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let limit = if name.ends_with(".cwasm") {
+        let limit = if name.ends_with(".cwasm") || name.ends_with(".functions") {
             UNUSED_FOR
         } else if name.starts_with(".tmp") {
             ABANDONED_AFTER
@@ -322,7 +349,7 @@ fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
 }
 
 /// A stable digest of everything in the engine that affects compiled code.
-fn engine_hash(engine: &Engine) -> u64 {
+pub(super) fn engine_hash(engine: &Engine) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     hasher.finish()

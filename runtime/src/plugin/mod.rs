@@ -14,6 +14,7 @@ mod caps;
 pub mod catalog;
 pub mod cluster_limits;
 pub mod describe;
+mod function_pack;
 pub mod instances;
 pub mod limits;
 pub mod manifest;

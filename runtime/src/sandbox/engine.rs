@@ -176,7 +176,7 @@ pub fn build(config: &EngineConfig) -> Result<Engine> {
         .table_keep_resident(KEEP_RESIDENT)
         .async_stack_keep_resident(KEEP_RESIDENT);
 
-    let mut wasm = common();
+    let mut wasm = common()?;
     wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&wasm).map_err(anyhow::Error::from)
 }
@@ -202,13 +202,12 @@ pub(crate) fn warm_budget(concurrency: u32) -> u32 {
 /// pool of its own: a second pool would reserve as much address space
 /// again (tens of TiB at `-c 10000`) for the few plugins that meter fuel.
 pub fn build_metered() -> Result<Engine> {
-    let mut wasm = common();
+    let mut wasm = common()?;
     wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand)
         .consume_fuel(true);
     Engine::new(&wasm).map_err(anyhow::Error::from)
 }
 
-/// The settings both engines share.
 /// The engine for plugins that run several jobs at once in one instance
 /// (`[instances] concurrent`): component-model async on, and instances
 /// allocated on demand. Such a plugin has few instances, each serving many
@@ -216,20 +215,25 @@ pub fn build_metered() -> Result<Engine> {
 /// second pool sized for the runner's concurrency would reserve as much
 /// address space again as the first.
 pub fn build_concurrent() -> Result<Engine> {
-    let mut wasm = common();
+    let mut wasm = common()?;
     wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand)
         .concurrency_support(true)
         .wasm_component_model_async(true);
     Engine::new(&wasm).map_err(anyhow::Error::from)
 }
 
-fn common() -> Config {
+/// The settings every engine shares, including the incremental
+/// compilation cache (inert outside a compile session of the compile
+/// cache; see [`function_cache`](super::function_cache)). Turning that on
+/// leaves `precompile_compatibility_hash` and the code as they are.
+fn common() -> Result<Config> {
     let mut wasm = Config::new();
     wasm.wasm_component_model(true)
         .concurrency_support(false)
         .memory_init_cow(true)
         .epoch_interruption(true);
-    wasm
+    wasm.enable_incremental_compilation(super::function_cache::store())?;
+    Ok(wasm)
 }
 
 /// Parses a byte size such as `64MiB`, `512KiB`, `1GiB`, `100MB` or `65536`.
