@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::measure::{CpuPerJob, Row};
-use crate::output::group;
 use crate::plan::{Fetch, Processor, Workload};
+use wasmjobs::runner::summary::group;
 
 /// A figure for wasmjobs and for the native baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

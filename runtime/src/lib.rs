@@ -37,6 +37,8 @@ mod redact;
 pub mod redis;
 pub mod runner;
 pub mod sandbox;
+pub mod size;
+mod sql_text;
 pub mod telemetry;
 pub mod time;
 pub mod web;

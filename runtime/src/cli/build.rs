@@ -162,18 +162,10 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
     }
 }
 
-/// Whether a file or directory of a plugin is build output or a cache
-/// (`__pycache__`, `target`, `node_modules`, `.git`, `*.wasm`), not a
-/// source.
-pub(super) fn not_a_source(entry: &walkdir::DirEntry) -> bool {
-    let name = entry.file_name().to_string_lossy();
-    matches!(name.as_ref(), "__pycache__" | "target" | "node_modules" | ".git") || name.ends_with(".wasm")
-}
-
 /// Copies `dir`'s files to `stage`, leaving out build output and caches
 /// ([`not_a_source`]).
 fn stage_sources(dir: &Path, stage: &Path) -> Result<()> {
-    let skipped = not_a_source;
+    let skipped = super::sources::not_a_source;
     for entry in walkdir::WalkDir::new(dir)
         .min_depth(1)
         .into_iter()

@@ -35,7 +35,7 @@ fn fingerprint(dir: &Path) -> Fingerprint {
     walkdir::WalkDir::new(dir)
         .min_depth(1)
         .into_iter()
-        .filter_entry(|e| !super::build::not_a_source(e) && !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_entry(|e| !super::sources::not_a_source(e) && !e.file_name().to_string_lossy().starts_with('.'))
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_file())
         .filter_map(|e| {

@@ -15,8 +15,8 @@ use super::{Cli, DbArgs, PluginSource};
 use crate::host::log::level_name;
 use crate::host::sql::Databases;
 use crate::job::Job;
-use crate::sandbox::engine::parse_size;
 use crate::sandbox::{EngineConfig, ExecOptions, Limits};
+use crate::size::parse_size;
 use crate::telemetry::escape_control;
 
 /// Arguments of `wasmjobs exec`.

@@ -35,6 +35,7 @@ mod project;
 pub mod run;
 pub mod schedule;
 mod sdk;
+mod sources;
 pub mod stats;
 pub mod web;
 

@@ -17,7 +17,8 @@ use clap::Args;
 use super::{Cli, DbArgs, PluginSource, RedisArgs};
 use crate::runner::{self, DeadCaps, FetchMode, Queues, RunOptions};
 use crate::sandbox::Limits;
-use crate::sandbox::engine::{KEEP_RESIDENT, parse_size};
+use crate::sandbox::engine::KEEP_RESIDENT;
+use crate::size::parse_size;
 
 /// Arguments of `wasmjobs run`.
 #[derive(Debug, Args)]

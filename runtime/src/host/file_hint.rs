@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use crate::plugin::manifest::{Mode, Preopen};
+use super::files::{Mode, Preopen};
 
 /// How the guests' libcs print the errors of a path outside the preopens
 /// or a write to a read-only one.

@@ -37,9 +37,43 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use serde::Deserialize;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use crate::plugin::manifest::{Manifest, Mode};
+/// One directory made visible to the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    /// The host directory (absolute, inside the plugin root).
+    pub host: PathBuf,
+    /// The path the guest sees (absolute, e.g. `/data`).
+    pub guest: String,
+    /// Read-only or read-write.
+    pub mode: Mode,
+    /// Explicitly granted although outside the plugin directory.
+    pub outside: bool,
+}
+
+/// Access mode of a preopened directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Mode {
+    /// The guest may list and read, never create, write or delete.
+    #[serde(rename = "ro")]
+    ReadOnly,
+    /// The guest may also create, write and delete inside the directory.
+    #[serde(rename = "rw")]
+    ReadWrite,
+}
+
+/// What this capability needs of a plugin's manifest: its `files` grants,
+/// and where the manifest, the plugin directory and the component are
+/// (a read-write grant must keep clear of them; errors name the manifest).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileGrants<'a> {
+    pub(crate) manifest: &'a Path,
+    pub(crate) root: &'a Path,
+    pub(crate) component: &'a Path,
+    pub(crate) files: &'a [Preopen],
+}
 
 /// The granted directories of one loaded plugin, opened once at load, in
 /// the manifest's `files` order. Cheap to clone; the handles close when the
@@ -68,14 +102,14 @@ struct Resolved<'a> {
 
 /// Checks (and for `rw`, creates) the manifest's preopened directories and
 /// opens each once. Run once when a plugin loads.
-pub(crate) fn check(manifest: &Manifest, protected: &Protected) -> Result<Handles> {
-    let display = manifest.path.display();
+pub(crate) fn check(manifest: FileGrants<'_>, protected: &Protected) -> Result<Handles> {
+    let display = manifest.manifest.display();
     let root = manifest
         .root
         .canonicalize()
         .with_context(|| format!("{display}: cannot resolve plugin directory"))?;
     let mut resolved = Vec::new();
-    for preopen in &manifest.files {
+    for preopen in manifest.files {
         if preopen.mode == Mode::ReadWrite && !preopen.host.exists() {
             std::fs::create_dir_all(&preopen.host).with_context(|| {
                 format!(
@@ -134,13 +168,13 @@ pub(crate) fn check(manifest: &Manifest, protected: &Protected) -> Result<Handle
 }
 
 /// Refuses two grants of which one contains (or is) the other.
-fn refuse_overlaps(manifest: &Manifest, resolved: &[Resolved<'_>]) -> Result<()> {
+fn refuse_overlaps(manifest: FileGrants<'_>, resolved: &[Resolved<'_>]) -> Result<()> {
     for (i, a) in resolved.iter().enumerate() {
         for b in &resolved[i + 1..] {
             if a.real.starts_with(&b.real) || b.real.starts_with(&a.real) {
                 bail!(
                     "{}: files: the grants for {} ({}) and {} ({}) overlap; grant directories that do not contain one another",
-                    manifest.path.display(),
+                    manifest.manifest.display(),
                     a.guest,
                     a.real.display(),
                     b.guest,
@@ -166,11 +200,11 @@ struct Guarded {
 }
 
 impl Guarded {
-    fn new(manifest: &Manifest, root: &Path, protected: &Protected) -> Result<Self> {
-        let display = manifest.path.display();
+    fn new(manifest: FileGrants<'_>, root: &Path, protected: &Protected) -> Result<Self> {
+        let display = manifest.manifest.display();
         let mut contained = vec![(root.to_path_buf(), "the plugin directory")];
         let manifest_real = manifest
-            .path
+            .manifest
             .canonicalize()
             .with_context(|| format!("{display}: cannot resolve the manifest"))?;
         contained.push((manifest_real, "the plugin's manifest"));
@@ -305,19 +339,14 @@ fn open_at(dir: Option<&OwnedFd>, name: &std::ffi::CStr, flags: libc::c_int) -> 
 
 /// Adds the manifest's preopens to a job's WASI context: each granted
 /// directory as the handle opened at load, never by its host path again.
-pub(crate) fn preopen(builder: &mut WasiCtxBuilder, manifest: &Manifest) -> Result<()> {
+pub(crate) fn preopen(builder: &mut WasiCtxBuilder, manifest: FileGrants<'_>, handles: &Handles) -> Result<()> {
     if manifest.files.is_empty() {
         return Ok(());
     }
-    let Some(handles) = manifest
-        .handles
-        .0
-        .as_deref()
-        .filter(|h| h.len() == manifest.files.len())
-    else {
+    let Some(handles) = handles.0.as_deref().filter(|h| h.len() == manifest.files.len()) else {
         bail!(
             "{}: the granted directories were not opened when the plugin loaded",
-            manifest.path.display()
+            manifest.manifest.display()
         );
     };
     for (preopen, handle) in manifest.files.iter().zip(handles) {

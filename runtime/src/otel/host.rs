@@ -115,7 +115,7 @@ impl JobTrace {
     /// Opens the span of a SQL statement on the database the runner calls
     /// `db`, of kind `system` (`postgresql`, `sqlite`).
     pub(crate) fn sql(&self, db: &str, system: &'static str, statement: &str) -> HostSpan {
-        let operation = first_keyword(statement);
+        let operation = crate::sql_text::first_keyword(statement);
         let name = match operation.is_empty() {
             true => db.to_owned(),
             false => format!("{operation} {db}"),
@@ -206,17 +206,6 @@ pub(crate) fn http_attributes(method: &http::Method, uri: &http::Uri) -> Vec<Key
     ]
 }
 
-/// The statement's first keyword, upper-cased (`SELECT`, `INSERT`, …),
-/// after blanks and comments; empty if there is none.
-fn first_keyword(statement: &str) -> String {
-    crate::host::sql::skip_blanks_and_comments(statement)
-        .chars()
-        .take_while(char::is_ascii_alphabetic)
-        .take(32)
-        .collect::<String>()
-        .to_ascii_uppercase()
-}
-
 /// `text` cut to [`MAX_TEXT`] bytes on a character boundary.
 fn capped(text: &str) -> Cow<'_, str> {
     if text.len() <= MAX_TEXT {
@@ -260,14 +249,6 @@ mod tests {
             attribute(&default_port, "url.full").as_deref(),
             Some("https://example.com/")
         );
-    }
-
-    #[test]
-    fn sql_operations_are_the_first_keyword() {
-        assert_eq!(first_keyword("  -- hi\n/* c */ select 1"), "SELECT");
-        assert_eq!(first_keyword("WITH x AS (SELECT 1) SELECT * FROM x"), "WITH");
-        assert_eq!(first_keyword("(SELECT 1)"), "");
-        assert_eq!(first_keyword(""), "");
     }
 
     /// A job trace under a sampled (or not) remote parent, and its spans.

@@ -50,17 +50,17 @@
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+use super::private_files::{open_own, private_dir};
 use crate::sandbox::function_cache::Reuse;
 
 /// How long an artifact may go unused before a compile removes it.
@@ -148,7 +148,7 @@ impl CompileCache {
             ));
         }
         let path = dir.join(format!("{content_hash}-{:016x}.cwasm", engine_hash(engine)));
-        match own_file(&path) {
+        match open_own(&path).map(|file| file.is_some()) {
             Ok(true) => match map(engine, &path) {
                 Ok(component) => {
                     mark_used(&path);
@@ -161,7 +161,12 @@ impl CompileCache {
         }
         tracing::info!(target: "wasmjobs::compile", "{}", compiling_notice(label, bytes.len()));
         let started = std::time::Instant::now();
-        let (component, reuse) = super::function_pack::compile(engine, bytes, dir, label)?;
+        let pack = dir.join(format!(
+            "{}-{:016x}.functions",
+            &sha256_hex(label.as_bytes())[..16],
+            engine_hash(engine)
+        ));
+        let (component, reuse) = super::function_pack::compile(engine, bytes, &pack, label)?;
         tracing::info!(
             target: "wasmjobs::compile",
             "compiled {label} in {:.1} s{}; cached in {}",
@@ -210,67 +215,6 @@ fn reused_note(reuse: Reuse) -> String {
         reuse.reused,
         reuse.reused + reuse.compiled
     )
-}
-
-/// The effective user id of this process.
-fn euid() -> u32 {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// Whether `meta` is owned by this process's user and not writable by
-/// group or others; the error says which is not.
-fn private(meta: &std::fs::Metadata) -> Result<()> {
-    if meta.uid() != euid() {
-        bail!("owned by uid {}, not by this process's uid {}", meta.uid(), euid());
-    }
-    if meta.mode() & 0o022 != 0 {
-        bail!("writable by group or others (mode {:o})", meta.mode() & 0o7777);
-    }
-    Ok(())
-}
-
-/// Creates `dir` (and missing parents) `0700`, or checks that the existing
-/// one is a directory only this user can write.
-fn private_dir(dir: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    let meta = std::fs::metadata(dir).with_context(|| format!("cannot inspect {}", dir.display()))?;
-    if !meta.is_dir() {
-        bail!("{} is not a directory", dir.display());
-    }
-    private(&meta).with_context(|| format!("{} could hold machine code planted by another user", dir.display()))
-}
-
-/// Whether the artifact at `path` exists (`false` if not); an error if it
-/// is a symlink, not a regular file, or writable by someone else.
-fn own_file(path: &Path) -> Result<bool> {
-    Ok(open_own(path)?.is_some())
-}
-
-/// Opens the cache file at `path` for reading (`None` if there is none):
-/// an error if it is a symlink, not a regular file, or writable by someone
-/// else.
-pub(super) fn open_own(path: &Path) -> Result<Option<std::fs::File>> {
-    let file = match std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(err) if err.raw_os_error() == Some(libc::ELOOP) => bail!("it is a symlink"),
-        Err(err) => return Err(err).context("cannot open it"),
-    };
-    let meta = file.metadata().context("cannot inspect it")?;
-    if !meta.is_file() {
-        bail!("not a regular file");
-    }
-    private(&meta)?;
-    Ok(Some(file))
 }
 
 /// Maps a cached artifact instead of reading it into memory: its pages are
@@ -349,7 +293,7 @@ fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
 }
 
 /// A stable digest of everything in the engine that affects compiled code.
-pub(super) fn engine_hash(engine: &Engine) -> u64 {
+fn engine_hash(engine: &Engine) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     hasher.finish()

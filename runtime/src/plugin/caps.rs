@@ -19,7 +19,7 @@ use anyhow::{Result, bail};
 
 use super::manifest::Manifest;
 use crate::sandbox::Limits;
-use crate::sandbox::state::mib;
+use crate::size::mib;
 
 /// Variable names a plugin may never be granted.
 const SECRET_NAMES: [&str; 2] = ["REDIS_URL", "DATABASE_URL"];

@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail};
 
 use super::cache::{CacheUse, CompileCache, sha256_hex};
 use super::describe::{self, Described, History};
+use super::manifest::plugin_name;
 use super::manifest::{MANIFEST_FILE, Manifest};
 use tokio::sync::Semaphore;
 
@@ -89,13 +90,6 @@ impl Broken {
     pub fn plugin(&self) -> String {
         self.manifest.parent().map(plugin_name).unwrap_or_default()
     }
-}
-
-/// A plugin's name: the name of its directory `root`.
-pub fn plugin_name(root: &Path) -> String {
-    root.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| root.display().to_string())
 }
 
 /// What [`Catalog::rescan`] did to one plugin directory.
@@ -455,7 +449,7 @@ fn build_plugin(
     } = source;
     let manifest_path = manifest.path.clone();
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
-    manifest.handles = files::check(&manifest, protected)?;
+    manifest.handles = files::check(manifest.file_grants(), protected)?;
     // Refused before compiling: no artifact for a plugin that cannot run.
     let concurrent = manifest.instances.concurrent.is_some();
     if concurrent && manifest.limits.fuel.is_some() {
@@ -499,7 +493,7 @@ fn build_plugin(
         .map(|n| Arc::new(Semaphore::new(n as usize)));
     let http_allow = Arc::new(manifest.http_allow.clone());
     let name = plugin_name(&manifest.root);
-    let disk = disk::budget(&manifest, &name, executor.disk())?.map(Arc::new);
+    let disk = disk::budget(manifest.file_grants(), manifest.limits.disk, &name, executor.disk())?.map(Arc::new);
     Ok(Plugin {
         name,
         version,

@@ -21,9 +21,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::catalog::{Broken, Change, Plugin, plugin_name};
+use super::catalog::{Broken, Change, Plugin};
 use super::manifest::Mode;
-use crate::sandbox::state::mib;
+use super::manifest::plugin_name;
+use crate::size::mib;
 
 /// Loads and reloads a catalog remembers (the oldest go first).
 pub const HISTORY: usize = 20;

@@ -26,30 +26,25 @@ use anyhow::{Context, Result};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::cache::{engine_hash, open_own, sha256_hex};
+use super::private_files::open_own;
 use crate::sandbox::function_cache::{self, Functions, Reuse};
 
 /// Packs larger than this are not read (a Python plugin's is ~40 MB).
 const LARGEST: u64 = 1 << 30;
 
 /// Compiles `bytes` for `engine`, reusing the functions of the last compile
-/// of the plugin `label` found in `dir`, and keeps this compile's functions
-/// there for the next one.
-pub(super) fn compile(engine: &Engine, bytes: &[u8], dir: &Path, label: &str) -> Result<(Component, Reuse)> {
-    let name = format!(
-        "{}-{:016x}.functions",
-        &sha256_hex(label.as_bytes())[..16],
-        engine_hash(engine)
-    );
-    let path = dir.join(name);
-    let known = read(&path).unwrap_or_else(|err| {
+/// of the plugin `label` kept in the pack at `path` (in the private cache
+/// directory), and keeps this compile's functions there for the next one.
+pub(super) fn compile(engine: &Engine, bytes: &[u8], path: &Path, label: &str) -> Result<(Component, Reuse)> {
+    let dir = path.parent().context("a pack's path names its directory")?;
+    let known = read(path).unwrap_or_else(|err| {
         tracing::warn!(path = %path.display(), "compiling {label} in full, its last compile's functions are unusable: {err:#}");
         Functions::new()
     });
     let session = function_cache::sessions().begin(known);
     let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
     let (used, reuse) = session.finish();
-    if let Err(err) = write(dir, &path, &used) {
+    if let Err(err) = write(dir, path, &used) {
         tracing::warn!(dir = %dir.display(), "cannot keep {label}'s compiled functions for its next compile: {err:#}");
     }
     Ok((component, reuse))
@@ -103,12 +98,17 @@ mod tests {
         .expect("engine");
         let dir = tempfile::tempdir().expect("tempdir");
         let dir = dir.path();
-        let compile = |answer, label| compile(&engine, &component(answer), dir, label).expect("compiles").1;
+        let pack = dir.join("edited.functions");
+        let compile = |answer, path: &Path| {
+            compile(&engine, &component(answer), path, "Edited")
+                .expect("compiles")
+                .1
+        };
 
-        let first = compile(1, "Edited");
+        let first = compile(1, &pack);
         assert_eq!(first.reused, 0, "nothing to reuse the first time");
         assert!(first.compiled >= 9, "{first:?}");
-        let edited = compile(2, "Edited");
+        let edited = compile(2, &pack);
         // The edited function, and at times one more that Wasmtime
         // generates per compile (a compile of 9 functions, on several
         // threads, hashed one of them differently in ~1 run of 5).
@@ -117,33 +117,19 @@ mod tests {
             "only the edited function: {edited:?}"
         );
         assert!(edited.reused >= first.compiled - 2, "{edited:?} after {first:?}");
-        assert_eq!(compile(2, "Other").reused, 0, "packs are per plugin");
 
-        let pack = std::fs::read_dir(dir)
-            .expect("read dir")
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.extension().is_some_and(|e| e == "functions")
-                    && p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(&sha256_hex(b"Edited")[..16]))
-            })
-            .expect("the plugin's pack");
         let mut bytes = std::fs::read(&pack).expect("pack");
         bytes[40] ^= 1;
         std::fs::write(&pack, &bytes).expect("damage the pack");
-        assert_eq!(compile(3, "Edited").reused, 0, "a damaged pack is not used");
-        assert!(compile(3, "Edited").reused > 0, "and is replaced by a good one");
+        assert_eq!(compile(3, &pack).reused, 0, "a damaged pack is not used");
+        assert!(compile(3, &pack).reused > 0, "and is replaced by a good one");
 
         std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        assert_eq!(compile(3, "Edited").reused, 0, "a pack others could write is not used");
+        assert_eq!(compile(3, &pack).reused, 0, "a pack others could write is not used");
         std::fs::remove_file(&pack).expect("remove");
         std::os::unix::fs::symlink(dir.join("elsewhere"), &pack).expect("symlink");
-        assert_eq!(compile(3, "Edited").reused, 0, "nor is a symlink");
-        assert!(
-            compile(3, "Edited").reused > 0,
-            "each is replaced by a pack of this user"
-        );
+        assert_eq!(compile(3, &pack).reused, 0, "nor is a symlink");
+        assert!(compile(3, &pack).reused > 0, "each is replaced by a pack of this user");
         let meta = std::fs::symlink_metadata(&pack).expect("pack");
         assert!(meta.is_file() && meta.permissions().mode() & 0o077 == 0, "{meta:?}");
     }

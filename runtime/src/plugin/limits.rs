@@ -30,7 +30,7 @@ use toml::Spanned;
 
 use super::cluster_limits::{self, ClusterLimits, RawPerKey};
 use crate::host::log::LogBudget;
-use crate::sandbox::engine::parse_size;
+use crate::size::parse_size;
 
 /// A plugin's limits; `None` means the runner's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -68,7 +68,8 @@ use super::cluster_limits::ClusterLimits;
 use super::instances::{InstancePolicy, RawInstances};
 use super::limits::{PluginLimits, RawLimits};
 use super::schedule::{RawSchedule, Schedule};
-use crate::host::files::Handles;
+use crate::host::files::{FileGrants, Handles};
+pub use crate::host::files::{Mode, Preopen};
 use crate::host::http::AllowList;
 
 /// The file name the plugin catalog looks for.
@@ -117,30 +118,6 @@ pub struct Manifest {
     /// ([`crate::host::files::check`]); empty until then, and jobs of a
     /// manifest whose grants were never opened get no preopens at all.
     pub(crate) handles: Handles,
-}
-
-/// One directory made visible to the guest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Preopen {
-    /// The host directory (absolute, inside the plugin root).
-    pub host: PathBuf,
-    /// The path the guest sees (absolute, e.g. `/data`).
-    pub guest: String,
-    /// Read-only or read-write.
-    pub mode: Mode,
-    /// Explicitly granted although outside the plugin directory.
-    pub outside: bool,
-}
-
-/// Access mode of a preopened directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum Mode {
-    /// The guest may list and read, never create, write or delete.
-    #[serde(rename = "ro")]
-    ReadOnly,
-    /// The guest may also create, write and delete inside the directory.
-    #[serde(rename = "rw")]
-    ReadWrite,
 }
 
 #[derive(Deserialize)]
@@ -227,7 +204,30 @@ struct RawPreopen {
     outside: bool,
 }
 
+/// A plugin's name: the name of its directory `root`.
+pub fn plugin_name(root: &Path) -> String {
+    root.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| root.display().to_string())
+}
+
 impl Manifest {
+    /// What the file capability needs of this manifest: its grants and the
+    /// paths a read-write grant must keep clear of.
+    pub(crate) fn file_grants(&self) -> FileGrants<'_> {
+        FileGrants {
+            manifest: &self.path,
+            root: &self.root,
+            component: &self.component,
+            files: &self.files,
+        }
+    }
+
+    /// The plugin's name: the name of its directory.
+    pub fn plugin_name(&self) -> String {
+        plugin_name(&self.root)
+    }
+
     /// The component's file name (as in "compiling greet.wasm").
     pub fn component_name(&self) -> String {
         self.component

@@ -18,6 +18,7 @@ mod function_pack;
 pub mod instances;
 pub mod limits;
 pub mod manifest;
+mod private_files;
 pub mod schedule;
 
 pub use cache::{CacheUse, CompileCache};

@@ -40,7 +40,7 @@ use wasmtime::{Engine, Store, Trap, WasmBacktrace};
 
 use super::concurrent::{Finished, LaneSpec};
 use super::engine::{self, EngineConfig, Limits, TICK};
-use super::state::{JobScope, JobState, mib};
+use super::state::{JobScope, JobState};
 use super::warm::{Instances, Warm};
 use crate::bindings::concurrent::{AsyncPluginPre, WORLD as ASYNC_WORLD};
 use crate::bindings::{PluginPre, WORLD};
@@ -51,6 +51,7 @@ use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
 use crate::otel::JobTrace;
 use crate::plugin::Plugin;
+use crate::size::mib;
 
 /// How a plugin becomes an async-plugin component, for the errors that
 /// refuse a `concurrent` plugin built for the other world.

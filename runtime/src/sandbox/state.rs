@@ -36,6 +36,7 @@ use crate::host::log::{LogSink, Source};
 use crate::host::sql::{Databases, SqlView};
 use crate::otel::JobTrace;
 use crate::plugin::Manifest;
+use crate::size::mib;
 
 /// Everything a job's store holds.
 pub struct JobState {
@@ -89,7 +90,7 @@ impl JobState {
                 builder.env(name, value);
             }
         }
-        files::preopen(&mut builder, manifest)?;
+        files::preopen(&mut builder, manifest.file_grants(), &manifest.handles)?;
         Ok(Self {
             wasi: builder.build(),
             table: ResourceTable::new(),
@@ -281,11 +282,6 @@ impl ResourceLimiter for MemoryLimiter {
         self.pending = (0, 0);
         Ok(())
     }
-}
-
-/// Bytes as MiB with one decimal, for messages.
-pub fn mib(bytes: usize) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 #[cfg(test)]

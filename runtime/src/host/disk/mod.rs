@@ -31,7 +31,7 @@ use anyhow::{Context, Result};
 use wasmtime::component::Linker;
 use wasmtime_wasi::p2::bindings::filesystem::types;
 
-use crate::plugin::manifest::{Manifest, Mode};
+use super::files::{FileGrants, Mode};
 use crate::sandbox::JobState;
 
 /// The runner's default `limits.disk`: 1 GiB per plugin.
@@ -49,10 +49,15 @@ pub(crate) fn link(linker: &mut Linker<JobState>) -> Result<()> {
     Ok(())
 }
 
-/// The budget of the plugin `name`'s read-write preopens: `limits.disk`,
-/// else `default`; `None` if it has none. Run when the plugin loads, after
+/// The budget of the plugin `name`'s read-write preopens: `limit` (its
+/// `limits.disk`), else `default`; `None` if it has none. Run when the plugin loads, after
 /// its directories are checked (it walks them to count what they hold).
-pub fn budget(manifest: &Manifest, name: &str, default: u64) -> Result<Option<DiskBudget>> {
+pub(crate) fn budget(
+    manifest: FileGrants<'_>,
+    limit: Option<u64>,
+    name: &str,
+    default: u64,
+) -> Result<Option<DiskBudget>> {
     let mut dirs: Vec<_> = manifest
         .files
         .iter()
@@ -64,8 +69,11 @@ pub fn budget(manifest: &Manifest, name: &str, default: u64) -> Result<Option<Di
     }
     dirs.sort();
     dirs.dedup();
-    let limit = manifest.limits.disk.unwrap_or(default);
-    DiskBudget::measure(name, dirs, limit)
-        .map(Some)
-        .with_context(|| format!("{}: cannot measure the read-write directories", manifest.path.display()))
+    let limit = limit.unwrap_or(default);
+    DiskBudget::measure(name, dirs, limit).map(Some).with_context(|| {
+        format!(
+            "{}: cannot measure the read-write directories",
+            manifest.manifest.display()
+        )
+    })
 }

@@ -36,7 +36,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use url::Url;
 
-use crate::sandbox::engine::parse_size;
+use crate::size::parse_size;
 
 /// Default pool size of a PostgreSQL database: enough for typical job mixes
 /// without exhausting a server's default `max_connections` (100) when a few

@@ -263,7 +263,7 @@ impl SqlView {
             read_only: manifest.sql_read_only.clone(),
             concurrency: manifest.limits.concurrency.map(|n| n as usize),
             manifest: manifest.path.clone(),
-            plugin: crate::plugin::catalog::plugin_name(&manifest.root),
+            plugin: manifest.plugin_name(),
             trace: None,
         }
     }
@@ -454,11 +454,7 @@ const SESSION_KEYWORDS: &[&str] = &[
 /// [`SESSION_KEYWORDS`]). This is a guard against accidents, not the
 /// security boundary: that is the database user in the runner's URL.
 pub(crate) fn check_statement(statement: &str) -> Result<(), SqlError> {
-    let keyword: String = skip_blanks_and_comments(statement)
-        .chars()
-        .take_while(|c| c.is_ascii_alphabetic())
-        .collect::<String>()
-        .to_ascii_uppercase();
+    let keyword = crate::sql_text::first_keyword(statement);
     if SESSION_KEYWORDS.contains(&keyword.as_str()) {
         return Err(SqlError::Query(format!(
             "{keyword} statements are not allowed: each call runs on its own pooled connection in autocommit, \
@@ -467,42 +463,6 @@ pub(crate) fn check_statement(statement: &str) -> Result<(), SqlError> {
         )));
     }
     Ok(())
-}
-
-/// `text` after leading whitespace, empty statements (`;`), `-- line` and
-/// `/* block */` comments.
-pub(crate) fn skip_blanks_and_comments(mut text: &str) -> &str {
-    loop {
-        text = text.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
-        if let Some(rest) = text.strip_prefix("--") {
-            text = rest.split_once('\n').map_or("", |(_, after)| after);
-        } else if let Some(rest) = text.strip_prefix("/*") {
-            // PostgreSQL nests block comments; count them.
-            let mut depth = 1;
-            let mut chars = rest.char_indices().peekable();
-            let mut end = rest.len();
-            while let Some((i, c)) = chars.next() {
-                match (c, chars.peek().map(|&(_, n)| n)) {
-                    ('/', Some('*')) => {
-                        depth += 1;
-                        chars.next();
-                    }
-                    ('*', Some('/')) => {
-                        depth -= 1;
-                        chars.next();
-                        if depth == 0 {
-                            end = i + 2;
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            text = &rest[end..];
-        } else {
-            return text;
-        }
-    }
 }
 
 /// Approximate cost of one value in a result: its payload plus the size of
