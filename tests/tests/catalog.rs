@@ -104,8 +104,13 @@ async fn compiled_components_are_cached_on_disk() {
     let executor = executor(1);
     let first = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
-    let artifacts = files_in(&cache_dir);
+    let artifacts = files_in(&cache_dir, "cwasm");
     assert_eq!(artifacts.len(), 1);
+    assert_eq!(
+        files_in(&cache_dir, "functions").len(),
+        1,
+        "and its functions, for its next version"
+    );
 
     let second = Catalog::load(&plugins_dir().join("fib"), &executor, &cache).expect("catalog");
     assert_eq!(second.plugins()[0].cache, CacheUse::Hit);
@@ -151,7 +156,9 @@ fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
     let stale = cache_dir.join("old-version-0000000000000000.cwasm");
     let recent = cache_dir.join("recent-version-0000000000000000.cwasm");
     let abandoned = cache_dir.join(".tmpXYZ123");
-    for (path, days) in [(&stale, 8), (&recent, 3), (&abandoned, 2)] {
+    // And the function pack of a plugin no compile has used for 8 days.
+    let stale_pack = cache_dir.join("0123456789abcdef-0000000000000000.functions");
+    for (path, days) in [(&stale, 8), (&recent, 3), (&abandoned, 2), (&stale_pack, 8)] {
         std::fs::write(path, b"artifact").expect("write");
         age(path, days);
     }
@@ -162,9 +169,10 @@ fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
     assert_eq!(first.plugins()[0].cache, CacheUse::Compiled);
     assert!(!stale.exists(), "an artifact unused for over {UNUSED_FOR:?} is removed");
     assert!(!abandoned.exists(), "an interrupted write is removed");
+    assert!(!stale_pack.exists(), "a function pack unused for as long is removed");
     assert!(recent.exists(), "an artifact used within the week is kept");
 
-    let fib = files_in(&cache_dir)
+    let fib = files_in(&cache_dir, "cwasm")
         .into_iter()
         .find(|path| path != &recent)
         .expect("fib's artifact");
@@ -179,9 +187,12 @@ fn loads_mark_artifacts_used_and_compiles_prune_the_unused() {
 }
 
 /// The files in `dir`.
-fn files_in(dir: &Path) -> Vec<PathBuf> {
+/// The files in `dir` whose names end in `.{extension}`: compiled
+/// artifacts (`cwasm`) or the function packs kept beside them (`functions`).
+fn files_in(dir: &Path, extension: &str) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
         .expect("read dir")
         .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == extension))
         .collect()
 }
