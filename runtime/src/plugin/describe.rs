@@ -21,7 +21,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::catalog::{Broken, Change, Plugin};
+use super::loaded::{Broken, Change, Plugin};
 use super::manifest::Mode;
 use super::manifest::plugin_name;
 use crate::size::mib;

@@ -17,6 +17,7 @@ pub mod describe;
 mod function_pack;
 pub mod instances;
 pub mod limits;
+mod loaded;
 pub mod manifest;
 mod private_files;
 pub mod schedule;

@@ -44,7 +44,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use wasmtime::component::TypedFunc;
 use wasmtime::{Store, WasmBacktrace};
 
-use super::executor::{Counted, describe_trap};
+use super::failure::{Counted, describe_trap};
 use super::state::{JobScope, JobState};
 use super::warm::Instances;
 use crate::bindings::concurrent::AsyncPluginPre;

@@ -36,10 +36,11 @@ use anyhow::{Context, Result, bail};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Engine, Store, Trap, WasmBacktrace};
+use wasmtime::{Engine, Store, WasmBacktrace};
 
 use super::concurrent::{Finished, LaneSpec};
 use super::engine::{self, EngineConfig, Limits, TICK};
+use super::failure::{Counted, describe_trap, with_files_note, with_notes};
 use super::state::{JobScope, JobState};
 use super::warm::{Instances, Warm};
 use crate::bindings::concurrent::{AsyncPluginPre, WORLD as ASYNC_WORLD};
@@ -51,7 +52,6 @@ use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
 use crate::otel::JobTrace;
 use crate::plugin::Plugin;
-use crate::size::mib;
 
 /// How a plugin becomes an async-plugin component, for the errors that
 /// refuse a `concurrent` plugin built for the other world.
@@ -547,22 +547,6 @@ impl Executor {
     }
 }
 
-/// Counts one in `counter` while alive.
-pub(crate) struct Counted<'a>(&'a AtomicUsize);
-
-impl<'a> Counted<'a> {
-    pub(crate) fn new(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::Relaxed);
-        Self(counter)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// The job's last line in the host's log: debug for a success, a warning
 /// naming the job for a failure.
 fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
@@ -577,67 +561,6 @@ fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
             "job failed: {failed}"
         ),
     }
-}
-
-/// `outcome` with, for a failure, what the guest could not see: why the
-/// job's writes were refused for lack of space (guests on wasi-libc see a
-/// refused file-stream write as a bare EIO, "I/O error"), which request
-/// `http.allow` refused (a guest sees only `HttpRequestDenied`, which some
-/// SDKs report vaguely) and which `[[files]]` grant a path outside them
-/// needs.
-fn with_notes(outcome: Outcome, state: &JobState, grants: &[crate::plugin::manifest::Preopen]) -> Outcome {
-    let outcome = noted(outcome, |_| state.disk_note());
-    let outcome = noted(outcome, |message| state.http_note(message));
-    with_files_note(outcome, grants)
-}
-
-/// `outcome` with, for a failure that looks like a path the plugin was
-/// not granted, which grant would allow it ([`crate::host::file_hint`]).
-fn with_files_note(outcome: Outcome, grants: &[crate::plugin::manifest::Preopen]) -> Outcome {
-    noted(outcome, |message| crate::host::file_hint::note(message, grants))
-}
-
-/// A failure's message with `note(message)` appended in parentheses.
-fn noted(outcome: Outcome, note: impl FnOnce(&str) -> Option<String>) -> Outcome {
-    let with = |message: String| match note(&message) {
-        Some(note) => format!("{message} ({note})"),
-        None => message,
-    };
-    match outcome {
-        Outcome::Retry(message) => Outcome::Retry(with(message)),
-        Outcome::Discard(message) => Outcome::Discard(with(message)),
-        Outcome::Dead(message) => Outcome::Dead(with(message)),
-        Outcome::Success => Outcome::Success,
-    }
-}
-
-/// A one-line explanation of why the guest stopped.
-pub(crate) fn describe_trap(err: &wasmtime::Error, state: &JobState) -> String {
-    let mut message = if let Some(asked) = state.limiter.refused {
-        format!(
-            "memory limit of {} exceeded: the guest asked for {}",
-            mib(state.limiter.limit()),
-            mib(asked)
-        )
-    } else if let Some(trap) = err.downcast_ref::<Trap>() {
-        match trap {
-            Trap::StackOverflow => "stack overflow (wasm trap: call stack exhausted)".to_owned(),
-            Trap::OutOfFuel => "fuel exhausted (wasm trap: all fuel consumed)".to_owned(),
-            trap => trap.to_string(),
-        }
-    } else {
-        err.root_cause().to_string()
-    };
-    if let Some(note) = state.disk_note() {
-        message.push_str("; ");
-        message.push_str(&note);
-    }
-    let stderr = state.log.stderr_tail();
-    if !stderr.is_empty() {
-        message.push_str("; guest stderr: ");
-        message.push_str(&stderr);
-    }
-    message
 }
 
 /// Advances the engines' epoch every [`TICK`] while any job runs, and sleeps

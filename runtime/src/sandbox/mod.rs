@@ -15,6 +15,7 @@
 pub mod concurrent;
 pub mod engine;
 pub mod executor;
+mod failure;
 pub(crate) mod function_cache;
 pub mod state;
 pub mod warm;

@@ -41,8 +41,10 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
+use super::Web;
+use super::form::query_param;
 use super::hosts::{AllowedHosts, parse_list};
-use super::{Web, login};
+use super::login::{self, TOKEN_COOKIE};
 
 /// Most bytes of a form the dashboard reads.
 const MAX_FORM: usize = 64 << 10;
@@ -50,8 +52,6 @@ const MAX_FORM: usize = 64 << 10;
 pub(super) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The CSRF cookie.
 const CSRF_COOKIE: &str = "wasmjobs_csrf";
-/// The cookie signing in sets: the token's SHA-256, hex.
-pub(super) const TOKEN_COOKIE: &str = "wasmjobs_token";
 
 /// Who may use the dashboard: the credentials, and the extra names it
 /// answers to without them (`WASMJOBS_WEB_HOSTS`).
@@ -199,13 +199,6 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(key, _)| *key == name)
         .map(|(_, value)| value.to_owned())
-}
-
-/// The decoded value of `name` in a urlencoded `query` or form.
-pub(super) fn query_param(query: &str, name: &str) -> Option<String> {
-    url::form_urlencoded::parse(query.as_bytes())
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.into_owned())
 }
 
 fn refuse(status: StatusCode, message: &str) -> Response {

@@ -13,7 +13,8 @@ use axum::response::{Html, Response};
 use minijinja::context;
 use serde_json::Value;
 
-use super::auth::{Csrf, query_param};
+use super::auth::Csrf;
+use super::form::query_param;
 use super::queues::back;
 use super::{Failure, Web};
 use crate::cron::CronExpr;

@@ -14,7 +14,10 @@ use axum::response::{IntoResponse, Response};
 use minijinja::context;
 
 use super::Web;
-use super::auth::{TOKEN_COOKIE, query_param};
+use super::form::query_param;
+
+/// The cookie signing in sets: the token's SHA-256, hex.
+pub(super) const TOKEN_COOKIE: &str = "wasmjobs_token";
 
 /// The sign-in form for a visitor who asked for `next`; `wrong` when a
 /// token was given and was not the right one.

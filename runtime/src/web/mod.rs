@@ -32,6 +32,7 @@
 
 mod auth;
 mod cron;
+mod form;
 mod hosts;
 mod login;
 mod overview;

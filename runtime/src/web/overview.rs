@@ -13,7 +13,7 @@ use axum::response::Html;
 use minijinja::context;
 use serde_json::{Value, json};
 
-use super::auth::query_param;
+use super::form::query_param;
 use super::{Failure, Web, auth::Csrf};
 use crate::redis::latency::last_hour;
 use crate::redis::now_f64;

@@ -12,7 +12,7 @@ const MAX_PAGE: usize = 1_000_000;
 /// The page asked for in `query` (1 if none or not a page number).
 pub(super) fn asked(query: Option<&str>) -> usize {
     query
-        .and_then(|q| super::auth::query_param(q, "page"))
+        .and_then(|q| super::form::query_param(q, "page"))
         .and_then(|p| p.trim().parse::<usize>().ok())
         .filter(|p| (1..=MAX_PAGE).contains(p))
         .unwrap_or(1)

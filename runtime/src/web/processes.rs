@@ -13,7 +13,8 @@ use axum::extract::{RawQuery, State};
 use axum::response::{Html, Response};
 use minijinja::context;
 
-use super::auth::{Csrf, query_param};
+use super::auth::Csrf;
+use super::form::query_param;
 use super::queues::back;
 use super::{Failure, Web};
 use crate::redis::{admin, api, control, sharing};

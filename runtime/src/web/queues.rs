@@ -8,7 +8,8 @@ use axum::extract::{Path, State};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use minijinja::context;
 
-use super::auth::{Csrf, query_param};
+use super::auth::Csrf;
+use super::form::query_param;
 use super::{Failure, Web, pager};
 use crate::redis::{admin, api, control};
 

@@ -19,7 +19,8 @@ use axum::response::Html;
 use minijinja::context;
 use serde::Serialize;
 
-use super::auth::{Csrf, query_param};
+use super::auth::Csrf;
+use super::form::query_param;
 use super::{Failure, Web};
 use crate::redis::admin::{self, Entry, JobSet};
 use crate::redis::api;

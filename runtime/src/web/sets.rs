@@ -9,7 +9,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{Html, Response};
 use minijinja::context;
 
-use super::auth::{Csrf, query_param};
+use super::auth::Csrf;
+use super::form::query_param;
 use super::queues::{back, encode};
 use super::{Failure, Web, pager};
 use crate::redis::admin::{self, JobSet};
