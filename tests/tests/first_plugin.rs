@@ -249,15 +249,23 @@ fn a_javascript_plugin_from_new_to_run_outside_the_repo() {
 fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
     let home = tempfile::tempdir().expect("tempdir");
     let home = home.path();
-    let new = wasmjobs(home, &["new", "rust", "plugins/greet", "--class", "WatchGreet"], QUICK);
+    // Not `plugins/greet`: the Rust newcomer test builds a crate of that
+    // name at the same time into the same shared cargo target directory,
+    // where two crates of one name share their output file (the edit's
+    // build then read the other build's component).
+    let new = wasmjobs(
+        home,
+        &["new", "rust", "plugins/watched", "--class", "WatchGreet"],
+        QUICK,
+    );
     assert_success(&new, "wasmjobs new");
-    let source = home.join("plugins/greet/src/lib.rs");
+    let source = home.join("plugins/watched/src/lib.rs");
     let original = std::fs::read_to_string(&source).expect("lib.rs");
     let (out, err) = (home.join("watch.out"), home.join("watch.err"));
     let mut command = installed();
     command
         .current_dir(home)
-        .args(["build", "--watch", "plugins/greet"])
+        .args(["build", "--watch", "plugins/watched"])
         .stdin(std::process::Stdio::null())
         .stdout(std::fs::File::create(&out).expect("stdout file"))
         .stderr(std::fs::File::create(&err).expect("stderr file"));
