@@ -49,7 +49,6 @@
 //! can swap a file between the check and the mapping.
 
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +59,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::private_files::{open_own, private_dir};
+use super::private_files::{open_own, private_dir, replace};
 use crate::sandbox::function_cache::Reuse;
 
 /// How long an artifact may go unused before a compile removes it.
@@ -286,10 +285,7 @@ pub fn prune(dir: &Path, now: SystemTime) {
 /// over `path`; the directory was made or checked by [`private_dir`].
 fn store(dir: &Path, path: &Path, component: &Component) -> Result<()> {
     let artifact = component.serialize().map_err(anyhow::Error::from)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(&artifact)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    replace(dir, path, &artifact)
 }
 
 /// A stable digest of everything in the engine that affects compiled code.

@@ -19,14 +19,14 @@
 //! plugin is compiled in full) and replaced; failing to write one costs
 //! only the next compile's speed. Never an error for the plugin.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use super::private_files::open_own;
+use super::private_files::{open_own, replace};
 use crate::sandbox::function_cache::{self, Functions, Reuse};
 
 /// Packs larger than this are not read (a Python plugin's is ~40 MB).
@@ -44,7 +44,7 @@ pub(super) fn compile(engine: &Engine, bytes: &[u8], path: &Path, label: &str) -
     let session = function_cache::sessions().begin(known);
     let component = Component::new(engine, bytes).map_err(anyhow::Error::from)?;
     let (used, reuse) = session.finish();
-    if let Err(err) = write(dir, path, &used) {
+    if let Err(err) = replace(dir, path, &function_cache::encode(&used)) {
         tracing::warn!(dir = %dir.display(), "cannot keep {label}'s compiled functions for its next compile: {err:#}");
     }
     Ok((component, reuse))
@@ -61,14 +61,6 @@ fn read(path: &Path) -> Result<Functions> {
         .context("cannot read it")?;
     anyhow::ensure!(bytes.len() as u64 <= LARGEST, "larger than {} MiB", LARGEST >> 20);
     function_cache::decode(&bytes)
-}
-
-/// Writes `functions` as the pack at `path`, through a temporary file.
-fn write(dir: &Path, path: &Path, functions: &Functions) -> Result<()> {
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(&function_cache::encode(functions))?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 #[cfg(test)]

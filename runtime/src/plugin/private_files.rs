@@ -9,6 +9,7 @@
 //! bit ([`open_own`]). The directory check is what makes a later open by
 //! path safe: nobody else can swap a file in it.
 
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -67,4 +68,14 @@ pub(super) fn open_own(path: &Path) -> Result<Option<std::fs::File>> {
     }
     private(&meta)?;
     Ok(Some(file))
+}
+
+/// Writes `bytes` as the file at `path` in the private directory `dir`,
+/// through a temporary file (created `0600`) renamed over it, so no reader
+/// ever sees a half-written file.
+pub(super) fn replace(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
