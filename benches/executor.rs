@@ -84,7 +84,7 @@ async fn noop_sequential(executor: &Executor, catalog: &Catalog, n: u32) -> anyh
     let options = ExecOptions::default();
     let started = Instant::now();
     for _ in 0..n {
-        let execution = executor.execute(plugin, &job, &options).await;
+        let execution = executor.execute(&plugin.loaded, &job, &options).await;
         anyhow::ensure!(execution.outcome.is_success(), "noop failed: {}", execution.outcome);
     }
     Ok(f64::from(n) / started.elapsed().as_secs_f64())
@@ -113,7 +113,7 @@ async fn fib_wasm(executor: &Executor, catalog: &Catalog, runs: usize) -> anyhow
     let job = job("FibJob", "[25]")?;
     let mut times = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let execution = executor.execute(plugin, &job, &ExecOptions::default()).await;
+        let execution = executor.execute(&plugin.loaded, &job, &ExecOptions::default()).await;
         anyhow::ensure!(execution.outcome.is_success(), "fib failed: {}", execution.outcome);
         times.push(execution.duration);
     }

@@ -192,7 +192,10 @@ async fn run(bench: &Arc<Bench>, kind: Kind, jobs: u32) -> Result<f64> {
                     .catalog
                     .get(kind.class())
                     .with_context(|| format!("no {}", kind.class()))?;
-                let execution = bench.executor.execute(plugin, &job, &ExecOptions::default()).await;
+                let execution = bench
+                    .executor
+                    .execute(&plugin.loaded, &job, &ExecOptions::default())
+                    .await;
                 ensure!(
                     execution.outcome.is_success(),
                     "{} failed: {}",

@@ -105,7 +105,7 @@ pub async fn run(executor: &Executor, catalog: &Catalog, class: &str, args: &str
     let plugin = catalog.get(class).unwrap_or_else(|| panic!("no plugin for {class}"));
     let job = Job::new(class, args).expect("valid job");
     executor
-        .execute(plugin, &job, &ExecOptions { capture_logs: true })
+        .execute(&plugin.loaded, &job, &ExecOptions { capture_logs: true })
         .await
 }
 

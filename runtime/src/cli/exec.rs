@@ -81,7 +81,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
     };
 
     let execution = executor
-        .execute(plugin, &job, &ExecOptions { capture_logs: true })
+        .execute(&plugin.loaded, &job, &ExecOptions { capture_logs: true })
         .await;
     let mut out = std::io::stdout().lock();
     for line in &execution.logs {

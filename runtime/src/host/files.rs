@@ -30,9 +30,7 @@
 //!   `WasiCtxBuilder::preopened_dir` only takes a path; this is how a path
 //!   names a handle.) Linux only, and `/proc` must be mounted.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -306,16 +304,20 @@ fn resolve_existing_prefix(path: &Path) -> Result<PathBuf> {
 /// walking from `/` one component at a time without following symlinks,
 /// so the handle is the directory that `real` named when it was checked,
 /// or the open fails.
+///
+/// `O_PATH` rather than cap-std's `Dir::open_dir_nofollow` (which opens
+/// each step for reading): a directory on the way that the runner may
+/// only traverse (`0711`, as home directories often are) must not fail
+/// the walk. rustix's `openat` is the system call cap-std itself makes.
 fn open_no_follow(real: &Path) -> Result<OwnedFd> {
-    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    let mut dir = open_at(None, c"/", flags)?;
+    use rustix::fs::{CWD, Mode, OFlags, openat};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = openat(CWD, "/", flags, Mode::empty()).context("cannot open /")?;
     for component in real.components() {
         match component {
             Component::RootDir => {}
             Component::Normal(name) => {
-                let name =
-                    CString::new(name.as_bytes()).with_context(|| format!("{:?} holds a NUL byte", real.display()))?;
-                dir = open_at(Some(&dir), &name, flags)
+                dir = openat(&dir, name, flags, Mode::empty())
                     .with_context(|| format!("{:?} (a symlink or not a directory?)", name))?;
             }
             other => bail!("{} is not canonical ({other:?})", real.display()),
@@ -324,32 +326,25 @@ fn open_no_follow(real: &Path) -> Result<OwnedFd> {
     Ok(dir)
 }
 
-/// `openat(dir or AT_FDCWD, name, flags)`.
-fn open_at(dir: Option<&OwnedFd>, name: &std::ffi::CStr, flags: libc::c_int) -> Result<OwnedFd> {
-    let at = dir.map_or(libc::AT_FDCWD, AsRawFd::as_raw_fd);
-    // SAFETY: `at` is AT_FDCWD or a descriptor owned by `dir`, alive for the
-    // call; `name` is a valid NUL-terminated string.
-    let fd = unsafe { libc::openat(at, name.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `openat` just returned this descriptor, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adds the manifest's preopens to a job's WASI context: each granted
-/// directory as the handle opened at load, never by its host path again.
-pub(crate) fn preopen(builder: &mut WasiCtxBuilder, manifest: FileGrants<'_>, handles: &Handles) -> Result<()> {
-    if manifest.files.is_empty() {
+/// Adds the granted directories `files` to a job's WASI context: each as
+/// its handle opened at load, never by its host path again (`manifest`
+/// names the grants in an error).
+pub(crate) fn preopen(
+    builder: &mut WasiCtxBuilder,
+    manifest: &Path,
+    files: &[Preopen],
+    handles: &Handles,
+) -> Result<()> {
+    if files.is_empty() {
         return Ok(());
     }
-    let Some(handles) = handles.0.as_deref().filter(|h| h.len() == manifest.files.len()) else {
+    let Some(handles) = handles.0.as_deref().filter(|h| h.len() == files.len()) else {
         bail!(
             "{}: the granted directories were not opened when the plugin loaded",
-            manifest.manifest.display()
+            manifest.display()
         );
     };
-    for (preopen, handle) in manifest.files.iter().zip(handles) {
+    for (preopen, handle) in files.iter().zip(handles) {
         let perms = match preopen.mode {
             Mode::ReadOnly => FsPerms::ReadOnly,
             Mode::ReadWrite => FsPerms::ReadWrite,

@@ -31,7 +31,6 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use crate::bindings::log::{Host, Level};
-use crate::sandbox::JobState;
 
 /// Longest log line kept; the rest is cut and marked.
 pub const MAX_LINE_BYTES: usize = 8 * 1024;
@@ -304,9 +303,9 @@ fn emit(labels: &JobLabels, level: Level, source: Source, message: &str) {
     }
 }
 
-impl Host for JobState {
+impl Host for LogSink {
     fn log(&mut self, level: Level, message: String) {
-        self.log.record(level, Source::Log, &message);
+        self.record(level, Source::Log, &message);
     }
 }
 

@@ -3,9 +3,8 @@
 //!
 //! The store, and so the WASI context and resource table, is the
 //! instance's; what is each job's own (log sink, HTTP policy, SQL view,
-//! ActiveJob context)
-//! sits in a [`JobScope`] keyed by the guest task of the job's `perform`
-//! call. Each import finds its job from the calling task: Wasmtime's
+//! ActiveJob context) sits in a [`JobScope`] the store state finds by the
+//! guest task of the job's `perform` call ([`HostView::scope`]). Each import finds its job from the calling task: Wasmtime's
 //! async call stack ends at the export call the host started, whatever
 //! tasks the guest ran in between. A call whose task maps to no job (which
 //! the host's bookkeeping should make impossible) gets an error value, not
@@ -16,42 +15,47 @@
 //! meanwhile; the checks and the request itself are the `plugin` world's
 //! ([`HttpPolicy::start`](super::http::HttpPolicy), [`SqlView`]).
 
+use std::marker::PhantomData;
+
 use wasmtime::component::{Access, Accessor, GuestTaskId, HasData};
 
 use crate::bindings::concurrent::{activejob, async_http, async_sql, log};
 use crate::bindings::http::{HttpError, Request, Response};
 use crate::bindings::sql::{Rows, SqlError, Value};
 use crate::host::log::Source;
-use crate::sandbox::JobState;
-use crate::sandbox::state::JobScope;
 
 use super::sql::SqlView;
+use super::view::{HostView, JobScope};
 
-/// The `async-plugin` imports' view of the store: the whole [`JobState`],
-/// from which each call takes its own job's [`JobScope`].
-pub(crate) struct Scoped;
+/// The `async-plugin` imports' view of a store whose data is `S`: the
+/// whole state, from which each call takes its own job's [`JobScope`].
+pub(crate) struct Scoped<S>(PhantomData<fn() -> S>);
 
-impl HasData for Scoped {
-    type Data<'a> = &'a mut JobState;
+impl<S: HostView> HasData for Scoped<S> {
+    type Data<'a> = ScopedView<'a, S>;
 }
 
+/// The store state as the `async-plugin` imports borrow it.
+pub(crate) struct ScopedView<'a, S>(pub(crate) &'a mut S);
+
 /// The `perform` task the calling task descends from.
-fn job_task<T>(access: &mut Access<'_, T, Scoped>) -> Option<GuestTaskId> {
+fn job_task<T, S: HostView>(access: &mut Access<'_, T, Scoped<S>>) -> Option<GuestTaskId> {
     use wasmtime::AsContextMut;
     access.as_context_mut().async_call_stack().ok()?.last()
 }
 
 /// The calling job's scope, if the call comes from a job's task.
-fn scope<'a, T>(access: &'a mut Access<'_, T, Scoped>) -> Option<&'a mut JobScope> {
+fn scope<'a, T, S: HostView>(access: &'a mut Access<'_, T, Scoped<S>>) -> Option<&'a mut JobScope> {
     let task = job_task(access)?;
-    access.get().scopes.get_mut(&task).map(|(_, scope)| scope)
+    let ScopedView(state) = access.get();
+    state.scope(task)
 }
 
 const NO_JOB: &str = "this call does not belong to a running job";
 
-impl async_http::Host for JobState {}
+impl<S: HostView> async_http::Host for ScopedView<'_, S> {}
 
-impl<T> async_http::HostWithStore<T> for Scoped {
+impl<T, S: HostView> async_http::HostWithStore<T> for Scoped<S> {
     async fn send(accessor: &Accessor<T, Self>, request: Request) -> Result<Response, HttpError> {
         let started = accessor.with(|mut access| match scope(&mut access) {
             Some(scope) => scope.http.start(request),
@@ -63,16 +67,16 @@ impl<T> async_http::HostWithStore<T> for Scoped {
 
 /// The calling job's SQL view, cloned out of the store so the statement
 /// runs without holding it.
-fn sql_view<T>(accessor: &Accessor<T, Scoped>) -> Result<SqlView, SqlError> {
+fn sql_view<T, S: HostView>(accessor: &Accessor<T, Scoped<S>>) -> Result<SqlView, SqlError> {
     accessor.with(|mut access| match scope(&mut access) {
         Some(scope) => Ok(scope.sql.clone()),
         None => Err(SqlError::Connection(NO_JOB.into())),
     })
 }
 
-impl async_sql::Host for JobState {}
+impl<S: HostView> async_sql::Host for ScopedView<'_, S> {}
 
-impl<T> async_sql::HostWithStore<T> for Scoped {
+impl<T, S: HostView> async_sql::HostWithStore<T> for Scoped<S> {
     async fn query(
         accessor: &Accessor<T, Self>,
         db: String,
@@ -92,9 +96,9 @@ impl<T> async_sql::HostWithStore<T> for Scoped {
     }
 }
 
-impl log::Host for JobState {}
+impl<S: HostView> log::Host for ScopedView<'_, S> {}
 
-impl<T> log::HostWithStore<T> for Scoped {
+impl<T, S: HostView> log::HostWithStore<T> for Scoped<S> {
     fn log(mut access: Access<'_, T, Self>, level: log::Level, message: String) {
         let level = match level {
             log::Level::Trace => crate::bindings::log::Level::Trace,
@@ -107,14 +111,14 @@ impl<T> log::HostWithStore<T> for Scoped {
             Some(scope) => scope.log.record(level, Source::Log, &message),
             // Not a job's line (the instance's own, say at start-up): the
             // instance's sink, labelled with the plugin only.
-            None => access.get().log.record(level, Source::Log, &message),
+            None => access.get().0.log_sink().record(level, Source::Log, &message),
         }
     }
 }
 
-impl activejob::Host for JobState {}
+impl<S: HostView> activejob::Host for ScopedView<'_, S> {}
 
-impl<T> activejob::HostWithStore<T> for Scoped {
+impl<T, S: HostView> activejob::HostWithStore<T> for Scoped<S> {
     fn current(mut access: Access<'_, T, Self>) -> Option<activejob::Context> {
         let context = scope(&mut access)?.activejob.context()?;
         Some(super::activejob::record!(activejob::Context, context))

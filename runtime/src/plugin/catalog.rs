@@ -27,8 +27,7 @@ use tokio::sync::Semaphore;
 
 use crate::host::disk;
 use crate::host::files;
-use crate::host::http::{HttpStats, PluginPools};
-use crate::sandbox::Executor;
+use crate::sandbox::{Executor, JobLimits, Loaded};
 
 /// Loaded plugins by job class, plus the ones that were refused.
 #[derive(Debug, Default, Clone)]
@@ -355,14 +354,14 @@ fn build_plugin(
 ) -> Result<Plugin> {
     let Source {
         started,
-        mut manifest,
+        manifest,
         bytes,
         content_hash,
         version,
     } = source;
     let manifest_path = manifest.path.clone();
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
-    manifest.handles = files::check(manifest.file_grants(), protected)?;
+    let handles = files::check(manifest.file_grants(), protected)?;
     // Refused before compiling: no artifact for a plugin that cannot run.
     let concurrent = manifest.instances.concurrent.is_some();
     if concurrent && manifest.limits.fuel.is_some() {
@@ -404,23 +403,23 @@ fn build_plugin(
         .limits
         .concurrency
         .map(|n| Arc::new(Semaphore::new(n as usize)));
-    let http_allow = Arc::new(manifest.http_allow.clone());
     let name = plugin_name(&manifest.root);
     let disk = disk::budget(manifest.file_grants(), manifest.limits.disk, &name, executor.disk())?.map(Arc::new);
+    let grants = manifest.grants(handles, disk);
+    let limits = JobLimits {
+        memory: manifest.limits.memory,
+        timeout: manifest.limits.timeout,
+        fuel: manifest.limits.fuel,
+    };
+    let loaded = Loaded::new(name.clone(), version.clone(), grants, limits, manifest.instances, pre);
     Ok(Plugin {
         name,
         version,
         manifest,
         cache: cache_use,
         load_time: started.elapsed(),
-        http_allow,
-        http_stats: Arc::new(HttpStats::default()),
-        http_pools: Arc::new(PluginPools::default()),
         slots,
-        disk,
-        pre,
-        warm: Arc::default(),
-        lanes: Arc::default(),
+        loaded,
     })
 }
 
@@ -431,12 +430,13 @@ impl Plugin {
     /// the disk budget when it covers the same directories (so the old
     /// version's jobs still running stay counted), with the new limit.
     fn inherit(&mut self, old: &Plugin) {
-        self.http_stats = old.http_stats.clone();
-        if let (Some(new), Some(old)) = (&self.disk, &old.disk)
+        let (grants, old_grants) = (&mut self.loaded.grants, &old.loaded.grants);
+        grants.http_stats = old_grants.http_stats.clone();
+        if let (Some(new), Some(old)) = (&grants.disk, &old_grants.disk)
             && new.dirs() == old.dirs()
         {
             old.set_limit(new.limit());
-            self.disk = Some(old.clone());
+            grants.disk = Some(old.clone());
         }
         if self.manifest.limits.concurrency == old.manifest.limits.concurrency {
             self.slots = old.slots.clone();

@@ -22,53 +22,17 @@
 //! (`crate::sandbox::warm`).
 
 use std::ops::Range;
-use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail};
 use serde::Deserialize;
 use toml::Spanned;
 
-/// How long an idle warm instance is kept by default.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::sandbox::policy::{DEFAULT_IDLE_TIMEOUT, InstancePolicy};
 
 /// Jobs one concurrent instance serves in all when `reuse` is not set: a
 /// bound on what a guest can leak, high enough that instantiation is lost
 /// in the noise.
 pub const DEFAULT_CONCURRENT_REUSE: u32 = 10_000;
-
-/// A plugin's instance policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InstancePolicy {
-    /// Most jobs one instance serves (1: a fresh instance per job).
-    pub reuse: u32,
-    /// How long an idle warm instance is kept.
-    pub idle_timeout: Duration,
-    /// Most idle warm instances kept for the plugin; `None`: up to the
-    /// runner's budget for idle instances (its `--concurrency`, ≤ 1,024).
-    pub max_idle: Option<u32>,
-    /// Most jobs one instance runs at once; `None`: one (and the component
-    /// targets the `plugin` world). Set, the component must target
-    /// `async-plugin`.
-    pub concurrent: Option<u32>,
-}
-
-impl Default for InstancePolicy {
-    fn default() -> Self {
-        Self {
-            reuse: 1,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            max_idle: None,
-            concurrent: None,
-        }
-    }
-}
-
-impl InstancePolicy {
-    /// Whether instances may serve more than one job.
-    pub fn reuses(&self) -> bool {
-        self.reuse > 1
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,6 +87,7 @@ fn whole(value: &Spanned<i64>, key: &str, min: i64, at: &dyn Fn(Range<usize>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn policy(text: &str) -> Result<InstancePolicy> {
         let raw: RawInstances = toml::from_str(text)?;

@@ -10,44 +10,28 @@ use tokio::sync::Semaphore;
 
 use super::cache::CacheUse;
 use super::manifest::{Manifest, plugin_name};
-use crate::host::disk::DiskBudget;
-use crate::host::http::{AllowList, HttpStats, PluginPools};
-use crate::sandbox::concurrent::Lanes;
-use crate::sandbox::executor::Prepared;
-use crate::sandbox::warm::WarmPool;
+use crate::sandbox::Loaded;
 
-/// A loaded plugin, ready to instantiate.
+/// A loaded plugin version: its identity and manifest, the runner's
+/// state for it, and what the sandbox runs ([`Loaded`]).
 pub struct Plugin {
     /// The plugin's name: its directory name.
     pub name: String,
     /// Content hash of component + manifest (12 hex chars): which build of
     /// the plugin ran a job.
     pub version: String,
-    /// The validated manifest, with its granted directories opened (the
-    /// handles every job of this version gets, whatever happens to the
-    /// directories' names after load).
+    /// The validated manifest.
     pub manifest: Manifest,
     /// Whether the compiled code came from the cache.
     pub cache: CacheUse,
     /// How long loading took (read, compile or load from cache, link).
     pub load_time: Duration,
-    /// Outgoing HTTP grants (parsed `http.allow`).
-    pub http_allow: Arc<AllowList>,
-    /// Outgoing HTTP counters of this plugin.
-    pub http_stats: Arc<HttpStats>,
-    /// This version's own HTTP connections (never shared with another
-    /// plugin; a reloaded version starts afresh, as its grants may differ).
-    pub http_pools: Arc<PluginPools>,
     /// Slots of `limits.concurrency`, if the plugin sets it.
     pub slots: Option<Arc<Semaphore>>,
-    /// The budget of its read-write directories (`limits.disk`), if it has any.
-    pub disk: Option<Arc<DiskBudget>>,
-    pub(crate) pre: Prepared,
-    /// This version's idle warm instances (`[instances] reuse`); a
-    /// reloaded version starts with none.
-    pub warm: Arc<WarmPool>,
-    /// This version's concurrent instances (`[instances] concurrent`).
-    pub lanes: Arc<Lanes>,
+    /// What the sandbox runs: the pre-linked component with its grants
+    /// (the granted directories opened, whatever happens to their names
+    /// after load), limits, instance policy and instances.
+    pub loaded: Loaded,
 }
 
 impl std::fmt::Debug for Plugin {

@@ -59,6 +59,7 @@
 use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
@@ -68,9 +69,11 @@ use super::cluster_limits::ClusterLimits;
 use super::instances::{InstancePolicy, RawInstances};
 use super::limits::{PluginLimits, RawLimits};
 use super::schedule::{RawSchedule, Schedule};
+use crate::host::disk::DiskBudget;
 use crate::host::files::{FileGrants, Handles};
 pub use crate::host::files::{Mode, Preopen};
 use crate::host::http::AllowList;
+use crate::host::{Grants, SqlGrants};
 
 /// The file name the plugin catalog looks for.
 pub const MANIFEST_FILE: &str = "wasmjobs.toml";
@@ -114,10 +117,6 @@ pub struct Manifest {
     /// Example args per class (`[examples]`, a JSON array each), for the
     /// commands that suggest a job to try (`wasmjobs build`).
     pub examples: std::collections::BTreeMap<String, String>,
-    /// The granted directories, opened once when the plugin loaded
-    /// ([`crate::host::files::check`]); empty until then, and jobs of a
-    /// manifest whose grants were never opened get no preopens at all.
-    pub(crate) handles: Handles,
 }
 
 #[derive(Deserialize)]
@@ -220,6 +219,34 @@ impl Manifest {
             root: &self.root,
             component: &self.component,
             files: &self.files,
+        }
+    }
+
+    /// What a version of this plugin is granted: the manifest's grants,
+    /// with the directories `handles` opened from them, the disk budget of
+    /// its read-write ones, and the values of the granted environment
+    /// variables (those the runner has).
+    pub(crate) fn grants(&self, handles: Handles, disk: Option<Arc<DiskBudget>>) -> Grants {
+        Grants {
+            plugin: self.plugin_name(),
+            manifest: self.path.clone(),
+            env: self
+                .env
+                .iter()
+                .filter_map(|name| std::env::var(name).ok().map(|value| (name.clone(), value)))
+                .collect(),
+            files: self.files.clone(),
+            handles,
+            sql: SqlGrants {
+                names: self.sql.clone(),
+                read_only: self.sql_read_only.clone(),
+                concurrency: self.limits.concurrency.map(|n| n as usize),
+            },
+            log: self.limits.log.unwrap_or_default(),
+            http_allow: Arc::new(self.http_allow.clone()),
+            http_stats: Arc::default(),
+            http_pools: Arc::default(),
+            disk,
         }
     }
 
@@ -405,7 +432,6 @@ impl Manifest {
             sql_read_only,
             schedules,
             examples,
-            handles: Handles::default(),
         })
     }
 }

@@ -298,7 +298,7 @@ async fn process(
         None => None,
     };
     let execution = executor
-        .execute_traced(&plugin, job, &ExecOptions::default(), trace)
+        .execute_traced(&plugin.loaded, job, &ExecOptions::default(), trace)
         .await;
     if let Some(message) = execution.outcome.message() {
         failed(span, message);

@@ -2,7 +2,7 @@
 //! work, the writer and shutdown — against an in-memory job source
 //! ([`source::memory::MemorySource`]) and a scripted processor, so they
 //! run without Redis or Wasmtime. The protocol on a real Redis is tested
-//! end to end in `tests/tests/run.rs` and `tests/tests/protocol.rs`.
+//! end to end in `tests/tests/e2e/run.rs` and `tests/tests/e2e/protocol.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

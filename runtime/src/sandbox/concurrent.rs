@@ -1,6 +1,6 @@
 //! Concurrent instances: one instance runs up to K jobs at once, for
 //! plugins built for the `async-plugin` world with `[instances]
-//! concurrent = K` ([`crate::plugin::InstancePolicy`]).
+//! concurrent = K` ([`super::InstancePolicy`]).
 //!
 //! Each instance is a *lane*: a task that owns the store, instantiates the
 //! plugin, and drives Wasmtime's event loop (`Store::run_concurrent`),
@@ -45,10 +45,11 @@ use wasmtime::component::TypedFunc;
 use wasmtime::{Store, WasmBacktrace};
 
 use super::failure::{Counted, describe_trap};
-use super::state::{JobScope, JobState};
+use super::state::JobState;
 use super::warm::Instances;
 use crate::bindings::concurrent::AsyncPluginPre;
 use crate::bindings::types::{Job as WitJob, JobError};
+use crate::host::JobScope;
 
 /// What one job of a lane ended with.
 pub(crate) enum Finished {

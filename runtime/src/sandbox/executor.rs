@@ -41,17 +41,18 @@ use wasmtime::{Engine, Store, WasmBacktrace};
 use super::concurrent::{Finished, LaneSpec};
 use super::engine::{self, EngineConfig, Limits, TICK};
 use super::failure::{Counted, describe_trap, with_files_note, with_notes};
-use super::state::{JobScope, JobState};
+use super::loaded::{Loaded, Prepared};
+use super::state::JobState;
 use super::warm::{Instances, Warm};
 use crate::bindings::concurrent::{AsyncPluginPre, WORLD as ASYNC_WORLD};
 use crate::bindings::{PluginPre, WORLD};
+use crate::host::JobScope;
 use crate::host::activejob::ActiveJobView;
 use crate::host::http::{HttpClient, HttpLimits, HttpPolicy};
 use crate::host::log::{JobLabels, LogLine, LogSink};
 use crate::host::sql::{Databases, SqlView};
 use crate::job::{Job, Outcome};
 use crate::otel::JobTrace;
-use crate::plugin::Plugin;
 
 /// How a plugin becomes an async-plugin component, for the errors that
 /// refuse a `concurrent` plugin built for the other world.
@@ -117,15 +118,6 @@ impl Variant {
         let linker = crate::host::link(&engine).context("cannot link host capabilities")?;
         Ok(Self { engine, linker })
     }
-}
-
-/// A plugin pre-linked for the world its engine serves.
-#[derive(Clone)]
-pub(crate) enum Prepared {
-    /// `plugin`: one job per instance at a time.
-    Serial(PluginPre<JobState>),
-    /// `async-plugin`: up to `[instances] concurrent` jobs per instance.
-    Concurrent(AsyncPluginPre<JobState>),
 }
 
 /// Runs jobs. One per process, shared by every worker.
@@ -321,7 +313,7 @@ impl Executor {
 
     /// Runs `job` on a fresh instance of `plugin`. Never fails: every
     /// problem is an [`Outcome`].
-    pub async fn execute(&self, plugin: &Plugin, job: &Job, options: &ExecOptions) -> Execution {
+    pub async fn execute(&self, plugin: &Loaded, job: &Job, options: &ExecOptions) -> Execution {
         self.execute_traced(plugin, job, options, None).await
     }
 
@@ -330,7 +322,7 @@ impl Executor {
     /// and its HTTP requests carry a `traceparent` (see `crate::otel`).
     pub(crate) async fn execute_traced(
         &self,
-        plugin: &Plugin,
+        plugin: &Loaded,
         job: &Job,
         options: &ExecOptions,
         trace: Option<JobTrace>,
@@ -343,7 +335,7 @@ impl Executor {
 
     async fn execute_in_span(
         &self,
-        plugin: &Plugin,
+        plugin: &Loaded,
         job: &Job,
         options: &ExecOptions,
         trace: Option<JobTrace>,
@@ -357,8 +349,8 @@ impl Executor {
             plugin: plugin.name.clone(),
             version: plugin.version.clone(),
         };
-        let budget = plugin.manifest.limits.log.unwrap_or_default();
-        let policy = plugin.manifest.instances;
+        let budget = plugin.grants.log;
+        let policy = plugin.instances;
         let pre = match &plugin.pre {
             Prepared::Serial(pre) => pre,
             Prepared::Concurrent(pre) => {
@@ -390,24 +382,23 @@ impl Executor {
             }
         };
 
-        let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
-        let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
+        let memory = plugin.limits.memory.unwrap_or(self.limits.memory);
+        let timeout = plugin.limits.timeout.unwrap_or(self.limits.timeout);
         let http = self.http_policy(plugin, &sink).with_trace(trace.clone());
         let recorded = trace.and_then(JobTrace::recording);
         let (mut store, exports, served) = match warm {
             Some(mut warm) => {
-                let disk = plugin.disk.as_ref();
                 let state = warm.store.data_mut();
-                state.next_job(&plugin.manifest, http, &self.databases, disk);
+                state.next_job(&plugin.grants, http, &self.databases);
                 state.set_trace(recorded);
                 state.activejob = ActiveJobView::new(job.activejob.clone());
                 (warm.store, Some(warm.exports), warm.served)
             }
-            None => match JobState::new(&plugin.manifest, sink.clone(), memory, http, &self.databases) {
+            None => match JobState::new(&plugin.grants, sink.clone(), memory, http, &self.databases) {
                 Ok(mut state) => {
                     state.set_trace(recorded);
                     state.activejob = ActiveJobView::new(job.activejob.clone());
-                    let mut store = Store::new(pre.engine(), state.with_disk(plugin.disk.as_ref()));
+                    let mut store = Store::new(pre.engine(), state);
                     store.limiter(|state| &mut state.limiter);
                     store.epoch_deadline_async_yield_and_update(1);
                     (store, None, 0)
@@ -417,7 +408,7 @@ impl Executor {
         };
         store.set_epoch_deadline(1);
         if self.is_metered(pre.engine()) {
-            let fuel = plugin.manifest.limits.fuel.unwrap_or(u64::MAX);
+            let fuel = plugin.limits.fuel.unwrap_or(u64::MAX);
             if let Err(err) = store.set_fuel(fuel) {
                 return done(Outcome::Retry(format!("cannot set the fuel budget: {err}")), None);
             }
@@ -441,7 +432,7 @@ impl Executor {
             Err(_) => (done(Outcome::Retry(format!("timed out after {timeout:?}")), None), None),
             Ok(Ok((exports, Ok(())))) => (done(Outcome::Success, None), Some(exports)),
             Ok(Ok((exports, Err(job_error)))) => (
-                done(with_notes(job_error.into(), store.data(), &plugin.manifest.files), None),
+                done(with_notes(job_error.into(), store.data(), &plugin.grants.files), None),
                 Some(exports),
             ),
             Ok(Err(err)) => {
@@ -467,12 +458,12 @@ impl Executor {
 
 impl Executor {
     /// An HTTP policy for one job (or instance) of `plugin`, logging to `sink`.
-    fn http_policy(&self, plugin: &Plugin, sink: &LogSink) -> HttpPolicy {
+    fn http_policy(&self, plugin: &Loaded, sink: &LogSink) -> HttpPolicy {
         HttpPolicy::new(
             self.http.clone(),
-            plugin.http_pools.clone(),
-            plugin.http_allow.clone(),
-            plugin.http_stats.clone(),
+            plugin.grants.http_pools.clone(),
+            plugin.grants.http_allow.clone(),
+            plugin.grants.http_stats.clone(),
             sink.clone(),
         )
     }
@@ -481,24 +472,24 @@ impl Executor {
     /// ([`super::concurrent`]), starting one if none has room.
     async fn execute_concurrent(
         &self,
-        plugin: &Plugin,
+        plugin: &Loaded,
         pre: &AsyncPluginPre<JobState>,
         job: &Job,
         sink: LogSink,
         started: Instant,
         trace: Option<JobTrace>,
     ) -> Execution {
-        let policy = plugin.manifest.instances;
+        let policy = plugin.instances;
         let (concurrent, reuse) = (policy.concurrent.unwrap_or(1).max(1) as usize, policy.reuse.max(1));
-        let timeout = plugin.manifest.limits.timeout.unwrap_or(self.limits.timeout);
+        let timeout = plugin.limits.timeout.unwrap_or(self.limits.timeout);
         let scope = JobScope {
             log: sink.clone(),
             http: self.http_policy(plugin, &sink).with_trace(trace.clone()),
-            sql: SqlView::new(self.databases.clone(), &plugin.manifest).with_trace(trace.and_then(JobTrace::recording)),
+            sql: SqlView::new(self.databases.clone(), &plugin.grants).with_trace(trace.and_then(JobTrace::recording)),
             activejob: ActiveJobView::new(job.activejob.clone()),
         };
         let spawn = || {
-            let memory = plugin.manifest.limits.memory.unwrap_or(self.limits.memory);
+            let memory = plugin.limits.memory.unwrap_or(self.limits.memory);
             // The instance's own sink: the guest's stdout and stderr, and
             // log lines from outside any job.
             let labels = JobLabels {
@@ -507,15 +498,15 @@ impl Executor {
                 plugin: plugin.name.clone(),
                 version: plugin.version.clone(),
             };
-            let instance_sink = LogSink::new(labels, false, plugin.manifest.limits.log.unwrap_or_default());
+            let instance_sink = LogSink::new(labels, false, plugin.grants.log);
             let http = self.http_policy(plugin, &instance_sink);
-            let state = JobState::new(&plugin.manifest, instance_sink, memory, http, &self.databases)
+            let state = JobState::new(&plugin.grants, instance_sink, memory, http, &self.databases)
                 .map_err(|err| format!("cannot prepare the sandbox: {err:#}"))?;
             self.instances.created.fetch_add(1, Ordering::Relaxed);
             Ok(LaneSpec {
                 counters: self.instances.clone(),
                 pre: pre.clone(),
-                state: state.with_disk(plugin.disk.as_ref()),
+                state,
                 concurrent,
                 reuse,
                 idle_timeout: policy.idle_timeout,
@@ -531,7 +522,7 @@ impl Executor {
         }
         let (outcome, backtrace) = match finished {
             Finished::Returned(Ok(())) => (Outcome::Success, None),
-            Finished::Returned(Err(job_error)) => (with_files_note(job_error.into(), &plugin.manifest.files), None),
+            Finished::Returned(Err(job_error)) => (with_files_note(job_error.into(), &plugin.grants.files), None),
             Finished::Ended { message, backtrace } => (Outcome::Retry(message), backtrace),
         };
         sink.finish();
@@ -549,7 +540,7 @@ impl Executor {
 
 /// The job's last line in the host's log: debug for a success, a warning
 /// naming the job for a failure.
-fn log_end(plugin: &Plugin, job: &Job, execution: &Execution) {
+fn log_end(plugin: &Loaded, job: &Job, execution: &Execution) {
     match &execution.outcome {
         Outcome::Success => tracing::debug!(elapsed_us = execution.duration.as_micros() as u64, "job done"),
         failed => tracing::warn!(

@@ -17,9 +17,13 @@ pub mod engine;
 pub mod executor;
 mod failure;
 pub(crate) mod function_cache;
+pub mod loaded;
+pub mod policy;
 pub mod state;
 pub mod warm;
 
 pub use engine::{EngineConfig, Limits};
 pub use executor::{ExecOptions, Execution, Executor};
+pub use loaded::Loaded;
+pub use policy::{InstancePolicy, JobLimits};
 pub use state::JobState;

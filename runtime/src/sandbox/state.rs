@@ -3,13 +3,14 @@
 //! A [`JobState`] is built for one job and dropped with its store. Each
 //! capability sees only its part: wasmtime-wasi through [`WasiView`] (WASI
 //! context + resource table), wasmtime-wasi-http through [`WasiHttpView`]
-//! (HTTP context + policy hook + table), the `log` import through the
-//! [`LogSink`], the `sql` import through its [`SqlView`] (the runner's
-//! databases as the plugin's grants filter them), the `activejob` import
-//! through its [`ActiveJobView`], the budgeted
-//! `wasi:filesystem/types` through a [`BudgetedFs`] (wasmtime-wasi's view
-//! plus the job's [`JobDisk`] and, when traced, its [`JobTrace`]), and
-//! Wasmtime's resource accounting through [`MemoryLimiter`].
+//! (HTTP context + policy hook + table), and ours through [`HostView`]: the
+//! `log` import the [`LogSink`], the `sql` import its [`SqlView`] (the
+//! runner's databases as the plugin's grants filter them), the `activejob`
+//! import its [`ActiveJobView`], the budgeted `wasi:filesystem/types` a
+//! [`BudgetedFs`] (wasmtime-wasi's view plus the job's [`JobDisk`] and,
+//! when traced, its [`JobTrace`]). Wasmtime's resource accounting goes
+//! through [`MemoryLimiter`]. What the job may reach comes from its plugin
+//! version's [`Grants`].
 //!
 //! An instance that runs several jobs at once (`[instances] concurrent`)
 //! has one store for all of them: the WASI context, table, disk share and
@@ -29,13 +30,13 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::host::activejob::ActiveJobView;
-use crate::host::disk::{BudgetedFs, DiskBudget, JobDisk};
+use crate::host::disk::{BudgetedFs, JobDisk};
 use crate::host::files;
 use crate::host::http::HttpPolicy;
 use crate::host::log::{LogSink, Source};
 use crate::host::sql::{Databases, SqlView};
+use crate::host::{Grants, HostView, JobScope};
 use crate::otel::JobTrace;
-use crate::plugin::Manifest;
 use crate::size::mib;
 
 /// Everything a job's store holds.
@@ -64,12 +65,13 @@ pub struct JobState {
 }
 
 impl JobState {
-    /// State for one job of the plugin described by `manifest`: its
-    /// preopens and granted environment variables, no arguments, stdin
-    /// closed, stdout/stderr into `log`, outgoing HTTP through `http_policy`,
-    /// SQL to the `databases` the manifest grants.
+    /// State for one job (or one concurrent instance) of the plugin version
+    /// granted `grants`: its preopens and granted environment variables, no
+    /// arguments, stdin closed, stdout/stderr into `log`, outgoing HTTP
+    /// through `http_policy`, SQL to the `databases` it is granted, writes
+    /// charged to its disk budget.
     pub fn new(
-        manifest: &Manifest,
+        grants: &Grants,
         log: LogSink,
         memory_limit: usize,
         http_policy: HttpPolicy,
@@ -85,32 +87,23 @@ impl JobState {
             .stdout(log.stream(Source::Stdout))
             .stderr(log.stream(Source::Stderr))
             .allow_blocking_current_thread(true);
-        for name in &manifest.env {
-            if let Ok(value) = std::env::var(name) {
-                builder.env(name, value);
-            }
+        for (name, value) in &grants.env {
+            builder.env(name, value);
         }
-        files::preopen(&mut builder, manifest.file_grants(), &manifest.handles)?;
+        files::preopen(&mut builder, &grants.manifest, &grants.files, &grants.handles)?;
         Ok(Self {
             wasi: builder.build(),
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             http_policy,
             log,
-            sql: SqlView::new(databases.clone(), manifest),
+            sql: SqlView::new(databases.clone(), grants),
             activejob: ActiveJobView::default(),
             limiter: MemoryLimiter::new(memory_limit),
             scopes: HashMap::new(),
             trace: None,
-            disk: None,
+            disk: job_disk(grants),
         })
-    }
-
-    /// Charges the job's writes to its plugin's read-write directories to
-    /// `budget`.
-    pub fn with_disk(mut self, budget: Option<&Arc<DiskBudget>>) -> Self {
-        self.disk = budget.map(|budget| Arc::new(JobDisk::new(budget.clone())));
-        self
     }
 
     /// For a job that failed with `message`: which of its requests
@@ -129,16 +122,10 @@ impl JobState {
     /// share, and a clear memory-limit verdict. The log sink is restarted
     /// by the caller (the guest's stdio streams share it); the WASI context
     /// (env, preopens, stdio) and the resource table are the instance's.
-    pub(crate) fn next_job(
-        &mut self,
-        manifest: &Manifest,
-        http_policy: HttpPolicy,
-        databases: &Arc<Databases>,
-        budget: Option<&Arc<DiskBudget>>,
-    ) {
+    pub(crate) fn next_job(&mut self, grants: &Grants, http_policy: HttpPolicy, databases: &Arc<Databases>) {
         self.http_policy = http_policy;
-        self.sql = SqlView::new(databases.clone(), manifest);
-        self.disk = budget.map(|budget| Arc::new(JobDisk::new(budget.clone())));
+        self.sql = SqlView::new(databases.clone(), grants);
+        self.disk = job_disk(grants);
         self.limiter.refused = None;
     }
 
@@ -148,14 +135,34 @@ impl JobState {
         self.sql.set_trace(trace.clone());
         self.trace = trace;
     }
+}
 
-    /// The view the one-call `wasmjobs:job/http` import works on.
-    pub(crate) fn http_policy(&mut self) -> &mut HttpPolicy {
+/// A job's share of its plugin's disk budget, if the plugin has one.
+fn job_disk(grants: &Grants) -> Option<Arc<JobDisk>> {
+    grants
+        .disk
+        .as_ref()
+        .map(|budget| Arc::new(JobDisk::new(budget.clone())))
+}
+
+impl HostView for JobState {
+    fn http_policy(&mut self) -> &mut HttpPolicy {
         &mut self.http_policy
     }
 
-    /// The view the budgeted `wasi:filesystem/types` works on.
-    pub(crate) fn budgeted_fs(&mut self) -> BudgetedFs<'_> {
+    fn log_sink(&mut self) -> &mut LogSink {
+        &mut self.log
+    }
+
+    fn sql(&mut self) -> &mut SqlView {
+        &mut self.sql
+    }
+
+    fn activejob(&mut self) -> &mut ActiveJobView {
+        &mut self.activejob
+    }
+
+    fn budgeted_fs(&mut self) -> BudgetedFs<'_> {
         BudgetedFs {
             fs: wasmtime_wasi::filesystem::WasiFilesystemCtxView {
                 ctx: self.wasi.filesystem(),
@@ -164,6 +171,10 @@ impl JobState {
             disk: self.disk.as_ref(),
             trace: self.trace.as_ref(),
         }
+    }
+
+    fn scope(&mut self, task: GuestTaskId) -> Option<&mut JobScope> {
+        self.scopes.get_mut(&task).map(|(_, scope)| scope)
     }
 }
 
@@ -184,16 +195,6 @@ impl WasiHttpView for JobState {
             hooks: &mut self.http_policy,
         }
     }
-}
-
-/// What one job of a concurrent instance has to itself: its log sink
-/// (its `jid` on every line, its own budget), its HTTP policy (counters,
-/// open-request slots) and its SQL view.
-pub(crate) struct JobScope {
-    pub(crate) log: LogSink,
-    pub(crate) http: HttpPolicy,
-    pub(crate) sql: SqlView,
-    pub(crate) activejob: ActiveJobView,
 }
 
 /// Caps a job's linear memory and tables, and remembers when it refused, so

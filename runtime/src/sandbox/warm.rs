@@ -1,6 +1,6 @@
 //! Warm instances: a plugin's instances kept between jobs, for plugins
 //! whose manifest asks for it (`[instances] reuse = N`,
-//! [`crate::plugin::InstancePolicy`]).
+//! [`super::InstancePolicy`]).
 //!
 //! The rules, and why:
 //! - **Only a clean return puts an instance back.** A trap, a timeout (the
@@ -11,7 +11,7 @@
 //! - **At most `reuse` jobs per instance**, then it is dropped: whatever a
 //!   guest leaks in its globals or its heap is bounded by that count.
 //! - **Per version.** The pool belongs to one loaded version of a plugin
-//!   ([`crate::plugin::Plugin`]); a reloaded version starts with an empty
+//!   ([`super::Loaded`]); a reloaded version starts with an empty
 //!   pool, and the old one goes with the old version.
 //! - **Idle instances cost memory and pool slots**, so they are capped per
 //!   plugin (`max_idle`) and per process ([`Instances`]: the engine's pool
@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
+use super::policy::InstancePolicy;
 use super::state::JobState;
 use crate::bindings::Plugin as Exports;
-use crate::plugin::InstancePolicy;
 
 /// Process-wide instance counters and the budget for idle instances.
 #[derive(Debug)]

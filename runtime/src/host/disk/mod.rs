@@ -4,7 +4,7 @@
 //! The budget is per plugin ([`DiskBudget`], built when the plugin loads by
 //! measuring what its rw directories already hold, and carried over a hot
 //! reload), shared by all its jobs, each of which gets a [`JobDisk`]. It is
-//! enforced while a job runs, write by write: [`link`] replaces
+//! enforced while a job runs, write by write: `host::link` replaces
 //! wasmtime-wasi's `wasi:filesystem/types` with [`fs::BudgetedFs`], which
 //! delegates every method to wasmtime-wasi and charges the ones that grow
 //! the disk (writes, streams onto files, `set-size`, new entries) before
@@ -21,33 +21,18 @@
 //! on device").
 
 mod budget;
-mod fs;
+pub(crate) mod fs;
 mod stream;
 
 pub use budget::{DiskBudget, JobDisk};
 pub use fs::BudgetedFs;
 
 use anyhow::{Context, Result};
-use wasmtime::component::Linker;
-use wasmtime_wasi::p2::bindings::filesystem::types;
 
 use super::files::{FileGrants, Mode};
-use crate::sandbox::JobState;
 
 /// The runner's default `limits.disk`: 1 GiB per plugin.
 pub const DEFAULT_DISK: u64 = 1 << 30;
-
-/// Replaces the `wasi:filesystem/types` wasmtime-wasi linked with the
-/// budgeted one. Same interface names and versions (the same generated
-/// bindings), so semver-compatible imports resolve exactly as before; only
-/// the host functions behind them change.
-pub(crate) fn link(linker: &mut Linker<JobState>) -> Result<()> {
-    linker.allow_shadowing(true);
-    let linked = types::add_to_linker::<JobState, fs::Budgeted>(linker, JobState::budgeted_fs);
-    linker.allow_shadowing(false);
-    linked?;
-    Ok(())
-}
 
 /// The budget of the plugin `name`'s read-write preopens: `limit` (its
 /// `limits.disk`), else `default`; `None` if it has none. Run when the plugin loads, after

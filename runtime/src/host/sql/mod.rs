@@ -62,9 +62,9 @@ use anyhow::{Context, Result, bail};
 
 pub use config::{Backend, DbSpec, Settings};
 
+use super::grants::Grants;
 use crate::bindings::sql::{Host, Rows, SqlError, Value};
 use crate::otel::{HostSpan, JobTrace};
-use crate::plugin::Manifest;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The databases of one runner process, by name. Built once at start-up and
@@ -255,15 +255,15 @@ pub struct SqlView {
 }
 
 impl SqlView {
-    /// The view for a job of the plugin described by `manifest`.
-    pub fn new(databases: Arc<Databases>, manifest: &Manifest) -> Self {
+    /// The view for a job of the plugin granted `grants`.
+    pub fn new(databases: Arc<Databases>, grants: &Grants) -> Self {
         Self {
             databases,
-            grants: manifest.sql.clone(),
-            read_only: manifest.sql_read_only.clone(),
-            concurrency: manifest.limits.concurrency.map(|n| n as usize),
-            manifest: manifest.path.clone(),
-            plugin: manifest.plugin_name(),
+            grants: grants.sql.names.clone(),
+            read_only: grants.sql.read_only.clone(),
+            concurrency: grants.sql.concurrency,
+            manifest: grants.manifest.clone(),
+            plugin: grants.plugin.clone(),
             trace: None,
         }
     }

@@ -117,7 +117,7 @@ async fn granted_names_resolving_to_loopback_are_refused() {
             message.contains("destination IP address prohibited"),
             "{rule}: {message}"
         );
-        let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+        let stats = &chaos.get("ChaosJob").expect("chaos").loaded.grants.http_stats;
         assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1, "{rule}: counted");
     }
     assert_eq!(server.hits(), 0, "no refused request reached the loopback server");
@@ -320,7 +320,7 @@ async fn h2_rules_granting_names_still_refuse_loopback() {
         panic!("GET {url} must be refused, got {:?} {:?}", job.outcome, messages(&job))
     };
     assert!(message.contains("destination IP address prohibited"), "{message}");
-    let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+    let stats = &chaos.get("ChaosJob").expect("chaos").loaded.grants.http_stats;
     assert_eq!(stats.prohibited.load(Ordering::Relaxed), 1);
     assert_eq!(server.connections(), 0, "refused at resolution, before any connection");
 }
@@ -343,7 +343,7 @@ async fn a_denied_request_names_the_rule_that_would_grant_it() {
         message.starts_with(&format!("GET {url}")),
         "names the request: {message}"
     );
-    let stats = &chaos.get("ChaosJob").expect("chaos").http_stats;
+    let stats = &chaos.get("ChaosJob").expect("chaos").loaded.grants.http_stats;
     assert_eq!(stats.denied.load(Ordering::Relaxed), 1);
     assert_eq!(server.hits(), 0, "a denied request never leaves the process");
 }

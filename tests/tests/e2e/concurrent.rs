@@ -65,7 +65,7 @@ fn start_class(
                 let (executor, plugin) = (executor.clone(), plugin.clone());
                 tokio::spawn(async move {
                     let execution = executor
-                        .execute(&plugin, &job, &ExecOptions { capture_logs: true })
+                        .execute(&plugin.loaded, &job, &ExecOptions { capture_logs: true })
                         .await;
                     (job, execution)
                 })
@@ -131,7 +131,7 @@ async fn a_hundred_jobs_in_flight_share_four_instances_each_with_its_own_outcome
         4,
         "100 jobs in flight on four instances of 25"
     );
-    assert_eq!(chaos.get("AsyncChaosJob").expect("plugin").lanes.len(), 4);
+    assert_eq!(chaos.get("AsyncChaosJob").expect("plugin").loaded.lanes.len(), 4);
     assert_eq!(
         executor.live_instances(),
         4,
@@ -754,7 +754,7 @@ async fn an_idle_instance_ends_after_its_idle_timeout() {
         executor.instances().concurrent() == alive
     })
     .await;
-    assert!(chaos.get("AsyncChaosJob").expect("plugin").lanes.is_empty());
+    assert!(chaos.get("AsyncChaosJob").expect("plugin").loaded.lanes.is_empty());
     assert_eq!(
         seen(&run(&executor, &chaos, "AsyncChaosJob", r#"["count"]"#).await),
         "seen: 1",

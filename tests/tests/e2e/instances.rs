@@ -59,7 +59,7 @@ async fn an_instance_serves_reuse_jobs_then_is_replaced() {
         "four jobs on a warm instance"
     );
     assert_eq!(instances.idle(), 1, "the last instance waits for the next job");
-    assert_eq!(chaos.get("ChaosJob").expect("chaos").warm.len(), 1);
+    assert_eq!(chaos.get("ChaosJob").expect("chaos").loaded.warm.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,7 +139,7 @@ async fn idle_instances_expire_and_are_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(executor.instances().expired.load(Ordering::Relaxed), 1);
-    assert!(chaos.get("ChaosJob").unwrap().warm.is_empty());
+    assert!(chaos.get("ChaosJob").unwrap().loaded.warm.is_empty());
     assert_eq!(counts(&executor, &chaos, 1).await, [1], "fresh after expiry");
 }
 
@@ -156,7 +156,7 @@ async fn max_idle_caps_the_instances_kept() {
     while let Some(job) = jobs.join_next().await {
         assert_eq!(job.expect("job").outcome, Outcome::Success);
     }
-    assert_eq!(chaos.get("ChaosJob").unwrap().warm.len(), 2);
+    assert_eq!(chaos.get("ChaosJob").unwrap().loaded.warm.len(), 2);
     assert_eq!(executor.instances().idle(), 2);
 }
 

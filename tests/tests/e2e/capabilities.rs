@@ -50,7 +50,7 @@ async fn http_reaches_allowed_hosts_only() {
         panic!("expected retry, got {:?}", denied.outcome)
     };
     assert!(message.to_lowercase().contains("denied"), "{message}");
-    assert_eq!(plugin.http_stats.denied.load(Ordering::Relaxed), 1);
+    assert_eq!(plugin.loaded.grants.http_stats.denied.load(Ordering::Relaxed), 1);
     assert_eq!(server.hits(), 1, "a denied request never leaves the process");
 }
 
