@@ -12,7 +12,8 @@ use wasmjobs::redis::client;
 use wasmjobs::redis::payload::Payload;
 
 /// The wasmjobs binary built for these tests (the `wasmjobs-under-test`
-/// bin target of this package, i.e. `runtime/src/main.rs`), found next to
+/// bin target of this package: `runtime/src/main.rs`'s command line with a
+/// fault hook, `tests/under_test/main.rs`), found next to
 /// the test executable in `target/<profile>/`.
 pub fn wasmjobs_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -42,17 +43,29 @@ impl Runner {
     /// runs the command line after it, e.g. `unshare --pid --fork ...`);
     /// [`Runner::pid`] and the signals then address the wrapper.
     pub fn start_wrapped(wrapper: &[&str], redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
-        Self::spawn(wrapper, None, redis_url, plugins, extra)
+        Self::spawn(wrapper, None, &[], redis_url, plugins, extra)
+    }
+
+    /// [`Runner::start`] with the environment variables `env` set.
+    pub fn start_with_env(env: &[(&str, &str)], redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
+        Self::spawn(&[], None, env, redis_url, plugins, extra)
     }
 
     /// Starts `wasmjobs run --redis URL --plugins PLUGINS` plus `extra`
     /// from the working directory `cwd`, as a user in a shell does:
     /// `plugins` is passed as written (`./plugins`, `.`, a symlink).
     pub fn start_in(cwd: &Path, redis_url: &str, plugins: &str, extra: &[&str]) -> Runner {
-        Self::spawn(&[], Some(cwd), redis_url, Path::new(plugins), extra)
+        Self::spawn(&[], Some(cwd), &[], redis_url, Path::new(plugins), extra)
     }
 
-    fn spawn(wrapper: &[&str], cwd: Option<&Path>, redis_url: &str, plugins: &Path, extra: &[&str]) -> Runner {
+    fn spawn(
+        wrapper: &[&str],
+        cwd: Option<&Path>,
+        env: &[(&str, &str)],
+        redis_url: &str,
+        plugins: &Path,
+        extra: &[&str],
+    ) -> Runner {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = dir.path().join("runner.log");
         let data_dir = crate::repo_root().join("target/wasmjobs-test-data");
@@ -74,6 +87,7 @@ impl Runner {
             .arg(plugins)
             .args(extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

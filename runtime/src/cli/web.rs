@@ -31,9 +31,9 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
     access.required_for(args.addr)?;
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let stop = CancellationToken::new();
-    let (bound, serve) = web::bind(args.addr, redis.conn(), redis.location.clone(), access, stop.clone()).await?;
-    web::announce(bound);
-    let server = tokio::spawn(serve);
+    let dashboard = web::bind(args.addr, redis.conn(), redis.location.clone(), access, stop.clone()).await?;
+    web::announce(dashboard.bound());
+    let server = tokio::spawn(dashboard.serve());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -206,12 +206,12 @@ pub fn prometheus(metrics: &Metrics) -> String {
     }
     family(
         &mut out,
-        "wasmjobs_background_task_panics_total",
+        "wasmjobs_service_restarts_total",
         "counter",
-        "Panics of the runner's background loops (heartbeat, pollers, reloader, ...), by loop; each is logged as an error.",
+        "Restarts of the runner's background services (heartbeat, pollers, reloader, dashboard, ...) after a panic or an early end, by service; each is logged as an error.",
     );
-    for (task, count) in &p.task_panics {
-        let _ = writeln!(out, "wasmjobs_background_task_panics_total{{task=\"{task}\"}} {count}");
+    for (service, count) in &p.service_restarts {
+        let _ = writeln!(out, "wasmjobs_service_restarts_total{{service=\"{service}\"}} {count}");
     }
     family(
         &mut out,

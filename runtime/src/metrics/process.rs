@@ -79,8 +79,9 @@ pub struct ProcessGauges {
     pub heartbeat_at_ms: AtomicU64,
     /// Heartbeats Redis refused or never answered.
     pub heartbeat_failures: AtomicU64,
-    /// Panics of background loops, by loop (`runner::supervise`).
-    pub task_panics: Mutex<BTreeMap<&'static str, u64>>,
+    /// Restarts of background services after a panic or an early end,
+    /// by service (`runner::supervise`).
+    pub service_restarts: Mutex<BTreeMap<&'static str, u64>>,
     /// This process's queues that live Ruby Sidekiq processes also fetch,
     /// with how many (`runner::neighbours`).
     pub shared_queues: Mutex<BTreeMap<String, u64>>,
@@ -90,13 +91,13 @@ pub struct ProcessGauges {
 }
 
 impl ProcessGauges {
-    /// Counts a panic of the background loop `name`.
-    pub fn task_panicked(&self, name: &'static str) {
-        let mut panics = self
-            .task_panics
+    /// Counts a restart of the background service `name`.
+    pub fn service_restarted(&self, name: &'static str) {
+        let mut restarts = self
+            .service_restarts
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *panics.entry(name).or_default() += 1;
+        *restarts.entry(name).or_default() += 1;
     }
 
     /// Sets the queues shared with Ruby Sidekiq processes.
@@ -150,7 +151,7 @@ pub struct ProcessSnapshot {
     /// Heartbeats that failed.
     pub heartbeat_failures: u64,
     /// Panics of background loops, by loop.
-    pub task_panics: BTreeMap<&'static str, u64>,
+    pub service_restarts: BTreeMap<&'static str, u64>,
     /// Queues shared with Ruby Sidekiq processes, with how many.
     pub shared_queues: BTreeMap<String, u64>,
     /// Jobs handed back to a Ruby Sidekiq process.
@@ -229,8 +230,8 @@ impl ProcessGauges {
             unique_locks_released: get(&self.unique_locks_released),
             heartbeat_at: get(&self.heartbeat_at_ms) as f64 / 1000.0,
             heartbeat_failures: get(&self.heartbeat_failures),
-            task_panics: self
-                .task_panics
+            service_restarts: self
+                .service_restarts
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
@@ -304,21 +305,13 @@ fn statm_rss_kb() -> u64 {
         .nth(1)
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
-    // SAFETY: sysconf only reads a configuration value.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096) / 1024
+    pages * rustix::param::page_size() as u64 / 1024
 }
 
-/// (CPU time in 1/100 s, peak RSS in KiB) of this process, from `getrusage`.
+/// (CPU time in clock ticks, 1/100 s on Linux; peak RSS in KiB) of this
+/// process, from `/proc/self/stat` and `/proc/self/status` (`VmHWM`).
 fn rusage() -> (u64, u64) {
-    // SAFETY: getrusage writes into the zeroed struct passed.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return (cpu_ticks(), 0);
-    }
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    let cpu = (micros(usage.ru_utime) + micros(usage.ru_stime)) / 10_000;
-    (cpu, usage.ru_maxrss as u64)
+    (cpu_ticks(), memory_kb_at("/proc/self/status").1)
 }
 
 /// (VmRSS, VmHWM) of process `pid` in KiB (0 when unknown).

@@ -155,7 +155,7 @@ impl CronPoller {
     pub(crate) async fn run(
         mut self,
         initial: Vec<PluginSchedules>,
-        mut changes: mpsc::UnboundedReceiver<PluginSchedules>,
+        changes: &mut mpsc::UnboundedReceiver<PluginSchedules>,
         stop: CancellationToken,
     ) {
         self.started = now_f64();
@@ -163,6 +163,7 @@ impl CronPoller {
             self.sync(&change).await;
         }
         let mut refresh_in = Duration::ZERO;
+        let mut open = true;
         loop {
             let pause = if refresh_in.is_zero() {
                 match self.refresh().await {
@@ -199,14 +200,14 @@ impl CronPoller {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
-                change = changes.recv() => match change {
+                change = changes.recv(), if open => match change {
                     Some(change) => {
                         self.sync(&change).await;
                         refresh_in = Duration::ZERO;
                         continue;
                     }
                     // The reloader stopped: keep running on the schedules we have.
-                    None => changes = mpsc::unbounded_channel().1,
+                    None => open = false,
                 },
             }
             refresh_in = refresh_in.saturating_sub(started.elapsed());

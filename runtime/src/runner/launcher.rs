@@ -7,9 +7,9 @@
 //! outcome writer, the fetch loop, the scheduled poller, the cron poller,
 //! orphan recovery, the reloader, the monitor and the heartbeat.
 //!
-//! Every background loop is spawned through [`supervise`]: named, its
-//! panics logged as errors and counted, and restarted where it can be
-//! made again (the heartbeat among them).
+//! Every background service is spawned through [`supervise`]: named, a
+//! panic or an early end logged as an error, counted and the service made
+//! again (the heartbeat among them).
 //!
 //! Shutdown is a tree of cancellation tokens: `done` (heartbeat, monitor)
 //! → `stop` (pollers, reloader, orphan recovery) → `quiet` (the fetch loop).
@@ -49,7 +49,7 @@ use super::scheduled::Poller;
 use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
-use super::supervise::{self, Restart};
+use super::supervise;
 use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -151,10 +151,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     }
 
     let tasks = TaskTracker::new();
-    // Every background loop is named and supervised: a panic is logged
-    // and counted, and the loops that can be made again are restarted.
-    let supervised = |name: &'static str, stop: &CancellationToken, restart: Restart| {
-        supervise::spawn(&tasks, name, metrics.clone(), stop.clone(), restart);
+    // Every background service is named and supervised: a panic or an
+    // early end is logged and counted, and the service made again.
+    let supervised = |name: &'static str, stop: &CancellationToken, make: supervise::Maker| {
+        supervise::spawn(&tasks, name, metrics.clone(), stop.clone(), make);
     };
     let poller = Arc::new(Poller::new(
         redis.clone(),
@@ -165,81 +165,81 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     ));
     supervised("scheduled poller", &stop, {
         let (poller, stop) = (poller.clone(), stop.clone());
-        Restart::With(Box::new(move || Box::pin(poller.clone().run(stop.clone()))))
+        Box::new(move || Box::pin(poller.clone().run(stop.clone())))
     });
+    // What the reloader tells the cron poller and the unserved release;
+    // their receivers outlive a restart of either.
     let (served_tx, served) = mpsc::unbounded_channel();
+    let served = Arc::new(tokio::sync::Mutex::new(served));
     let (schedules_tx, schedules) = mpsc::unbounded_channel();
-    let loaded = catalog
-        .load()
-        .plugins()
-        .iter()
-        .map(|plugin| PluginSchedules::Loaded {
-            plugin: plugin.name.clone(),
-            schedules: plugin.manifest.schedules.clone(),
+    let schedules = Arc::new(tokio::sync::Mutex::new(schedules));
+    supervised("cron", &stop, {
+        let (redis, metrics, catalog, stop) = (redis.clone(), metrics.clone(), catalog.clone(), stop.clone());
+        Box::new(move || {
+            // The schedules of the plugins loaded now; later changes come
+            // down the channel.
+            let loaded = catalog
+                .load()
+                .plugins()
+                .iter()
+                .map(|plugin| PluginSchedules::Loaded {
+                    plugin: plugin.name.clone(),
+                    schedules: plugin.manifest.schedules.clone(),
+                })
+                .collect();
+            let poller = CronPoller::new(redis.clone(), metrics.clone());
+            let (schedules, stop) = (schedules.clone(), stop.clone());
+            Box::pin(async move { poller.run(loaded, &mut *schedules.lock().await, stop).await })
         })
-        .collect();
-    let cron = CronPoller::new(redis.clone(), metrics.clone()).run(loaded, schedules, stop.clone());
-    supervised("cron", &stop, Restart::Never(Box::pin(cron), "cron"));
+    });
     let heartbeat = Arc::new(heartbeat);
-    let reloader = Reloader::new(
-        options.plugins.clone(),
-        executor.clone(),
-        options.cache.clone(),
-        catalog.clone(),
-    )
-    .on_change(heartbeat.reloaded())
-    .on_new_classes(served_tx)
-    .on_schedules(schedules_tx)
-    .with_metrics(metrics.clone())
-    .run(stop.clone());
-    supervised("reloader", &stop, Restart::Never(Box::pin(reloader), "hot reload"));
-    supervised(
-        "unserved release",
-        &stop,
-        Restart::Never(
-            Box::pin(release_unserved(poller, served)),
-            "releasing retries when their plugin arrives",
-        ),
-    );
+    supervised("reloader", &stop, {
+        let (dir, executor, cache) = (options.plugins.clone(), executor.clone(), options.cache.clone());
+        let (catalog, reloaded, metrics, stop) = (catalog.clone(), heartbeat.reloaded(), metrics.clone(), stop.clone());
+        Box::new(move || {
+            let reloader = Reloader::new(dir.clone(), executor.clone(), cache.clone(), catalog.clone())
+                .on_change(reloaded.clone())
+                .on_new_classes(served_tx.clone())
+                .on_schedules(schedules_tx.clone())
+                .with_metrics(metrics.clone());
+            Box::pin(reloader.run(stop.clone()))
+        })
+    });
+    supervised("unserved release", &stop, {
+        let poller = poller.clone();
+        Box::new(move || Box::pin(release_unserved(poller.clone(), served.clone())))
+    });
     supervised("orphan recovery", &stop, {
         let (source, stop) = (source.clone(), stop.clone());
-        Restart::With(Box::new(move || {
-            Box::pin(source::recover_orphans_periodically(source.clone(), stop.clone()))
-        }))
+        Box::new(move || Box::pin(source::recover_orphans_periodically(source.clone(), stop.clone())))
     });
     supervised("paused poller", &stop, {
         let (paused, redis, stop) = (paused.clone(), redis.clone(), stop.clone());
-        Restart::With(Box::new(move || {
-            Box::pin(paused.clone().run(redis.clone(), stop.clone()))
-        }))
+        Box::new(move || Box::pin(paused.clone().run(redis.clone(), stop.clone())))
     });
     supervised("ruby neighbours", &stop, {
         let (neighbours, redis, stop) = (neighbours.clone(), redis.clone(), stop.clone());
-        Restart::With(Box::new(move || {
-            Box::pin(neighbours.clone().run(redis.clone(), stop.clone()))
-        }))
+        Box::new(move || Box::pin(neighbours.clone().run(redis.clone(), stop.clone())))
     });
     supervised("cancel sweep", &stop, {
         let (cancels, stop) = (cancels.clone(), stop.clone());
-        Restart::With(Box::new(move || Box::pin(cancels.clone().run(stop.clone()))))
+        Box::new(move || Box::pin(cancels.clone().run(stop.clone())))
     });
     supervised("control", &stop, {
         let (redis, paused, stop) = (redis.clone(), paused.clone(), stop.clone());
-        Restart::With(Box::new(move || {
+        Box::new(move || {
             Box::pin(control::listen(
                 redis.clone(),
                 cancels.clone(),
                 paused.clone(),
                 stop.clone(),
             ))
-        }))
+        })
     });
     let (commands_tx, mut commands) = mpsc::channel(4);
     supervised("heartbeat", &done, {
         let (heartbeat, done) = (heartbeat.clone(), done.clone());
-        Restart::With(Box::new(move || {
-            Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone()))
-        }))
+        Box::new(move || Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone())))
     });
     monitor::start(
         metrics.clone(),
@@ -251,9 +251,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     )
     .await?;
     if let Some((addr, access)) = options.web.clone() {
-        let (bound, serve) = crate::web::bind(addr, redis.conn(), redis.location.clone(), access, done.clone()).await?;
-        crate::web::announce(bound);
-        supervised("dashboard", &done, Restart::Never(Box::pin(serve), "the dashboard"));
+        let dashboard = crate::web::bind(addr, redis.conn(), redis.location.clone(), access, done.clone()).await?;
+        crate::web::announce(dashboard.bound());
+        supervised("dashboard", &done, Box::new(move || Box::pin(dashboard.serve())));
     }
     let startup = clock.fetching();
     tracing::info!(identity = %identity.identity, startup_ms = startup.as_millis() as u64, "running");
@@ -504,7 +504,8 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
 
 /// Enqueues the jobs waiting in `retry` for a plugin as soon as a reload
 /// brings one for their class.
-async fn release_unserved(poller: Arc<Poller>, mut served: mpsc::UnboundedReceiver<Vec<String>>) {
+async fn release_unserved(poller: Arc<Poller>, served: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Vec<String>>>>) {
+    let mut served = served.lock().await;
     while let Some(classes) = served.recv().await {
         match poller.release_unserved(&classes).await {
             Ok(0) => {}

@@ -62,6 +62,7 @@ pub use launcher::run;
 pub use queues::Queues;
 pub use source::{DeadCaps, FETCH_SCRIPT, FetchMode};
 pub use summary::RunSummary;
+pub use supervise::set_fault_hook;
 
 use crate::redis::Target;
 use crate::sandbox::Limits;

@@ -1,21 +1,30 @@
-//! Background loops that cannot end silently.
+//! Background services that cannot end silently.
 //!
 //! Every loop `wasmjobs run` keeps beside the jobs (heartbeat, pollers,
-//! reloader, control, cancel sweep, ...) is spawned through [`spawn`] with
-//! a name. A loop that panics is logged as an error naming it and counted
-//! (`wasmjobs_background_task_panics_total{task="…"}`); one that can be
-//! made again ([`Restart::With`]) is restarted after a pause that doubles
-//! from [`FIRST_PAUSE`] up to [`LONGEST_PAUSE`], so a panic that recurs
-//! at once does not spin. The heartbeat is one of those: a process whose
-//! heartbeat stopped looks dead to the others, which would recover its
-//! jobs and run them twice. A loop that returns normally is not restarted
-//! (loops return when the runner stops).
+//! reloader, cron, control, cancel sweep, dashboard, ...) is spawned
+//! through [`spawn`] with a name and a way to make it anew. A service that
+//! panics, or returns while the runner is still running, is logged as an
+//! error naming it, counted (`wasmjobs_service_restarts_total{service="…"}`)
+//! and started again after a pause that doubles from [`FIRST_PAUSE`] up to
+//! [`LONGEST_PAUSE`] (and starts over after a run that lasted
+//! [`STEADY`]), so a fault that recurs at once does not spin. The
+//! heartbeat is one of them: a process whose heartbeat stopped looks dead
+//! to the others, which would recover its jobs and run them twice. A
+//! service that returns because the runner stops is not restarted.
+//!
+//! Whatever a service must keep across a restart (a channel's receiver, a
+//! listening socket) it shares with its maker rather than owning it.
+//!
+//! A test can make the services fail on purpose: [`set_fault_hook`]
+//! installs a function every service start calls first, inside the
+//! supervision (the end-to-end tests' build of the binary installs one
+//! that panics; the `wasmjobs` binary installs none).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
@@ -23,68 +32,77 @@ use tokio_util::task::TaskTracker;
 
 use crate::metrics::Metrics;
 
-/// The first pause before a panicked loop is restarted.
+/// The first pause before a failed service is restarted.
 pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between restarts.
 pub(crate) const LONGEST_PAUSE: Duration = Duration::from_secs(10);
+/// A run this long was healthy: the next failure's pause starts over.
+pub(crate) const STEADY: Duration = Duration::from_secs(60);
 
-/// A loop's future, boxed so one supervisor serves them all.
+/// A service's future, boxed so one supervisor serves them all.
 pub(crate) type Loop = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Whether a panicked loop can be started again.
-pub(crate) enum Restart {
-    /// Made anew by this function (cloning what the first run took).
-    With(Box<dyn Fn() -> Loop + Send + Sync>),
-    /// It owned something it consumed (a channel's receiver, a listener):
-    /// what it did is off until the process restarts, and the log says so.
-    Never(Loop, &'static str),
+/// Makes a service's future anew for each (re)start.
+pub(crate) type Maker = Box<dyn Fn() -> Loop + Send + Sync>;
+
+/// Called with a service's name at the start of each of its runs.
+pub type FaultHook = fn(&'static str);
+
+static FAULT_HOOK: OnceLock<FaultHook> = OnceLock::new();
+
+/// Installs `hook`, called with the service's name at the start of every
+/// service run, where a panic counts as the service's own. For tests of
+/// the supervision; the first hook installed stays.
+pub fn set_fault_hook(hook: FaultHook) {
+    let _ = FAULT_HOOK.set(hook);
 }
 
-/// Runs a loop named `name` on `tasks`, logging and counting its panics,
-/// and restarting it while `stop` is not cancelled when it can be.
+/// Runs the service `name` on `tasks`, restarting it (see the module
+/// docs) until `stop` is cancelled.
 pub(crate) fn spawn(
     tasks: &TaskTracker,
     name: &'static str,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
-    restart: Restart,
+    make: Maker,
 ) {
-    tasks.spawn(supervise(name, metrics, stop, restart));
+    tasks.spawn(supervise(name, metrics, stop, make));
 }
 
-/// The supervision of one loop (see [`spawn`]).
-pub(crate) async fn supervise(name: &'static str, metrics: Arc<Metrics>, stop: CancellationToken, restart: Restart) {
-    let (make, mut next, off) = match restart {
-        Restart::With(make) => {
-            let first = make();
-            (Some(make), first, "")
-        }
-        Restart::Never(run, off) => (None, run, off),
-    };
+/// The supervision of one service (see [`spawn`]).
+pub(crate) async fn supervise(name: &'static str, metrics: Arc<Metrics>, stop: CancellationToken, make: Maker) {
     let mut pause = FIRST_PAUSE;
     loop {
-        let Err(panic) = AssertUnwindSafe(next).catch_unwind().await else {
+        let run = make();
+        let started = Instant::now();
+        let ended = AssertUnwindSafe(async move {
+            if let Some(hook) = FAULT_HOOK.get() {
+                hook(name);
+            }
+            run.await;
+        })
+        .catch_unwind()
+        .await;
+        if stop.is_cancelled() {
             return;
-        };
-        metrics.process.task_panicked(name);
-        let message = panic_message(panic.as_ref());
-        let Some(make) = &make else {
-            tracing::error!(
-                task = name,
-                "background task {name} panicked and cannot be restarted: {message}; {off} is off until the process restarts"
-            );
-            return;
+        }
+        if started.elapsed() >= STEADY {
+            pause = FIRST_PAUSE;
+        }
+        metrics.process.service_restarted(name);
+        let why = match ended {
+            Ok(()) => "ended while the runner is running".to_owned(),
+            Err(panic) => format!("panicked: {}", panic_message(panic.as_ref())),
         };
         tracing::error!(
-            task = name,
-            "background task {name} panicked: {message}; restarting it in {pause:?}"
+            service = name,
+            "background service {name} {why}; restarting it in {pause:?}"
         );
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = stop.cancelled() => return,
         }
         pause = (pause * 2).min(LONGEST_PAUSE);
-        next = make();
     }
 }
 
@@ -105,36 +123,49 @@ mod tests {
 
     use super::*;
 
+    fn restarts(metrics: &Metrics, name: &str) -> Option<u64> {
+        metrics.process.snapshot().service_restarts.get(name).copied()
+    }
+
     #[tokio::test]
-    async fn a_panicking_loop_is_counted_and_restarted_until_it_runs() {
+    async fn a_panicking_service_is_counted_and_restarted_until_it_stops() {
         let metrics = Arc::new(Metrics::new(true));
+        let stop = CancellationToken::new();
         let runs = Arc::new(AtomicU32::new(0));
-        let counted = runs.clone();
-        let restart = Restart::With(Box::new(move || {
-            let runs = counted.clone();
+        let (counted, cancel) = (runs.clone(), stop.clone());
+        let make: Maker = Box::new(move || {
+            let (runs, cancel) = (counted.clone(), cancel.clone());
             Box::pin(async move {
                 if runs.fetch_add(1, Ordering::SeqCst) < 3 {
                     panic!("beat {}", runs.load(Ordering::SeqCst));
                 }
+                // The fourth run lasts until the runner stops.
+                cancel.cancel();
             })
-        }));
-        supervise("heartbeat", metrics.clone(), CancellationToken::new(), restart).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 4, "three panics, then a run that returned");
-        assert_eq!(metrics.process.snapshot().task_panics.get("heartbeat"), Some(&3));
+        });
+        supervise("heartbeat", metrics.clone(), stop, make).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "three panics, then a run that lasted");
+        assert_eq!(restarts(&metrics, "heartbeat"), Some(3));
     }
 
     #[tokio::test]
-    async fn a_loop_that_cannot_restart_is_counted_once() {
+    async fn a_service_that_returns_early_is_restarted() {
         let metrics = Arc::new(Metrics::new(true));
-        let run: Loop = Box::pin(async { panic!("gone") });
-        supervise(
-            "reloader",
-            metrics.clone(),
-            CancellationToken::new(),
-            Restart::Never(run, "hot reload"),
-        )
-        .await;
-        assert_eq!(metrics.process.snapshot().task_panics.get("reloader"), Some(&1));
+        let stop = CancellationToken::new();
+        let runs = Arc::new(AtomicU32::new(0));
+        let (counted, cancel) = (runs.clone(), stop.clone());
+        let make: Maker = Box::new(move || {
+            let (runs, cancel) = (counted.clone(), cancel.clone());
+            Box::pin(async move {
+                // Returns at once (its channel closed, say) twice.
+                if runs.fetch_add(1, Ordering::SeqCst) == 2 {
+                    cancel.cancel();
+                }
+            })
+        });
+        supervise("reloader", metrics.clone(), stop, make).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert_eq!(restarts(&metrics, "reloader"), Some(2));
     }
 
     #[tokio::test]
@@ -142,15 +173,15 @@ mod tests {
         let metrics = Arc::new(Metrics::new(true));
         let stop = CancellationToken::new();
         let cancel = stop.clone();
-        let restart = Restart::With(Box::new(move || {
+        let make: Maker = Box::new(move || {
             let cancel = cancel.clone();
             Box::pin(async move {
                 cancel.cancel();
                 panic!("again");
             })
-        }));
-        supervise("poller", metrics.clone(), stop, restart).await;
-        assert_eq!(metrics.process.snapshot().task_panics.get("poller"), Some(&1));
+        });
+        supervise("poller", metrics.clone(), stop, make).await;
+        assert_eq!(restarts(&metrics, "poller"), None, "stopping is not a failure");
     }
 
     #[test]

@@ -101,16 +101,15 @@ impl IntoResponse for Failure {
     }
 }
 
-/// Binds `addr` (refusing a non-loopback address without credentials) and
-/// returns the bound address and the serving future, which runs until
-/// `stop` ([`serve`]).
+/// Binds `addr` (refusing a non-loopback address without credentials)
+/// and returns the dashboard, ready to serve until `stop`.
 pub async fn bind(
     addr: SocketAddr,
     redis: ConnectionManager,
     location: String,
     access: Access,
     stop: CancellationToken,
-) -> Result<(SocketAddr, impl Future<Output = ()>)> {
+) -> Result<Dashboard> {
     access.required_for(addr)?;
     let listener = TcpListener::bind(addr)
         .await
@@ -123,8 +122,33 @@ pub async fn bind(
         access,
         view: view::View::new()?,
     });
-    let app = router(web);
-    Ok((bound, serve::serve(listener, app, stop)))
+    Ok(Dashboard {
+        listener: Arc::new(listener),
+        bound,
+        app: router(web),
+        stop,
+    })
+}
+
+/// A bound dashboard: its listening socket and its routes.
+pub struct Dashboard {
+    listener: Arc<TcpListener>,
+    bound: SocketAddr,
+    app: Router,
+    stop: CancellationToken,
+}
+
+impl Dashboard {
+    /// The address it listens on.
+    pub fn bound(&self) -> SocketAddr {
+        self.bound
+    }
+
+    /// Serves until the stop ([`serve`]). Can be called again after it
+    /// ended (the supervisor's restart): the socket stays bound meanwhile.
+    pub fn serve(&self) -> impl Future<Output = ()> + Send + 'static {
+        serve::serve(self.listener.clone(), self.app.clone(), self.stop.clone())
+    }
 }
 
 /// The line that tells the user (and tests) where the dashboard is.

@@ -11,9 +11,10 @@
 //! - at most [`MAX_CONNECTIONS`] at once: further clients wait in the
 //!   kernel's backlog.
 //!
-//! On stop the listener closes, idle connections are closed, requests in
-//! progress get [`SHUTDOWN_GRACE`] to finish, and whatever is left is
-//! dropped: stopping never waits on a client.
+//! On stop the listener closes (once its last holder, the supervisor's
+//! maker, is gone), idle connections are closed, requests in progress get
+//! [`SHUTDOWN_GRACE`] to finish, and whatever is left is dropped: stopping
+//! never waits on a client.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +38,7 @@ pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 256;
 
 /// Serves `app` on `listener` until `stop`.
-pub(crate) async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) {
+pub(crate) async fn serve(listener: Arc<TcpListener>, app: Router, stop: CancellationToken) {
     let service = TowerToHyperService::new(app);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));

@@ -370,3 +370,93 @@ async fn a_heartbeat_that_cannot_be_written_is_counted_logged_and_recovers() {
     assert_eq!(processes.len(), 1);
     assert!(runner.stop().success(), "{}", runner.log());
 }
+
+/// Each background service the fault hook of the tests' build makes panic
+/// once (`tests/under_test/main.rs`).
+const FAILING: [&str; 4] = ["heartbeat", "reloader", "cron", "dashboard"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_services_that_panic_are_restarted_and_the_process_stays_registered() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let plugins = plugins(&["noop"], &[]);
+    let addr = free_addr();
+    let mut runner = Runner::start_with_env(
+        &[("WASMJOBS_TEST_PANIC_ONCE", &FAILING.join(","))],
+        &redis.url(),
+        plugins.path(),
+        &["--metrics-addr", &addr, "--web", "127.0.0.1:0"],
+    );
+    runner.wait_running();
+    let restarts = |metrics: &str, service: &str| {
+        sample(
+            metrics,
+            &format!("wasmjobs_service_restarts_total{{service=\"{service}\"}}"),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = http_get(&addr, "/metrics");
+        if FAILING.iter().all(|service| restarts(&metrics, service) == Some(1.0)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "every failed service restarted once:\n{metrics}\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for service in FAILING {
+        assert!(
+            runner.log().contains(&format!(
+                "background service {service} panicked: fault injected into {service}"
+            )),
+            "{}",
+            runner.log()
+        );
+    }
+
+    // The restarted heartbeat beats: the process stays registered and
+    // its beat moves on.
+    let identity = wasmjobs_e2e::runner::identity_of(&mut conn, runner.pid(), || runner.log()).await;
+    let beat = |conn: &mut redis::aio::MultiplexedConnection| {
+        let identity = identity.clone();
+        let mut conn = conn.clone();
+        async move {
+            let beat: Option<f64> = conn.hget(&identity, "beat").await.expect("HGET beat");
+            beat.expect("the process's beat")
+        }
+    };
+    let first = beat(&mut conn).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while beat(&mut conn).await <= first {
+        assert!(
+            Instant::now() < deadline,
+            "the heartbeat did not beat again:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let processes: Vec<String> = conn.smembers("processes").await.expect("SMEMBERS");
+    assert_eq!(processes, vec![identity.clone()]);
+
+    // The restarted dashboard answers on the address it announced.
+    let web = runner
+        .log()
+        .lines()
+        .find_map(|line| Some(line.split("listening on http://").nth(1)?.trim().to_owned()))
+        .expect("the dashboard's address");
+    assert!(
+        http_get(&web, "/api/overview").contains("processed"),
+        "{}",
+        runner.log()
+    );
+
+    // The restarted reloader still loads a plugin added now.
+    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), plugins.path());
+    runner.wait_for_log("plugin added", Duration::from_secs(60));
+    push(&mut conn, "NoopJob", "default", vec![json!([])]).await;
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success(), "{}", runner.log());
+}
