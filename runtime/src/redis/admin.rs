@@ -378,7 +378,7 @@ pub async fn enqueue_now<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, en
         "" => crate::job::DEFAULT_QUEUE.to_owned(),
         queue => queue.to_owned(),
     };
-    let moved: i64 = redis::Script::new(ENQUEUE_NOW)
+    let moved: i64 = redis::Script::new(super::enqueue::ENQUEUE_DUE)
         .key(set.key())
         .key(keys::queue(&queue))
         .key(keys::QUEUES)
@@ -390,17 +390,6 @@ pub async fn enqueue_now<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, en
         .context("cannot move the job to its queue")?;
     Ok(moved == 1)
 }
-
-/// KEYS: set, queue, `queues`; ARGV: the entry's bytes, the payload to
-/// push, the queue's name.
-const ENQUEUE_NOW: &str = r"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('SADD', KEYS[3], ARGV[3])
-  redis.call('LPUSH', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-";
 
 /// Removes `entry` from `set`; false when it was already gone.
 pub async fn delete_from_set<C: ConnectionLike + Send>(conn: &mut C, set: JobSet, entry: &Entry) -> Result<bool> {

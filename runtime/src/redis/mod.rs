@@ -39,6 +39,7 @@ pub mod bounded;
 pub mod control;
 pub mod cron;
 pub(crate) mod embedded;
+pub(crate) mod enqueue;
 pub mod history;
 pub mod job_head;
 pub(crate) mod keys;

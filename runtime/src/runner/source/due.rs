@@ -1,6 +1,7 @@
 //! Moving a due job from `schedule` or `retry` to its queue.
 //!
-//! Each move is one Lua call ([`super::scripts::ENQUEUE_DUE`]: `ZREM` then
+//! Each move is one Lua call ([`crate::redis::enqueue::ENQUEUE_DUE`], the
+//! dashboard's too: `ZREM` then
 //! `LPUSH`), so when several processes poll at once a job is enqueued
 //! exactly once: whoever removes it pushes it. The moved job gets a fresh
 //! `enqueued_at` (in its own time style); everything else is kept. A member
@@ -33,7 +34,7 @@ impl DueMover {
     pub(crate) fn new(dead: DeadCaps, max_payload: usize) -> Self {
         Self {
             due: Script::new(scripts::DUE),
-            enqueue: Script::new(scripts::ENQUEUE_DUE),
+            enqueue: Script::new(crate::redis::enqueue::ENQUEUE_DUE),
             dead: DeadSet::new(dead),
             max_payload,
         }

@@ -199,18 +199,6 @@ end
 return 0
 "#;
 
-/// Moves ARGV[1] from the sorted set KEYS[1] (`schedule`, `retry`) to the
-/// back of the queue KEYS[2] as ARGV[2], and adds ARGV[3] to the queue set
-/// KEYS[3], if it is still in the set. Returns 1 if it moved.
-pub(super) const ENQUEUE_DUE: &str = r#"
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  redis.call('LPUSH', KEYS[2], ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[3])
-  return 1
-end
-return 0
-"#;
-
 /// The next due members of the sorted set KEYS[1] (`schedule`, `retry`):
 /// up to ARGV[1] scored at or before ARGV[3] (the time now, which the
 /// settings from ARGV[2] carry). A member larger than ARGV[2] bytes (0: no
