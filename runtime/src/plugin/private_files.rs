@@ -17,8 +17,7 @@ use anyhow::{Context, Result, bail};
 
 /// The effective user id of this process.
 fn euid() -> u32 {
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Whether `meta` is owned by this process's user and not writable by

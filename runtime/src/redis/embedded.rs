@@ -355,12 +355,15 @@ fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
 /// Whether `pid` still runs. Reaps it first if it is our exited child (we
 /// may have started it), so a zombie does not count as running.
 fn process_running(pid: libc::pid_t) -> bool {
-    // SAFETY: plain syscalls on an integer pid; a null status pointer is allowed.
-    unsafe {
-        if libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) == pid {
-            return false;
-        }
-        libc::kill(pid, 0) == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    use rustix::process::{Pid, WaitOptions, test_kill_process, waitpid};
+    let Some(pid) = Pid::from_raw(pid) else { return false };
+    // Not our child (ECHILD), or still running: no status to reap.
+    if let Ok(Some(_)) = waitpid(Some(pid), WaitOptions::NOHANG) {
+        return false;
+    }
+    match test_kill_process(pid) {
+        Ok(()) => true,
+        Err(err) => err == rustix::io::Errno::PERM,
     }
 }
 
@@ -441,8 +444,8 @@ mod tests {
         let redis = EmbeddedRedis::acquire(data.path()).await.expect("join the orphan");
         assert_eq!(pid(data.path()), server);
         // The server itself killed with -9: its socket file stays behind.
-        // SAFETY: signalling the redis-server this test started.
-        assert_eq!(unsafe { libc::kill(server, libc::SIGKILL) }, 0);
+        let server_pid = rustix::process::Pid::from_raw(server).expect("a pid");
+        rustix::process::kill_process(server_pid, rustix::process::Signal::KILL).expect("kill the server");
         while process_running(server) {
             std::thread::sleep(Duration::from_millis(10));
         }

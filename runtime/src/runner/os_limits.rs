@@ -68,28 +68,21 @@ fn mappings_needed(concurrency: u32) -> u64 {
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit and returns the new
 /// soft limit; warns if it is below what `concurrency` jobs may need.
 pub fn raise_open_files(concurrency: u32) -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        tracing::warn!("cannot read the open-file limit: {}", std::io::Error::last_os_error());
-        return 0;
-    }
-    if limit.rlim_cur < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            rlim_max: limit.rlim_max,
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    // `None` is no limit.
+    let limit = getrlimit(Resource::Nofile);
+    let mut soft = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if soft < hard {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
         };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            limit.rlim_cur = limit.rlim_max;
-        } else {
-            tracing::warn!("cannot raise the open-file limit: {}", std::io::Error::last_os_error());
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => soft = hard,
+            Err(err) => tracing::warn!("cannot raise the open-file limit: {err}"),
         }
     }
-    let soft: u64 = limit.rlim_cur;
     let needed = u64::from(concurrency) + RESERVED;
     if soft < needed {
         tracing::warn!(
@@ -124,13 +117,8 @@ mod tests {
     #[test]
     fn the_soft_limit_ends_at_the_hard_limit() {
         let soft = super::raise_open_files(1);
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: reads into the struct passed.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
-        assert_eq!(soft, limit.rlim_cur);
-        assert_eq!(limit.rlim_cur, limit.rlim_max);
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        assert_eq!(Some(soft), limit.current.or(Some(u64::MAX)));
+        assert_eq!(limit.current, limit.maximum);
     }
 }
