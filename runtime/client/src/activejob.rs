@@ -32,7 +32,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::job::MAX_CLASS_LEN;
+use crate::fields::MAX_CLASS_LEN;
 
 /// The wrapper classes Rails' and Sidekiq's ActiveJob adapters push.
 pub const WRAPPERS: [&str; 2] = [
@@ -295,7 +295,7 @@ fn deserialize(name: &str, mut map: Map<String, Value>) -> Result<Value, String>
             "an ActiveJob argument was serialized by {}, which only Ruby can read (an application's own \
              serializer): the job cannot run as a plugin; pass plain values, or decode it in the plugin \
              from the raw ActiveJob hash",
-            crate::job::preview(if name.is_empty() { "(no serializer name)" } else { name })
+            crate::fields::preview(if name.is_empty() { "(no serializer name)" } else { name })
         )),
     }
 }

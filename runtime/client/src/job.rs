@@ -1,23 +1,15 @@
-//! A job to push, built step by step ([`Job`]), and the small facts every
-//! payload shares (job ids, the default queue, the class length bound).
+//! A job to push, built step by step ([`Job`]); the small facts every
+//! payload shares (job ids, the default queue, the class length bound)
+//! live in [`crate::fields`] and are re-exported here.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, bail};
 use serde_json::Value;
 
+pub use crate::fields::{DEFAULT_QUEUE, MAX_CLASS_LEN, new_jid, preview};
 use crate::payload::Payload;
 use crate::unique::{Lock, UniqueUntil};
-
-/// Longest job class name accepted, in bytes. Class names key per-class
-/// state (metrics, the run summary, log fields); a payload with a longer
-/// one is refused when it is parsed, before any of that exists, and goes
-/// to the dead set.
-pub const MAX_CLASS_LEN: usize = 256;
-
-/// The queue of a job that names none (Sidekiq's), and the queue
-/// `wasmjobs run` and `wasmjobs enqueue` use unless told otherwise.
-pub const DEFAULT_QUEUE: &str = "default";
 
 /// Longest queue name a [`Job`] accepts, in bytes.
 pub const MAX_QUEUE_LEN: usize = 256;
@@ -27,20 +19,6 @@ pub const MAX_UNIQUE_KEY_LEN: usize = 1024;
 
 /// Longest `unique_for` accepted: ten years.
 pub const MAX_UNIQUE_FOR: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
-
-/// A fresh job id: 12 random bytes as 24 hex characters, like Sidekiq's.
-pub fn new_jid() -> String {
-    hex::encode(rand::random::<[u8; 12]>())
-}
-
-/// The first 200 characters of `text`, for error messages about user input.
-pub fn preview(text: &str) -> String {
-    const MAX: usize = 200;
-    match text.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
-    }
-}
 
 /// A job to push: class, args, queue, and the options Sidekiq clients set.
 ///
@@ -236,14 +214,6 @@ mod tests {
         assert_eq!(jid.len(), 24);
         assert!(jid.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_ne!(jid, new_jid());
-    }
-
-    #[test]
-    fn preview_cuts_long_text_on_a_char_boundary() {
-        let long = "é".repeat(300);
-        let p = preview(&long);
-        assert_eq!(p.chars().count(), 201);
-        assert_eq!(preview("short"), "short");
     }
 
     #[test]

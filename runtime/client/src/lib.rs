@@ -32,6 +32,7 @@
 //! | [`keys`] | the Redis keys a producer writes |
 
 pub mod activejob;
+pub mod fields;
 pub mod job;
 pub mod keys;
 pub mod payload;

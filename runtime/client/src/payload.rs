@@ -15,9 +15,9 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::job::{DEFAULT_QUEUE, new_jid, preview};
+use crate::fields::{DEFAULT_QUEUE, new_jid, preview};
 
-pub use crate::job::MAX_CLASS_LEN;
+pub use crate::fields::MAX_CLASS_LEN;
 
 /// Numbers at or above this are milliseconds; below, seconds. (Seconds
 /// reach 1e11 in the year 5138; milliseconds passed 1e11 in 1973.)
