@@ -73,6 +73,8 @@ pub mod concurrent {
         });
     }
 
+    /// An async plugin's exports, pre-linked.
+    pub use generated::AsyncPluginPre;
     /// `activejob`, taking the store to find the calling job.
     pub use generated::wasmjobs::job::activejob;
     /// `async-http`: `send` with access to the store.
@@ -81,8 +83,6 @@ pub mod concurrent {
     pub use generated::wasmjobs::job::async_sql;
     /// `log`, taking the store to find the job that writes.
     pub use generated::wasmjobs::job::log;
-    /// The typed handle to an async plugin's exports, and its pre-linked form.
-    pub use generated::{AsyncPlugin, AsyncPluginPre};
 
     /// The world async plugins target, as shown to users.
     pub const WORLD: &str = "wasmjobs:job/async-plugin@0.1.0";

@@ -23,13 +23,13 @@
 //!
 //! Design notes for newcomers live in `docs/`.
 
-pub mod bindings;
+pub(crate) mod bindings;
 pub mod cli;
 pub mod cron;
 pub mod host;
 pub mod job;
 pub mod metrics;
-pub mod otel;
+pub(crate) mod otel;
 pub mod plugin;
 #[cfg(test)]
 mod proptest_config;
@@ -37,11 +37,11 @@ mod redact;
 pub mod redis;
 pub mod runner;
 pub mod sandbox;
-pub mod size;
+pub(crate) mod size;
 mod sql_text;
-pub mod telemetry;
+pub(crate) mod telemetry;
 pub mod time;
-pub mod web;
+pub(crate) mod web;
 
 /// The memory allocator the `wasmjobs` binary installs (mimalloc).
 ///

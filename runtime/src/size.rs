@@ -4,7 +4,7 @@
 use anyhow::Result;
 
 /// Parses a byte size such as `64MiB`, `512KiB`, `1GiB`, `100MB` or `65536`.
-pub fn parse_size(text: &str) -> Result<usize> {
+pub(crate) fn parse_size(text: &str) -> Result<usize> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
@@ -27,7 +27,7 @@ pub fn parse_size(text: &str) -> Result<usize> {
 }
 
 /// Bytes as MiB with one decimal, for messages.
-pub fn mib(bytes: usize) -> String {
+pub(crate) fn mib(bytes: usize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 

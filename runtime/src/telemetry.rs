@@ -36,7 +36,7 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. `default_filter` applies when `RUST_LOG`
 /// is unset.
-pub fn init(format: LogFormat, default_filter: &str) {
+pub(crate) fn init(format: LogFormat, default_filter: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     use std::io::IsTerminal;
     // Colours only for a person at a terminal, not for log files and shippers.
@@ -58,7 +58,7 @@ pub fn init(format: LogFormat, default_filter: &str) {
 /// Field names lose their terminal styling (italics) in exchange: the
 /// fields are formatted plain, then escaped as a whole.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct EscapedFields;
+pub(crate) struct EscapedFields;
 
 impl<'writer> FormatFields<'writer> for EscapedFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
@@ -73,7 +73,7 @@ impl<'writer> FormatFields<'writer> for EscapedFields {
 /// control characters (C0, DEL, C1 such as `NEL`), the Unicode line and
 /// paragraph separators and the bidirectional overrides as `\u{..}`.
 /// Everything else, backslashes included, is left as is.
-pub fn escape_control(text: &str) -> Cow<'_, str> {
+pub(crate) fn escape_control(text: &str) -> Cow<'_, str> {
     if !text.chars().any(needs_escape) {
         return Cow::Borrowed(text);
     }

@@ -116,13 +116,13 @@ struct SinkState {
     captured_bytes: usize,
     stderr_tail: String,
     budget: LogBudget,
-    used: Tally,
-    dropped: Tally,
+    used: Volume,
+    dropped: Volume,
 }
 
 /// Lines and bytes.
 #[derive(Debug, Clone, Copy, Default)]
-struct Tally {
+struct Volume {
     lines: u64,
     bytes: u64,
 }

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::process::ProcessSnapshot;
-use super::{ClassStats, Metrics, Percentiles};
+use super::{ClassStats, Metrics, Percentiles, Tally};
 
 /// Histogram bucket bounds, seconds: 100 µs to 5 min.
 const BUCKETS: [f64; 19] = [
@@ -30,15 +30,14 @@ pub fn prometheus(metrics: &Metrics) -> String {
         "Jobs finished, by class, plugin version and outcome.",
     );
     for ((class, version), stats) in &snapshot {
-        let success = stats.processed - stats.failed - stats.discarded - stats.cancelled;
-        let dropped = stats.failed - stats.retried - stats.dead;
+        let jobs = &stats.jobs;
         for (outcome, count) in [
-            ("success", success),
-            ("retry", stats.retried),
-            ("dead", stats.dead),
-            ("discard", stats.discarded),
-            ("drop", dropped),
-            ("cancelled", stats.cancelled),
+            ("success", jobs.succeeded()),
+            ("retry", jobs.retried),
+            ("dead", jobs.dead),
+            ("discard", jobs.discarded),
+            ("drop", jobs.dropped()),
+            ("cancelled", jobs.cancelled),
         ] {
             let _ = writeln!(
                 out,
@@ -300,16 +299,9 @@ pub struct ClassReport {
     pub class: String,
     /// Plugin version id ("" when no plugin ran the jobs).
     pub version: String,
-    /// Jobs finished.
-    pub processed: u64,
-    /// Failed (retry, dead or dropped).
-    pub failed: u64,
-    /// Scheduled for retry.
-    pub retried: u64,
-    /// Sent to the dead set.
-    pub dead: u64,
-    /// Discarded by the guest.
-    pub discarded: u64,
+    /// How its jobs ended.
+    #[serde(flatten)]
+    pub jobs: Tally,
     /// Queue latency, ms.
     pub queue_latency_ms: Percentiles,
     /// Execution time, ms.
@@ -322,11 +314,7 @@ impl ClassReport {
         Self {
             class: class.to_owned(),
             version: version.to_owned(),
-            processed: stats.processed,
-            failed: stats.failed,
-            retried: stats.retried,
-            dead: stats.dead,
-            discarded: stats.discarded,
+            jobs: stats.jobs,
             queue_latency_ms: ClassStats::percentiles_ms(&stats.queue_latency),
             execution_ms: ClassStats::percentiles_ms(&stats.execution),
         }

@@ -20,6 +20,7 @@ pub mod limited;
 pub mod process;
 pub mod published;
 pub mod server;
+pub mod tally;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -31,29 +32,13 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 pub use process::{ProcessGauges, ProcessSampler};
+pub use tally::{Counted, Tally};
 
 /// Largest value a histogram holds, in microseconds (one hour); longer
 /// values are recorded as one hour.
 const MAX_MICROS: u64 = 3_600_000_000;
 /// Significant decimal digits kept: 1% resolution, ~32 KB per histogram.
 const SIGFIG: u8 = 2;
-
-/// How a job ended, as counted per class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counted {
-    /// Acked.
-    Success,
-    /// Failed, scheduled for a retry.
-    Retry,
-    /// Failed, sent to the dead set.
-    Dead,
-    /// Discarded at the guest's request.
-    Discard,
-    /// Failed with `retry: false`: gone.
-    Drop,
-    /// Cancelled before or while it ran.
-    Cancelled,
-}
 
 /// One finished job, as recorded.
 #[derive(Debug, Clone, Copy)]
@@ -73,18 +58,8 @@ pub struct JobRecord<'a> {
 /// Counts and histograms of one class × version.
 #[derive(Debug, Clone)]
 pub struct ClassStats {
-    /// Jobs finished (Sidekiq's "processed").
-    pub processed: u64,
-    /// Of those, failed (retry, dead or dropped).
-    pub failed: u64,
-    /// Failures scheduled for a retry.
-    pub retried: u64,
-    /// Sent to the dead set.
-    pub dead: u64,
-    /// Discarded by their guest.
-    pub discarded: u64,
-    /// Cancelled.
-    pub cancelled: u64,
+    /// How its jobs ended.
+    pub jobs: Tally,
     /// Queue latency, microseconds.
     pub queue_latency: Histogram<u64>,
     /// Sum of the queue latencies, microseconds (for Prometheus `_sum`).
@@ -98,12 +73,7 @@ pub struct ClassStats {
 impl ClassStats {
     fn new() -> Self {
         Self {
-            processed: 0,
-            failed: 0,
-            retried: 0,
-            dead: 0,
-            discarded: 0,
-            cancelled: 0,
+            jobs: Tally::default(),
             queue_latency: histogram(),
             queue_latency_sum: 0,
             execution: histogram(),
@@ -112,21 +82,7 @@ impl ClassStats {
     }
 
     fn record(&mut self, job: &JobRecord<'_>) {
-        self.processed += 1;
-        match job.outcome {
-            Counted::Success => {}
-            Counted::Retry => {
-                self.failed += 1;
-                self.retried += 1;
-            }
-            Counted::Dead => {
-                self.failed += 1;
-                self.dead += 1;
-            }
-            Counted::Drop => self.failed += 1,
-            Counted::Discard => self.discarded += 1,
-            Counted::Cancelled => self.cancelled += 1,
-        }
+        self.jobs.count(job.outcome);
         if let Some(latency) = job.queue_latency {
             let us = micros(latency);
             self.queue_latency.saturating_record(us);
@@ -140,12 +96,7 @@ impl ClassStats {
     }
 
     fn merge(&mut self, other: &ClassStats) {
-        self.processed += other.processed;
-        self.failed += other.failed;
-        self.retried += other.retried;
-        self.dead += other.dead;
-        self.discarded += other.discarded;
-        self.cancelled += other.cancelled;
+        self.jobs.merge(&other.jobs);
         // Same bounds on both sides: adding cannot fail.
         let _ = self.queue_latency.add(&other.queue_latency);
         let _ = self.execution.add(&other.execution);
@@ -323,10 +274,10 @@ mod tests {
             thread.join().expect("recording thread");
         }
         let classes = metrics.by_class();
-        assert_eq!(classes["Fast"].processed, 8_000);
-        assert_eq!(classes["Slow"].processed, 800);
-        assert_eq!(classes["Slow"].retried, 800);
-        assert_eq!(classes["Slow"].failed, 800);
+        assert_eq!(classes["Fast"].jobs.processed, 8_000);
+        assert_eq!(classes["Slow"].jobs.processed, 800);
+        assert_eq!(classes["Slow"].jobs.retried, 800);
+        assert_eq!(classes["Slow"].jobs.failed, 800);
         let slow = ClassStats::percentiles_ms(&classes["Slow"].execution);
         assert!((198.0..=202.0).contains(&slow.p50), "{slow:?}");
         assert_eq!(slow.count, 800);

@@ -39,7 +39,7 @@ mod carrier;
 pub(crate) mod export;
 pub(crate) mod host;
 pub(crate) mod job;
-pub mod settings;
+pub(crate) mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +53,7 @@ use opentelemetry_sdk::trace::{BatchConfigBuilder, Sampler, SdkTracer, SdkTracer
 
 pub(crate) use host::{HostSpan, JobTrace};
 pub(crate) use job::JobSpan;
-pub use settings::{OtelArgs, Settings};
+pub(crate) use settings::{OtelArgs, Settings};
 
 /// Spans queued for export at most (`OTEL_BSP_MAX_QUEUE_SIZE` overrides).
 const QUEUE: usize = 16_384;

@@ -30,7 +30,7 @@ use super::payload::{Payload, epoch_secs};
 
 /// Counters, set sizes, queues and live processes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Jobs processed (Sidekiq counts failures as processed too).
     pub processed: u64,
     /// Jobs that failed.
@@ -64,7 +64,7 @@ pub struct Stats {
 
 /// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ControlStats {
+pub(crate) struct ControlStats {
     /// Queues in the `paused` set (Sidekiq Pro's), sorted.
     pub paused: Vec<String>,
     /// Jobs cancelled in all.
@@ -75,7 +75,7 @@ pub struct ControlStats {
 
 /// Most keys the count of unique locks looks at (`SCAN … COUNT 1000`, so
 /// at most 100 round trips); past it the count is a lower bound.
-pub const MAX_SCANNED_KEYS: u64 = 100_000;
+pub(crate) const MAX_SCANNED_KEYS: u64 = 100_000;
 
 /// The oldest job of a queue is read whole up to this size, for its
 /// `enqueued_at`; a larger one only by its ends (where Sidekiq writes it).
@@ -83,11 +83,11 @@ const MAX_OLDEST_BYTES: usize = 64 << 10;
 
 /// A heartbeat field longer than this is not read (Sidekiq's `info` is a
 /// few hundred bytes).
-pub const MAX_HEARTBEAT_FIELD_BYTES: usize = 64 << 10;
+pub(crate) const MAX_HEARTBEAT_FIELD_BYTES: usize = 64 << 10;
 
 /// One queue.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     /// The queue name (without `queue:`).
     pub name: String,
     /// Jobs waiting.
@@ -171,7 +171,7 @@ impl Damage {
 /// A key of another type (or a member that is not one of ours) is counted
 /// as empty and listed in [`Stats::unreadable`]; a queue's oldest job is
 /// never read whole beyond [`MAX_OLDEST_BYTES`].
-pub async fn stats<C>(conn: &mut C) -> Result<Stats>
+pub(crate) async fn stats<C>(conn: &mut C) -> Result<Stats>
 where
     C: ConnectionLike + Send,
 {
@@ -296,7 +296,7 @@ fn enqueued_at(job: &Bytes) -> Option<f64> {
 /// capacity. Cheaper than [`stats`]: no queue latencies, no control
 /// counters, no SCAN of unique locks; three round trips.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Overview {
+pub(crate) struct Overview {
     /// `stat:processed`.
     pub processed: u64,
     /// `stat:failed`.
@@ -318,7 +318,7 @@ pub struct Overview {
 }
 
 /// Reads the [`Overview`]; keys of another type count as empty.
-pub async fn overview<C>(conn: &mut C) -> Result<Overview>
+pub(crate) async fn overview<C>(conn: &mut C) -> Result<Overview>
 where
     C: ConnectionLike + Send,
 {
@@ -374,7 +374,7 @@ where
 
 /// The live processes alone (what `wasmjobs enqueue` checks), in two
 /// round trips, pruned as [`stats`] prunes them.
-pub async fn processes<C>(conn: &mut C) -> Result<Vec<ProcessInfo>>
+pub(crate) async fn processes<C>(conn: &mut C) -> Result<Vec<ProcessInfo>>
 where
     C: ConnectionLike + Send,
 {
@@ -383,7 +383,7 @@ where
 
 /// The live processes, and the members of `processes` that are not
 /// heartbeat hashes (keys of another type), in two round trips.
-pub async fn process_records<C>(conn: &mut C) -> Result<(Vec<ProcessInfo>, Vec<Unreadable>)>
+pub(crate) async fn process_records<C>(conn: &mut C) -> Result<(Vec<ProcessInfo>, Vec<Unreadable>)>
 where
     C: ConnectionLike + Send,
 {
@@ -505,7 +505,7 @@ where
 
 /// Whether queue `name` is paused, and why that could not be read when
 /// `paused` is not a set (then: not paused).
-pub async fn is_paused<C>(conn: &mut C, name: &str) -> Result<(bool, Option<Unreadable>)>
+pub(crate) async fn is_paused<C>(conn: &mut C, name: &str) -> Result<(bool, Option<Unreadable>)>
 where
     C: ConnectionLike + Send,
 {

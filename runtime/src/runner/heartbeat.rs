@@ -440,10 +440,8 @@ impl Heartbeat {
     /// publication to the current minute's counters in `pipe`; returns the
     /// totals to remember once `pipe` succeeded.
     fn publish_counts(&self, pipe: &mut redis::Pipeline) -> (u64, u64) {
-        let now = (
-            self.counters.processed.load(Ordering::Relaxed),
-            self.counters.failed.load(Ordering::Relaxed),
-        );
+        let jobs = self.counters.jobs();
+        let now = (jobs.processed, jobs.failed);
         let before = *lock(&self.counted);
         history::stage_minute(
             pipe,

@@ -20,20 +20,21 @@ use rand::Rng;
 use serde_json::Value;
 
 use crate::job::{Outcome, cap_error};
+use crate::metrics::Counted;
 use crate::redis::payload::{Payload, RetryPolicy};
 
 /// `error_class` of a job retried because no plugin served its class.
-pub const NO_PLUGIN: &str = "wasmjobs::NoPlugin";
+pub(crate) const NO_PLUGIN: &str = "wasmjobs::NoPlugin";
 
 /// Payload key naming the plugin version ("name@version") whose run failed.
-pub const ERROR_PLUGIN: &str = "error_plugin";
+pub(crate) const ERROR_PLUGIN: &str = "error_plugin";
 
 /// Sidekiq's default number of retries.
-pub const DEFAULT_MAX_RETRIES: u64 = 25;
+pub(crate) const DEFAULT_MAX_RETRIES: u64 = 25;
 
 /// What to write for one finished job.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Write {
+pub(crate) enum Write {
     /// Done: remove it.
     Ack,
     /// Dropped at the guest's request.
@@ -76,19 +77,34 @@ pub enum Write {
 
 impl Write {
     /// Whether the job failed (Sidekiq's `stat:failed`).
-    pub fn is_failure(&self) -> bool {
+    pub(crate) fn is_failure(&self) -> bool {
         matches!(self, Write::Retry { .. } | Write::Dead { .. } | Write::Drop)
     }
 
     /// Whether the job ran, or was decided (Sidekiq's `stat:processed`):
     /// all but a reschedule and a hand-back.
-    pub fn is_processed(&self) -> bool {
-        !matches!(self, Write::Reschedule { .. } | Write::HandBack)
+    pub(crate) fn is_processed(&self) -> bool {
+        self.counted().is_some()
+    }
+
+    /// How this write counts in a [`Tally`](crate::metrics::Tally); none
+    /// for a job that did not run here (rescheduled by a cluster limit,
+    /// handed back to Ruby Sidekiq), which is counted apart.
+    pub(crate) fn counted(&self) -> Option<Counted> {
+        Some(match self {
+            Write::Ack => Counted::Success,
+            Write::Discard => Counted::Discard,
+            Write::Retry { .. } => Counted::Retry,
+            Write::Dead { .. } => Counted::Dead,
+            Write::Drop => Counted::Drop,
+            Write::Cancelled { .. } => Counted::Cancelled,
+            Write::Reschedule { .. } | Write::HandBack => return None,
+        })
     }
 }
 
 /// Decides what to write for `payload` given `outcome`, at time `now`.
-pub fn decide(payload: &Payload, outcome: &Outcome, now: f64) -> Write {
+pub(crate) fn decide(payload: &Payload, outcome: &Outcome, now: f64) -> Write {
     match outcome {
         Outcome::Success => Write::Ack,
         Outcome::Discard(_) => Write::Discard,
@@ -134,7 +150,7 @@ fn retry_or(failed: Payload, count: u64, max: u64, now: f64, exhausted: fn(Paylo
 /// retries remain (at the usual backoff), else the dead set, even with
 /// `retry: false` or `dead: false`: it never ran, so dropping it would lose
 /// it.
-pub fn unserved(payload: &Payload, message: &str, now: f64) -> Write {
+pub(crate) fn unserved(payload: &Payload, message: &str, now: f64) -> Write {
     let mut failed = payload.clone();
     failed.remove(ERROR_PLUGIN);
     let count = record_failure(&mut failed, NO_PLUGIN, message, now);
@@ -174,7 +190,7 @@ fn record_failure(payload: &mut Payload, class: &str, message: &str, now: f64) -
 }
 
 /// Sidekiq's backoff for retry number `count` (0-based), in seconds.
-pub fn delay_secs(count: u64) -> f64 {
+pub(crate) fn delay_secs(count: u64) -> f64 {
     let count = count.min(1_000);
     let jitter = rand::rng().random_range(0..10 * (count + 1));
     (count.pow(4) + 15 + jitter) as f64

@@ -299,12 +299,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     redis.close().await?;
 
     let summary = RunSummary {
-        processed: counters.processed.load(Ordering::Relaxed),
-        failed: counters.failed.load(Ordering::Relaxed),
-        retried: counters.retried.load(Ordering::Relaxed),
-        dead: counters.dead.load(Ordering::Relaxed),
-        discarded: counters.discarded.load(Ordering::Relaxed),
-        cancelled: counters.cancelled.load(Ordering::Relaxed),
+        jobs: counters.jobs(),
         requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
         rescheduled: counters.rescheduled.load(Ordering::Relaxed),
         ..RunSummary::default()
@@ -312,7 +307,11 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     .with_clock(&clock)
     .with_busy(inflight.busy())
     .with_metrics(&metrics);
-    tracing::info!(processed = summary.processed, failed = summary.failed, "stopped");
+    tracing::info!(
+        processed = summary.jobs.processed,
+        failed = summary.jobs.failed,
+        "stopped"
+    );
     Ok(summary)
 }
 

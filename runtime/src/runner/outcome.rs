@@ -20,8 +20,8 @@
 //! `/metrics` counts failed attempts (`wasmjobs_outcome_write_failures_total`)
 //! and shows the outcomes not written yet (`wasmjobs_outcomes_pending`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -30,7 +30,7 @@ use super::fetched::{Completion, CompletionSender, Finish};
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
 use super::source::JobSource;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Tally};
 
 /// Most completions written per transaction.
 pub(crate) const MAX_BATCH: usize = 1_000;
@@ -41,49 +41,39 @@ pub(crate) const LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Process-local tallies, for the heartbeat, logs and the run summary.
 #[derive(Debug, Default)]
-pub struct Counters {
-    /// Jobs whose outcome was written (Sidekiq's "processed": every job run).
-    pub processed: AtomicU64,
-    /// Jobs that failed (retry, dead or dropped).
-    pub failed: AtomicU64,
-    /// Failures scheduled for a retry.
-    pub retried: AtomicU64,
-    /// Jobs sent to the dead set.
-    pub dead: AtomicU64,
-    /// Jobs discarded at the guest's request.
-    pub discarded: AtomicU64,
+pub(crate) struct Counters {
+    /// How the jobs whose outcome was written ended.
+    jobs: Mutex<Tally>,
     /// Jobs stopped at a shutdown deadline and sent back to their queues.
     pub requeued: AtomicU64,
     /// Jobs over a cluster limit, sent back to `schedule` without running
     /// (not processed, not failed).
     pub rescheduled: AtomicU64,
-    /// Jobs cancelled (`wasmjobs cancel`) before or while they ran.
-    pub cancelled: AtomicU64,
 }
 
 impl Counters {
+    /// How the jobs whose outcome was written so far ended.
+    pub(crate) fn jobs(&self) -> Tally {
+        *self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn add(&self, batch: &[Completion]) {
-        let writes = || {
-            batch.iter().filter_map(|c| match &c.finish {
-                Finish::Outcome(write) => Some(write),
-                Finish::Requeue => None,
-            })
-        };
-        let count = |f: fn(&Write) -> bool| writes().filter(|w| f(w)).count() as u64;
-        self.processed.fetch_add(count(Write::is_processed), Ordering::Relaxed);
-        self.requeued
-            .fetch_add((batch.len() - writes().count()) as u64, Ordering::Relaxed);
-        self.failed.fetch_add(count(Write::is_failure), Ordering::Relaxed);
-        self.retried
-            .fetch_add(count(|w| matches!(w, Write::Retry { .. })), Ordering::Relaxed);
-        self.dead
-            .fetch_add(count(|w| matches!(w, Write::Dead { .. })), Ordering::Relaxed);
-        self.discarded
-            .fetch_add(count(|w| matches!(w, Write::Discard)), Ordering::Relaxed);
-        self.rescheduled
-            .fetch_add(count(|w| matches!(w, Write::Reschedule { .. })), Ordering::Relaxed);
-        self.cancelled
-            .fetch_add(count(|w| matches!(w, Write::Cancelled { .. })), Ordering::Relaxed);
+        let mut requeued = 0;
+        let mut rescheduled = 0;
+        let mut jobs = Tally::default();
+        for completion in batch {
+            match &completion.finish {
+                Finish::Requeue => requeued += 1,
+                Finish::Outcome(write) => match write.counted() {
+                    Some(counted) => jobs.count(counted),
+                    None if matches!(write, Write::Reschedule { .. }) => rescheduled += 1,
+                    None => {}
+                },
+            }
+        }
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner).merge(&jobs);
+        self.requeued.fetch_add(requeued, Ordering::Relaxed);
+        self.rescheduled.fetch_add(rescheduled, Ordering::Relaxed);
     }
 }
 

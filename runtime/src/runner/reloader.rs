@@ -50,14 +50,14 @@ use crate::plugin::{Catalog, CompileCache, MANIFEST_FILE};
 use crate::sandbox::Executor;
 
 /// The catalog every job looks its plugin up in; swapped on reload.
-pub type LiveCatalog = Arc<ArcSwap<Catalog>>;
+pub(crate) type LiveCatalog = Arc<ArcSwap<Catalog>>;
 
 /// Quiet time after a change that completes a file (rename, close after
 /// write, removal) before the plugin is rescanned: lets a component and its
 /// manifest renamed together land in one reload.
-pub const SETTLE_DONE: Duration = Duration::from_millis(50);
+pub(crate) const SETTLE_DONE: Duration = Duration::from_millis(50);
 /// Quiet time after a write to a file still open for writing.
-pub const SETTLE_WRITING: Duration = Duration::from_secs(1);
+pub(crate) const SETTLE_WRITING: Duration = Duration::from_secs(1);
 
 /// What woke the reload loop.
 enum Next {
@@ -68,7 +68,7 @@ enum Next {
 }
 
 /// Watches `dir` and keeps `live` current.
-pub struct Reloader {
+pub(crate) struct Reloader {
     dir: PathBuf,
     executor: Arc<Executor>,
     cache: CompileCache,
@@ -84,7 +84,7 @@ impl Reloader {
     /// relative `dir` is made absolute (against the current directory, as
     /// the catalog does): the watcher reports absolute paths, and a
     /// relative one would match none of them.
-    pub fn new(dir: PathBuf, executor: Arc<Executor>, cache: CompileCache, live: LiveCatalog) -> Self {
+    pub(crate) fn new(dir: PathBuf, executor: Arc<Executor>, cache: CompileCache, live: LiveCatalog) -> Self {
         let dir = absolute_dir(&dir).unwrap_or(dir);
         Self {
             dir,
@@ -99,14 +99,14 @@ impl Reloader {
     }
 
     /// Counts reloads by outcome in `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     /// Sends the classes a reload starts serving (that no plugin served
     /// before) to `served`, so jobs waiting for them can be released.
-    pub fn on_new_classes(mut self, served: mpsc::UnboundedSender<Vec<String>>) -> Self {
+    pub(crate) fn on_new_classes(mut self, served: mpsc::UnboundedSender<Vec<String>>) -> Self {
         self.served = Some(served);
         self
     }
@@ -128,7 +128,7 @@ impl Reloader {
     /// Watches until `stop`. Without a working watcher (e.g. the
     /// inotify watch limit is reached) it logs why and still rescans on
     /// `SIGHUP`.
-    pub async fn run(self, stop: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn run(self, stop: tokio_util::sync::CancellationToken) {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let mut watcher = match notify::recommended_watcher(move |event| {
             let _ = events_tx.send(event);
@@ -470,6 +470,6 @@ fn last_change(root: &Path) -> Option<SystemTime> {
 }
 
 /// Loads the catalog for `run`: [`Catalog::load`] wrapped for swapping.
-pub fn live(catalog: Catalog) -> LiveCatalog {
+pub(crate) fn live(catalog: Catalog) -> LiveCatalog {
     Arc::new(ArcSwap::from_pointee(catalog))
 }

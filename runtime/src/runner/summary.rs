@@ -20,24 +20,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::metrics::Metrics;
 use crate::metrics::exposition::ClassReport;
+use crate::metrics::{Metrics, Tally};
 
 /// What a run did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunSummary {
-    /// Jobs whose outcome was recorded.
-    pub processed: u64,
-    /// Of those, failures.
-    pub failed: u64,
-    /// Failures scheduled for retry.
-    pub retried: u64,
-    /// Jobs sent to the dead set.
-    pub dead: u64,
-    /// Jobs discarded by their guest.
-    pub discarded: u64,
-    /// Jobs cancelled before or while they ran.
-    pub cancelled: u64,
+    /// How the jobs whose outcome was recorded ended.
+    #[serde(flatten)]
+    pub jobs: Tally,
     /// Jobs pushed back to their queue at shutdown.
     pub requeued: u64,
     /// Jobs over a cluster limit, rescheduled without running
@@ -129,7 +120,7 @@ impl RunSummary {
     pub(crate) fn with_busy(mut self, busy: Option<Duration>) -> Self {
         self.busy = busy;
         self.busy_jobs_per_sec = match busy {
-            Some(busy) if !busy.is_zero() => self.processed as f64 / busy.as_secs_f64(),
+            Some(busy) if !busy.is_zero() => self.jobs.processed as f64 / busy.as_secs_f64(),
             _ => 0.0,
         };
         self
@@ -140,7 +131,7 @@ impl RunSummary {
         metrics.process.sample_memory_and_cpu();
         let process = metrics.process.snapshot();
         let wall = self.wall.as_secs_f64().max(1e-9);
-        self.jobs_per_sec = self.processed as f64 / wall;
+        self.jobs_per_sec = self.jobs.processed as f64 / wall;
         self.start_rss_kb = process.start_rss_kb;
         self.peak_rss_kb = process.peak_rss_kb;
         self.finish_rss_kb = process.rss_kb;
@@ -159,7 +150,7 @@ impl RunSummary {
         // Rates only over the busy window: a run that sat idle for minutes
         // did not run at a fraction of its speed.
         let rate = match self.busy {
-            Some(busy) if self.processed > 0 => format!(
+            Some(busy) if self.jobs.processed > 0 => format!(
                 "busy {} from the first job taken to the last outcome written: {} jobs/s",
                 seconds(busy),
                 thousands(self.busy_jobs_per_sec.round() as u64)
@@ -169,7 +160,7 @@ impl RunSummary {
         let _ = writeln!(
             out,
             "Jobs     {} ({rate}); fetching for {}",
-            thousands(self.processed),
+            thousands(self.jobs.processed),
             seconds(self.wall)
         );
         let _ = writeln!(
@@ -189,7 +180,12 @@ impl RunSummary {
         let _ = writeln!(
             out,
             "failed {} (retry {}, dead {}), discarded {}, cancelled {}, requeued {}",
-            self.failed, self.retried, self.dead, self.discarded, self.cancelled, self.requeued
+            self.jobs.failed,
+            self.jobs.retried,
+            self.jobs.dead,
+            self.jobs.discarded,
+            self.jobs.cancelled,
+            self.requeued
         );
         if self.rescheduled > 0 {
             let _ = writeln!(out, "rescheduled {} (over a cluster limit, not run)", self.rescheduled);
@@ -208,8 +204,8 @@ impl RunSummary {
                 out,
                 "{:<width$} {:>9} {:>7} {:>11} {:>11} {:>11} {:>11}",
                 class.class,
-                group(class.processed),
-                group(class.failed),
+                group(class.jobs.processed),
+                group(class.jobs.failed),
                 ms(class.queue_latency_ms.count, class.queue_latency_ms.p50),
                 ms(class.queue_latency_ms.count, class.queue_latency_ms.p99),
                 ms(class.execution_ms.count, class.execution_ms.p50),
@@ -295,7 +291,10 @@ mod tests {
             execution: Some(Duration::from_micros(9)),
         });
         let summary = RunSummary {
-            processed: 1_234_567,
+            jobs: Tally {
+                processed: 1_234_567,
+                ..Tally::default()
+            },
             startup: Duration::from_millis(2_500),
             wall: Duration::from_secs(10),
             ..RunSummary::default()
@@ -356,7 +355,10 @@ mod tests {
         };
         let startup = clock.fetching();
         let summary = RunSummary {
-            processed: 10,
+            jobs: Tally {
+                processed: 10,
+                ..Tally::default()
+            },
             ..RunSummary::default()
         }
         .with_clock(&clock);

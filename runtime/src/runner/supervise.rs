@@ -46,7 +46,7 @@ pub(crate) type Loop = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(crate) type Maker = Box<dyn Fn() -> Loop + Send + Sync>;
 
 /// Called with a service's name at the start of each of its runs.
-pub type FaultHook = fn(&'static str);
+pub(crate) type FaultHook = fn(&'static str);
 
 static FAULT_HOOK: OnceLock<FaultHook> = OnceLock::new();
 

@@ -206,10 +206,7 @@ async fn outcomes_refused_by_the_store_are_retried_until_written_and_none_is_los
     source.refuse_records.store(3, Ordering::Release);
     let core = Core::start(source, 4);
     let (source, counters) = (core.source.clone(), core.counters.clone());
-    until("every outcome is written", || {
-        counters.processed.load(Ordering::Relaxed) == 20
-    })
-    .await;
+    until("every outcome is written", || counters.jobs().processed == 20).await;
     assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
     let state = source.state();
     assert_eq!(state.recorded.len(), 20, "each outcome written once");

@@ -44,7 +44,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use wasmtime::component::TypedFunc;
 use wasmtime::{Store, WasmBacktrace};
 
-use super::failure::{Counted, describe_trap};
+use super::failure::{Occupancy, describe_trap};
 use super::state::JobState;
 use super::warm::Instances;
 use crate::bindings::concurrent::AsyncPluginPre;
@@ -279,7 +279,7 @@ async fn drive(
         reuse,
         idle_timeout,
     } = spec;
-    let _alive = Counted::new(&counters.concurrent);
+    let _alive = Occupancy::new(&counters.concurrent);
     let running = Arc::new(Mutex::new(Running::default()));
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|state| &mut state.limiter);

@@ -40,7 +40,7 @@ use wasmtime::{Engine, Store, WasmBacktrace};
 
 use super::concurrent::{Finished, LaneSpec};
 use super::engine::{self, EngineConfig, Limits, TICK};
-use super::failure::{Counted, describe_trap, with_files_note, with_notes};
+use super::failure::{Occupancy, describe_trap, with_files_note, with_notes};
 use super::loaded::{Loaded, Prepared};
 use super::state::JobState;
 use super::warm::{Instances, Warm};
@@ -512,7 +512,7 @@ impl Executor {
                 idle_timeout: policy.idle_timeout,
             })
         };
-        let _counted = Counted::new(&self.instances.concurrent_jobs);
+        let _occupied = Occupancy::new(&self.instances.concurrent_jobs);
         let (finished, reused) = plugin
             .lanes
             .run(job.to_wit(), scope, timeout, concurrent, reuse, spawn)

@@ -1,7 +1,7 @@
 //! How a job's failure is described: what stopped the guest
 //! ([`describe_trap`]) and the notes a failure gets for what the guest
 //! could not see (refused disk writes, denied HTTP requests, files outside
-//! its grants); and [`Counted`], the in-flight counter every way of
+//! its grants); and [`Occupancy`], the in-flight counter every way of
 //! running a job keeps. Shared by the fresh-instance executor and the
 //! concurrent lanes.
 
@@ -15,16 +15,16 @@ use crate::job::Outcome;
 use crate::size::mib;
 
 /// Counts one in `counter` while alive.
-pub(crate) struct Counted<'a>(&'a AtomicUsize);
+pub(crate) struct Occupancy<'a>(&'a AtomicUsize);
 
-impl<'a> Counted<'a> {
+impl<'a> Occupancy<'a> {
     pub(crate) fn new(counter: &'a AtomicUsize) -> Self {
         counter.fetch_add(1, Ordering::Relaxed);
         Self(counter)
     }
 }
 
-impl Drop for Counted<'_> {
+impl Drop for Occupancy<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

@@ -86,7 +86,7 @@ impl Access {
 
 /// How visitors prove who they are.
 #[derive(Clone, Default)]
-pub struct Credentials {
+pub(super) struct Credentials {
     token: Option<String>,
     basic: Option<(String, String)>,
 }
@@ -103,7 +103,7 @@ impl std::fmt::Debug for Credentials {
 impl Credentials {
     /// From `WASMJOBS_WEB_TOKEN`, `WASMJOBS_WEB_USER` and
     /// `WASMJOBS_WEB_PASSWORD` (empty values count as unset).
-    pub fn from_env() -> Result<Self> {
+    pub(super) fn from_env() -> Result<Self> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let token = var("WASMJOBS_WEB_TOKEN");
         let basic = match (var("WASMJOBS_WEB_USER"), var("WASMJOBS_WEB_PASSWORD")) {
@@ -120,12 +120,12 @@ impl Credentials {
     }
 
     /// Whether any credential is set.
-    pub fn any(&self) -> bool {
+    pub(super) fn any(&self) -> bool {
         self.token.is_some() || self.basic.is_some()
     }
 
     /// Refuses to serve `addr` to the network without credentials.
-    pub fn required_for(&self, addr: SocketAddr) -> Result<()> {
+    pub(super) fn required_for(&self, addr: SocketAddr) -> Result<()> {
         if !addr.ip().is_loopback() && !self.any() {
             bail!(
                 "refusing to serve the dashboard on {addr} without credentials: anyone who can reach it could \
@@ -175,7 +175,7 @@ fn digest(token: &str) -> String {
 
 /// The CSRF token of this request, for the page's forms.
 #[derive(Debug, Clone)]
-pub struct Csrf(pub String);
+pub(super) struct Csrf(pub String);
 
 /// Constant-time equality, lengths included: both sides are hashed
 /// first, so neither an early exit on the first differing byte nor one on

@@ -58,10 +58,10 @@ use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use auth::{Access, Credentials};
+pub(crate) use auth::Access;
 
 /// The default address of `wasmjobs web`.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:9494";
+pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9494";
 
 /// What every handler shares.
 pub(crate) struct Web {
@@ -103,7 +103,7 @@ impl IntoResponse for Failure {
 
 /// Binds `addr` (refusing a non-loopback address without credentials)
 /// and returns the dashboard, ready to serve until `stop`.
-pub async fn bind(
+pub(crate) async fn bind(
     addr: SocketAddr,
     redis: ConnectionManager,
     location: String,
@@ -131,7 +131,7 @@ pub async fn bind(
 }
 
 /// A bound dashboard: its listening socket and its routes.
-pub struct Dashboard {
+pub(crate) struct Dashboard {
     listener: Arc<TcpListener>,
     bound: SocketAddr,
     app: Router,
@@ -140,19 +140,19 @@ pub struct Dashboard {
 
 impl Dashboard {
     /// The address it listens on.
-    pub fn bound(&self) -> SocketAddr {
+    pub(crate) fn bound(&self) -> SocketAddr {
         self.bound
     }
 
     /// Serves until the stop ([`serve`]). Can be called again after it
     /// ended (the supervisor's restart): the socket stays bound meanwhile.
-    pub fn serve(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn serve(&self) -> impl Future<Output = ()> + Send + 'static {
         serve::serve(self.listener.clone(), self.app.clone(), self.stop.clone())
     }
 }
 
 /// The line that tells the user (and tests) where the dashboard is.
-pub fn announce(bound: SocketAddr) {
+pub(crate) fn announce(bound: SocketAddr) {
     tracing::info!("wasmjobs web: listening on http://{bound}");
     if !tracing::enabled!(tracing::Level::INFO) {
         eprintln!("wasmjobs web: listening on http://{bound}");
