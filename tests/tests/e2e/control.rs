@@ -19,10 +19,6 @@ use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::{TestRedis, command_calls};
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, jobs_in_progress, plugins, push, wait_processed};
 
-/// The bound the cancel promises: from the request written to the job
-/// recorded as cancelled by the process that ran it.
-const CANCEL_WITHIN: f64 = 0.1;
-
 /// Runs `wasmjobs COMMAND --redis URL ARGS...` from another directory.
 fn wasmjobs(redis: &TestRedis, command: &str, args: &[&str]) -> Output {
     let cwd = tempfile::tempdir().expect("tempdir");
@@ -71,9 +67,27 @@ async fn cancelled_entry(conn: &mut redis::aio::MultiplexedConnection, jid: &str
     }
 }
 
+/// Whether the process that stopped `jid` heard the cancel as a message on
+/// the control channel (its "job cancelled" line says `via=message`).
+fn assert_heard_by_message(logs: &str, jid: &str) {
+    let line = logs
+        .lines()
+        .find(|line| line.contains("job cancelled") && line.contains(jid))
+        .unwrap_or_else(|| panic!("no \"job cancelled\" line for {jid}:\n{logs}"));
+    assert!(line.contains("via=message"), "{line}");
+}
+
 /// Checks a job stopped while running: recorded by a process, with who
-/// and when, within [`CANCEL_WITHIN`] of the request; not retried, not dead.
-async fn assert_stopped_running(conn: &mut redis::aio::MultiplexedConnection, entry: &(Payload, f64), by: &str) {
+/// and when, heard on the control channel (what makes a cancel take
+/// milliseconds rather than the sweep's second; how long it took is
+/// printed, not bounded: a loaded machine stretches it); not retried, not
+/// dead.
+async fn assert_stopped_running(
+    conn: &mut redis::aio::MultiplexedConnection,
+    entry: &(Payload, f64),
+    by: &str,
+    logs: &str,
+) {
     let (payload, recorded) = entry;
     let from = payload.str("cancelled_from").unwrap_or_default();
     assert!(from.starts_with("process "), "{from}");
@@ -82,10 +96,7 @@ async fn assert_stopped_running(conn: &mut redis::aio::MultiplexedConnection, en
     let requested = payload.time("cancelled_at").expect("cancelled_at");
     let took = recorded - requested;
     eprintln!("cancel took {:.1} ms from the request to the record", took * 1000.0);
-    assert!(
-        took <= CANCEL_WITHIN,
-        "the job was recorded {took:.3} s after the cancel"
-    );
+    assert_heard_by_message(logs, payload.jid());
     assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0, "not retried");
     assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0, "not dead");
     assert_eq!(int(conn, "stat:failed").await, 0, "not a failure");
@@ -122,7 +133,8 @@ async fn a_spinning_job_is_stopped_from_another_shell_in_whichever_process_runs_
     assert!(text.contains("stopped while running"), "{text}");
 
     let entry = cancelled_entry(&mut conn, &jid, Duration::from_secs(5)).await;
-    assert_stopped_running(&mut conn, &entry, "ops-test").await;
+    let logs: String = runners.iter().map(Runner::log).collect();
+    assert_stopped_running(&mut conn, &entry, "ops-test", &logs).await;
     assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, 1);
     let counted: u64 = metrics
         .iter()
@@ -189,7 +201,7 @@ async fn a_job_waiting_on_a_server_that_never_answers_is_stopped_and_its_request
     let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
     assert!(output.status.success(), "{}", printed(&output));
     let entry = cancelled_entry(&mut conn, &jid, Duration::from_secs(5)).await;
-    assert_stopped_running(&mut conn, &entry, "ops-test").await;
+    assert_stopped_running(&mut conn, &entry, "ops-test", &runner.log()).await;
     eventually(
         Duration::from_secs(5),
         || "the connection to be closed".into(),
@@ -388,7 +400,8 @@ async fn cancelling_a_job_of_a_concurrent_instance_stops_it_and_retries_its_neig
     assert!(output.status.success(), "{}", printed(&output));
     let (entry, recorded) = cancelled_entry(&mut conn, &jids[0], Duration::from_secs(5)).await;
     let took = recorded - entry.time("cancelled_at").expect("cancelled_at");
-    assert!(took <= CANCEL_WITHIN, "recorded {took:.3} s after the cancel");
+    eprintln!("cancel took {:.1} ms from the request to the record", took * 1000.0);
+    assert_heard_by_message(&runner.log(), &jids[0]);
     // Its neighbour shared the instance: retried, naming why.
     let deadline = Instant::now() + Duration::from_secs(10);
     let retried = loop {
