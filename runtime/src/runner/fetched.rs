@@ -5,6 +5,7 @@
 use tokio::sync::mpsc;
 
 use super::job_retry::Write;
+use crate::redis::unique::Lock;
 
 /// A job taken from a queue, exactly as it was stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +112,9 @@ pub(crate) struct Completion {
     pub(crate) id: u64,
     /// The job exactly as fetched.
     pub(crate) job: Fetched,
+    /// The unique lock its payload names, read once when it was parsed
+    /// (`runner::unit::TypedJob`); released with an outcome that ends it.
+    pub(crate) unique: Option<Lock>,
     /// What to write.
     pub(crate) finish: Finish,
 }

@@ -4,7 +4,9 @@
 //! and its queue). When one starts, the manager wraps it in a
 //! [`UnitOfWork`]: the payload is parsed once into a [`TypedJob`] (the
 //! fields the sandbox needs, read without building the whole JSON map; the
-//! raw text is kept for the writes that need it), the job is listed in the
+//! raw text is kept for the writes that need it; the whole map is built at
+//! most once, if a write needs it; the unique lock it names is read once
+//! and travels with the outcome to the writer), the job is listed in the
 //! in-flight table, and the unit holds the way back to Redis. It ends in
 //! exactly one of two ways, after Sidekiq's `UnitOfWork`:
 //!
@@ -16,13 +18,14 @@
 //! Neither knows the fetch mode: what "ack" or "requeue" means in Redis is
 //! the job source's business ([`super::source`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::fetched::{Completion, CompletionSender, Fetched, Finish};
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
 use crate::job::Job;
 use crate::redis::payload::{self, Payload};
+use crate::redis::unique::{Lock, UniqueUntil};
 
 /// A fetched job, parsed once.
 #[derive(Debug)]
@@ -32,13 +35,24 @@ pub(crate) struct TypedJob {
     /// The job to run and its enqueue time (epoch seconds, 0 if unknown),
     /// or why the payload is not a job.
     pub(crate) parsed: Result<(Job, f64), String>,
+    /// The unique lock the payload names, and until when it is held (one
+    /// substring search for a payload without one).
+    pub(crate) unique: Option<(Lock, UniqueUntil)>,
+    /// The whole payload, parsed the first time a write needs it.
+    whole: OnceLock<Result<Payload, String>>,
 }
 
 impl TypedJob {
     /// Parses `fetched` (the fast path: only the fields a job needs).
     pub(crate) fn parse(fetched: Fetched) -> Self {
         let parsed = payload::job_from_raw(&fetched.raw);
-        Self { fetched, parsed }
+        let unique = Lock::from_payload(&fetched.raw);
+        Self {
+            fetched,
+            parsed,
+            unique,
+            whole: OnceLock::new(),
+        }
     }
 
     /// The job's class ("" for a payload that is not a job).
@@ -52,9 +66,10 @@ impl TypedJob {
     }
 
     /// The whole payload, to write a failure back into (the fast path read
-    /// only a few fields; a failure needs all of them kept).
+    /// only a few fields; a failure needs all of them kept). Parsed once;
+    /// each caller gets its own copy to change.
     pub(crate) fn payload(&self) -> Result<Payload, String> {
-        Payload::parse(&self.fetched.raw)
+        self.whole.get_or_init(|| Payload::parse(&self.fetched.raw)).clone()
     }
 
     /// The dead-set write for a payload that is not a valid job.
@@ -133,6 +148,7 @@ impl UnitOfWork {
         let completion = Completion {
             id: self.id,
             job: self.job.fetched,
+            unique: self.job.unique.map(|(lock, _)| lock),
             finish,
         };
         if self.writer.send(completion).await.is_err() {

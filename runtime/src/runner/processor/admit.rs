@@ -112,7 +112,7 @@ pub(super) async fn cluster_limits(
 
 /// `unique_until: "start"`: the job's lock is released as it starts.
 pub(super) async fn release_unique_lock(metrics: &Metrics, redis: &Redis, started: &Started<'_>) {
-    if unique::release_at_start(redis, &started.typed.fetched.raw, &started.job.jid).await {
+    if unique::release_at_start(redis, started.typed.unique.as_ref(), &started.job.jid).await {
         metrics.process.unique_locks_released.fetch_add(1, Ordering::Relaxed);
     }
 }

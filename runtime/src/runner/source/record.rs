@@ -75,7 +75,7 @@ pub(super) fn transaction(
             }
             Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
         }
-        unique::stage(&mut pipe, &job.raw, write);
+        unique::stage(&mut pipe, completion.unique.as_ref(), write);
         if write.is_failure() {
             failed += 1;
         }

@@ -9,7 +9,9 @@
 //! forged payload cannot delete anything else, and a lock that expired and
 //! was taken by a newer job is left alone.
 //!
-//! Payloads without the field cost one substring search and are not parsed.
+//! The lock is read from a payload once, when its unit of work parses it
+//! (`runner::unit::TypedJob`; a payload without the field costs one
+//! substring search), and travels with the job's outcome ([`Completion`]).
 
 use crate::redis::Redis;
 use crate::redis::unique::{Lock, UniqueUntil};
@@ -27,19 +29,15 @@ pub(crate) fn releases(write: &Write) -> bool {
     }
 }
 
-/// Adds the release of the lock `raw` (a fetched payload) holds to `pipe`,
-/// if `write` ends the job and the payload names a valid lock. Returns
-/// whether it did.
-pub(crate) fn stage(pipe: &mut redis::Pipeline, raw: &str, write: &Write) -> bool {
-    if !releases(write) {
-        return false;
-    }
-    match Lock::from_payload(raw) {
-        Some((lock, _)) => {
+/// Adds the release of the job's `lock` (if it names one) to `pipe`, if
+/// `write` ends the job. Returns whether it did.
+pub(crate) fn stage(pipe: &mut redis::Pipeline, lock: Option<&Lock>, write: &Write) -> bool {
+    match lock {
+        Some(lock) if releases(write) => {
             lock.stage_release(pipe);
             true
         }
-        None => false,
+        _ => false,
     }
 }
 
@@ -48,23 +46,21 @@ pub(crate) fn released(batch: &[Completion]) -> u64 {
     batch
         .iter()
         .filter(|c| match &c.finish {
-            Finish::Outcome(write) => releases(write) && Lock::from_payload(&c.job.raw).is_some(),
+            Finish::Outcome(write) => releases(write) && c.unique.is_some(),
             Finish::Requeue => false,
         })
         .count() as u64
 }
 
-/// `unique_until: "start"`: releases the lock of `raw` as the job starts,
-/// if it carries one and asks for that. Returns whether a release was
-/// sent; a failure is logged, and the lock then lives until it expires.
-pub(crate) async fn release_at_start(redis: &Redis, raw: &str, jid: &str) -> bool {
-    if !raw.contains("unique_until") {
-        return false;
+/// `unique_until: "start"`: releases the job's lock (`unique`, read from
+/// its payload) as it starts, if it has one and asks for that. Returns
+/// whether a release was sent; a failure is logged, and the lock then
+/// lives until it expires.
+pub(crate) async fn release_at_start(redis: &Redis, unique: Option<&(Lock, UniqueUntil)>, jid: &str) -> bool {
+    match unique {
+        Some((lock, UniqueUntil::Start)) => release_now(redis, lock, jid, "started").await,
+        _ => false,
     }
-    let Some((lock, UniqueUntil::Start)) = Lock::from_payload(raw) else {
-        return false;
-    };
-    release_now(redis, &lock, jid, "started").await
 }
 
 /// Releases the lock of `raw` now (a job that died outside the outcome
@@ -115,12 +111,14 @@ mod tests {
             .0
             .to_json();
         let plain = Payload::new("X", vec![], "default", 1.0).to_json();
+        let lock = |raw: &str| Lock::from_payload(raw).map(|(lock, _)| lock);
+        assert!(lock(&plain).is_none());
         let mut pipe = redis::pipe();
-        assert!(stage(&mut pipe, &job, &Write::Ack));
-        assert!(!stage(&mut pipe, &plain, &Write::Ack));
+        assert!(stage(&mut pipe, lock(&job).as_ref(), &Write::Ack));
+        assert!(!stage(&mut pipe, lock(&plain).as_ref(), &Write::Ack));
         assert!(!stage(
             &mut pipe,
-            &job,
+            lock(&job).as_ref(),
             &Write::Retry {
                 at: 1.0,
                 payload: job.clone()
