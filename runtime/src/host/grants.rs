@@ -55,22 +55,3 @@ pub struct SqlGrants {
     /// `limits.concurrency`: most connections of one database at once.
     pub concurrency: Option<usize>,
 }
-
-impl Grants {
-    /// No grants at all, for the plugin `plugin` described by `manifest`.
-    pub fn none(plugin: &str, manifest: PathBuf) -> Self {
-        Self {
-            plugin: plugin.to_owned(),
-            manifest,
-            env: Vec::new(),
-            files: Vec::new(),
-            handles: Handles::default(),
-            sql: SqlGrants::default(),
-            log: LogBudget::default(),
-            http_allow: Arc::default(),
-            http_stats: Arc::default(),
-            http_pools: Arc::default(),
-            disk: None,
-        }
-    }
-}
