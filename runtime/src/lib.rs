@@ -30,6 +30,7 @@ pub mod host;
 pub mod job;
 pub mod metrics;
 pub(crate) mod otel;
+pub mod pg;
 pub mod plugin;
 #[cfg(test)]
 mod proptest_config;

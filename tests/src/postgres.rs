@@ -179,8 +179,15 @@ impl TestPostgres {
     }
 }
 
-impl Drop for TestPostgres {
-    fn drop(&mut self) {
+impl TestPostgres {
+    /// Stops the server as a crash would (`immediate`: no checkpoint,
+    /// every connection cut) and starts it again on the same port and data.
+    pub fn restart(&mut self) {
+        self.stop_server();
+        self.spawn();
+    }
+
+    fn stop_server(&mut self) {
         let Some(mut child) = self.child.take() else { return };
         // `immediate`: nothing to keep, and the test is waiting.
         let stopped = self
@@ -249,4 +256,10 @@ fn server_user() -> Option<(u32, u32)> {
 fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        self.stop_server();
+    }
 }

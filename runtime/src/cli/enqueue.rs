@@ -16,6 +16,11 @@
 //! push the command reads the live processes and says so on stderr when no
 //! process that is not quiet listens on the queue (typically: the embedded
 //! Redis of a data directory no `wasmjobs run` uses).
+//!
+//! With `--source postgres://…` the jobs go into the PostgreSQL store
+//! instead, through `wasmjobs.enqueue` (the SQL function applications
+//! call), 1,000 per transaction; `--unique-key` is then unique while the
+//! job lives (`docs/postgres.md`).
 
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -43,6 +48,9 @@ const LATEST: f64 = 253_402_300_799.0;
 pub struct EnqueueArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// Enqueue into the PostgreSQL job store at URL instead of Redis.
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    pub jobs_source: Option<String>,
     /// The queue to push to.
     #[arg(long, short, default_value = crate::job::DEFAULT_QUEUE)]
     pub queue: String,
@@ -67,8 +75,9 @@ pub struct EnqueueArgs {
     /// duplicate exits with status 3.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=wasmjobs_client::job::MAX_UNIQUE_FOR.as_secs()))]
     pub unique_for: Option<u64>,
-    /// Unique on KEY instead of class, queue and args (needs --unique-for).
-    #[arg(long, value_name = "KEY", requires = "unique_for")]
+    /// Unique on KEY instead of class, queue and args (needs --unique-for;
+    /// with --source, the job holds KEY while it lives).
+    #[arg(long, value_name = "KEY")]
     pub unique_key: Option<String>,
     /// When the unique lock is released: `success` (the default: when the
     /// job succeeds, is discarded, dies or is dropped) or `start`.
@@ -94,8 +103,14 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
     let now = now_f64();
     let at = args.at.or(args.in_secs.map(|secs| now + secs)).filter(|at| *at > now);
 
-    if args.unique_for.is_some() && args.count > 1 {
-        bail!("--count cannot be used with --unique-for: only one of the copies could go in");
+    if (args.unique_for.is_some() || args.unique_key.is_some()) && args.count > 1 {
+        bail!("--count cannot be used with a unique job: only one of the copies could go in");
+    }
+    if let Some(url) = &args.jobs_source {
+        return postgres(args, url, &job_args, at, now).await;
+    }
+    if args.unique_key.is_some() && args.unique_for.is_none() {
+        bail!("--unique-key needs --unique-for SECS (on Redis a unique lock has a lifetime)");
     }
 
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
@@ -174,7 +189,67 @@ async fn finish(
         }
     };
     redis.close().await?;
+    println!("{}", summary(args, at, now, last_jid));
+    if let Some(warning) = warning {
+        eprintln!("{warning}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
+/// Jobs per transaction when enqueueing into PostgreSQL.
+const PG_BATCH: u64 = 1_000;
+
+/// `enqueue --source URL`: through `wasmjobs.enqueue`, as an application does.
+async fn postgres(args: &EnqueueArgs, url: &str, job_args: &[Value], at: Option<f64>, now: f64) -> Result<ExitCode> {
+    if args.unique_for.is_some() {
+        bail!(
+            "--unique-for: on PostgreSQL a job holds its --unique-key while it is queued, scheduled, retrying or running, with no lifetime: give --unique-key KEY alone"
+        );
+    }
+    if args.unique_until.is_some() {
+        bail!(
+            "--unique-until: on PostgreSQL the key is released when the job leaves the store (succeeds, dies or is cancelled)"
+        );
+    }
+    let pg = crate::pg::Pg::connect(url).await?;
+    let retry = args.retry.clone().unwrap_or(Value::Bool(true));
+    let job_args = Value::Array(job_args.to_vec());
+    let job = crate::pg::enqueue::NewJob {
+        class: &args.class,
+        args: &job_args,
+        queue: &args.queue,
+        run_at: at,
+        unique_key: args.unique_key.as_deref(),
+        retry: &retry,
+    };
+    let mut client = pg.client().await?;
+    let mut pushed = 0;
+    let mut last_jid = String::new();
+    while pushed < args.count {
+        let batch = PG_BATCH.min(args.count - pushed);
+        let tx = client.transaction().await.context("starting a transaction")?;
+        for _ in 0..batch {
+            match crate::pg::enqueue::enqueue(&*tx, &job).await? {
+                Some(jid) => last_jid = jid,
+                None => {
+                    let key = args.unique_key.as_deref().unwrap_or_default();
+                    eprintln!(
+                        "not enqueued: a {} job holding the unique key {key:?} is already queued, scheduled, retrying or running",
+                        args.class
+                    );
+                    return Ok(ExitCode::from(EXIT_DUPLICATE));
+                }
+            }
+        }
+        tx.commit().await.context("committing the enqueued jobs")?;
+        pushed += batch;
+    }
+    println!("{}", summary(args, at, now, &last_jid));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `enqueued job X on queue q (jid …)`, or `scheduled …`.
+fn summary(args: &EnqueueArgs, at: Option<f64>, now: f64, last_jid: &str) -> String {
     let jobs = if args.count == 1 {
         "job".to_owned()
     } else {
@@ -193,11 +268,7 @@ async fn finish(
     if args.count == 1 {
         line.push_str(&format!(" (jid {last_jid})"));
     }
-    println!("{line}");
-    if let Some(warning) = warning {
-        eprintln!("{warning}");
-    }
-    Ok(ExitCode::SUCCESS)
+    line
 }
 
 /// The message for an enqueue refused as a duplicate.

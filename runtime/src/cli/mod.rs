@@ -28,6 +28,7 @@ pub mod enqueue;
 pub mod env;
 pub mod exec;
 pub mod limits;
+pub mod migrate;
 pub mod new;
 pub mod pause;
 pub mod plugins;
@@ -86,8 +87,10 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// List the plugins in a directory and check each one.
     Plugins(plugins::PluginsArgs),
-    /// Push jobs into Redis, in Sidekiq's format.
+    /// Push jobs into Redis, in Sidekiq's format (or into PostgreSQL with --source).
     Enqueue(enqueue::EnqueueArgs),
+    /// Create or upgrade the PostgreSQL job store's schema (idempotent).
+    Migrate(migrate::MigrateArgs),
     /// Show queues, counters, live processes (of wasmjobs or Sidekiq) and cluster limits.
     Stats(stats::StatsArgs),
     /// Cancel jobs: take them out of their queue, schedule or retry set, or stop them where they run.
@@ -115,7 +118,7 @@ impl Command {
     fn redis(&self) -> Option<&RedisArgs> {
         match self {
             Command::Run(a) => Some(&a.redis),
-            Command::Enqueue(a) => Some(&a.redis),
+            Command::Enqueue(a) => a.jobs_source.is_none().then_some(&a.redis),
             Command::Stats(a) => Some(&a.redis),
             Command::Cancel(a) => Some(&a.redis),
             Command::Pause(a) | Command::Resume(a) => Some(&a.redis),
@@ -123,7 +126,7 @@ impl Command {
             Command::Schedule(a) => Some(&a.redis),
             Command::Web(a) => Some(&a.redis),
             Command::Env(a) => Some(&a.redis),
-            Command::Exec(_) | Command::Plugins(_) | Command::New(_) | Command::Build(_) => None,
+            Command::Exec(_) | Command::Plugins(_) | Command::New(_) | Command::Build(_) | Command::Migrate(_) => None,
         }
     }
 
@@ -133,6 +136,7 @@ impl Command {
         match self {
             Command::Run(_) | Command::Exec(_) | Command::Plugins(_) | Command::Build(_) => true,
             Command::Enqueue(_)
+            | Command::Migrate(_)
             | Command::Stats(_)
             | Command::Cancel(_)
             | Command::Pause(_)
@@ -293,6 +297,7 @@ pub fn main() -> ExitCode {
         Command::Run(_) => "info",
         Command::Plugins(_) | Command::Build(_) => "warn,wasmjobs::compile=info",
         Command::Enqueue(_)
+        | Command::Migrate(_)
         | Command::Stats(_)
         | Command::New(_)
         | Command::Cancel(_)
@@ -311,6 +316,7 @@ pub fn main() -> ExitCode {
         Command::Exec(args) => runtime().and_then(|rt| rt.block_on(exec::run(&cli, args))),
         Command::Plugins(args) => plugins::run(&cli, args),
         Command::Enqueue(args) => runtime().and_then(|rt| rt.block_on(enqueue::run(&cli, args))),
+        Command::Migrate(args) => runtime().and_then(|rt| rt.block_on(migrate::run(args))),
         Command::Stats(args) => runtime().and_then(|rt| rt.block_on(stats::run(&cli, args))),
         Command::Cancel(args) => runtime().and_then(|rt| rt.block_on(cancel::run(&cli, args))),
         Command::Pause(args) => runtime().and_then(|rt| rt.block_on(pause::run(&cli, args, true))),

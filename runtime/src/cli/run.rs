@@ -11,11 +11,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
 use super::{Cli, DbArgs, PluginSource, RedisArgs};
-use crate::runner::{self, DeadCaps, FetchMode, Queues, RunOptions};
+use crate::runner::{self, DeadCaps, FetchMode, Queues, RunOptions, Store};
 use crate::sandbox::Limits;
 use crate::sandbox::engine::KEEP_RESIDENT;
 use crate::size::parse_size;
@@ -27,6 +27,21 @@ pub struct RunArgs {
     pub source: PluginSource,
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// Keep jobs in PostgreSQL (postgres://…) instead of Redis: enqueued
+    /// inside the application's transactions (`wasmjobs.enqueue`). Run
+    /// `wasmjobs migrate --source URL` once first. Redis still holds the
+    /// heartbeat, counters, cancels, pauses and limits (docs/postgres.md).
+    #[arg(
+        long = "source",
+        env = "WASMJOBS_SOURCE",
+        value_name = "URL",
+        conflicts_with = "fetch"
+    )]
+    pub jobs_source: Option<String>,
+    /// Seconds a PostgreSQL claim holds a job unless renewed; renewed every
+    /// quarter of it, so a dead process's jobs run elsewhere within 1.25×.
+    #[arg(long, value_name = "SECS", default_value_t = runner::DEFAULT_LEASE.as_secs_f64(), requires = "jobs_source")]
+    pub lease: f64,
     #[command(flatten)]
     pub db: DbArgs,
     /// Queues to serve: `a,b` in strict order, or `a:3,b:1` weighted.
@@ -122,8 +137,22 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         None => None,
     };
     let tracing = crate::otel::Tracing::from_args(&args.otel)?;
+    let store = match &args.jobs_source {
+        None => Store::Redis,
+        Some(url) => {
+            let lease = seconds(args.lease, "--lease")?;
+            if lease < Duration::from_secs(1) {
+                bail!("--lease must be at least 1 second");
+            }
+            Store::Postgres {
+                pg: Box::new(crate::pg::Pg::connect(url).await?),
+                lease,
+            }
+        }
+    };
     let options = RunOptions {
         redis: args.redis.target(&cli.data_dir),
+        store,
         plugins: args.source.dir()?,
         data_dir: cli.data_dir.clone(),
         cache: args.source.cache(&cli.data_dir),

@@ -16,6 +16,8 @@ pub(crate) struct Fetched {
     pub(crate) queue: String,
     /// What the fetch found out about a cancel of this job.
     pub(crate) cancel: CancelMark,
+    /// Its row and claim, when it came from the PostgreSQL store.
+    pub(crate) receipt: Option<Receipt>,
 }
 
 impl Fetched {
@@ -25,8 +27,21 @@ impl Fetched {
             raw,
             queue,
             cancel: CancelMark::Unchecked,
+            receipt: None,
         }
     }
+}
+
+/// Which row of `wasmjobs.jobs` a job is, and which claim of it this
+/// process holds: its completion is written only if the row is still this
+/// claim's (the fencing token), so a process whose lease was taken over
+/// cannot write over the job's new holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Receipt {
+    /// `wasmjobs.jobs.id`.
+    pub(crate) row: i64,
+    /// `wasmjobs.jobs.claims` when this process claimed it.
+    pub(crate) claim: i32,
 }
 
 /// Whether a cancel was requested for a job when it was fetched, as the

@@ -50,6 +50,7 @@ use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
 use super::supervise;
+use super::unsupported::{refuse_schedules, refuse_unsupported};
 use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -67,7 +68,14 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
-    tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
+    match &options.store {
+        source::Store::Redis => {
+            tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
+        }
+        source::Store::Postgres { pg, lease } => {
+            tracing::info!(source = %pg.location, lease = ?lease, redis = %redis.location, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
+        }
+    }
 
     let (executor, catalog) = load_plugins(&options).await?;
     let catalog = reloader::live(catalog);
@@ -81,7 +89,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     if let Err(err) = neighbours.refresh(&redis).await {
         tracing::warn!("{err:#}; cannot tell yet whether a Ruby Sidekiq process shares our queues");
     }
+    refuse_unsupported(&options, &catalog.load())?;
     let source = source::open(
+        &options.store,
         redis.clone(),
         Settings {
             mode: options.fetch,
@@ -173,6 +183,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let served = Arc::new(tokio::sync::Mutex::new(served));
     let (schedules_tx, schedules) = mpsc::unbounded_channel();
     let schedules = Arc::new(tokio::sync::Mutex::new(schedules));
+    let postgres = matches!(options.store, source::Store::Postgres { .. });
     supervised("cron", &stop, {
         let (redis, metrics, catalog, stop) = (redis.clone(), metrics.clone(), catalog.clone(), stop.clone());
         Box::new(move || {
@@ -187,8 +198,11 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
                     schedules: plugin.manifest.schedules.clone(),
                 })
                 .collect();
-            let poller = CronPoller::new(redis.clone(), metrics.clone());
             let (schedules, stop) = (schedules.clone(), stop.clone());
+            if postgres {
+                return Box::pin(async move { refuse_schedules(&mut *schedules.lock().await, stop).await });
+            }
+            let poller = CronPoller::new(redis.clone(), metrics.clone());
             Box::pin(async move { poller.run(loaded, &mut *schedules.lock().await, stop).await })
         })
     });
@@ -260,7 +274,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);
     let drained = options
         .exit_when_empty
-        .then(|| monitor::drained(redis.clone(), options.queues.names(), inflight.clone()));
+        .then(|| monitor::drained(redis.clone(), source.clone(), inflight.clone()));
     wait_for_stop(&mut signals, &mut commands, &mut fetching, drained).await?;
 
     // A second SIGINT or SIGTERM while jobs finish stops them at once.

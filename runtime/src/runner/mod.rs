@@ -51,6 +51,7 @@ pub(crate) mod source;
 pub mod summary;
 pub(crate) mod supervise;
 pub(crate) mod unit;
+mod unsupported;
 
 #[cfg(test)]
 mod tests;
@@ -60,7 +61,8 @@ use std::time::Duration;
 
 pub use launcher::run;
 pub use queues::Queues;
-pub use source::{DeadCaps, FETCH_SCRIPT, FetchMode};
+pub use source::postgres::lease::DEFAULT_LEASE;
+pub use source::{DeadCaps, FETCH_SCRIPT, FetchMode, Store};
 pub use summary::RunSummary;
 pub use supervise::set_fault_hook;
 
@@ -72,6 +74,8 @@ use crate::sandbox::Limits;
 pub struct RunOptions {
     /// Where Redis is.
     pub redis: Target,
+    /// Where jobs are kept: Redis (the default) or PostgreSQL.
+    pub store: source::Store,
     /// The plugins directory.
     pub plugins: PathBuf,
     /// The data directory (SQLite files, embedded Redis).

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::inflight::InFlightTable;
 use super::limiter::policy::OVERRATED;
+use super::source::JobSource;
 use crate::metrics::{Metrics, ProcessSampler, server};
 use crate::redis::{Redis, keys};
 use crate::sandbox::Executor;
@@ -62,28 +63,24 @@ pub(crate) async fn start(
     Ok(())
 }
 
-/// Resolves once every queue in `queues` is empty, no job is in flight and
+/// Resolves once no due job waits in `source`'s queues, no job is in flight and
 /// no job kept back by a cluster limit waits in `schedule` for its turn,
 /// seen on two checks in a row (a job can be between the queue and the
 /// in-flight table during one check).
-pub(crate) async fn drained(redis: Redis, queues: Vec<String>, inflight: Arc<InFlightTable>) {
+pub(crate) async fn drained(redis: Redis, source: Arc<dyn JobSource>, inflight: Arc<InFlightTable>) {
     let mut empty_checks = 0;
     loop {
         tokio::time::sleep(DRAIN_CHECK).await;
-        let mut pipe = ::redis::pipe();
-        for queue in &queues {
-            pipe.cmd("LLEN").arg(keys::queue(queue));
-        }
         let busy_before = inflight.len();
-        let lengths: Vec<u64> = match pipe.query_async(&mut redis.conn()).await {
-            Ok(lengths) => lengths,
+        let waiting = match source.waiting().await {
+            Ok(waiting) => waiting,
             Err(err) => {
-                tracing::debug!("--exit-when-empty: cannot read the queues: {err}");
+                tracing::debug!("--exit-when-empty: cannot read the queues: {err:#}");
                 empty_checks = 0;
                 continue;
             }
         };
-        let idle = busy_before == 0 && inflight.is_empty() && lengths.iter().all(|&n| n == 0);
+        let idle = busy_before == 0 && inflight.is_empty() && waiting == 0;
         if idle && !limited_waiting(&redis).await {
             empty_checks += 1;
             if empty_checks >= 2 {

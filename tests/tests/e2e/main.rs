@@ -23,6 +23,7 @@ mod limits;
 mod observability;
 mod packages;
 mod polyglot;
+mod postgres_source;
 mod project_dir;
 mod protocol;
 mod redis_commands;

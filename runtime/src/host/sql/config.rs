@@ -34,7 +34,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use url::Url;
 
 use crate::size::parse_size;
 
@@ -113,7 +112,7 @@ impl DbSpec {
     /// The target with any password replaced by `***`, for logs and errors.
     pub(crate) fn redacted(&self) -> String {
         match self.backend {
-            Backend::Postgres => redact(&self.target),
+            Backend::Postgres => crate::redact::postgres_url(&self.target),
             Backend::Sqlite => format!("sqlite://{}", self.target),
         }
     }
@@ -277,35 +276,6 @@ fn shown(text: &str) -> String {
     }
 }
 
-/// `postgres://user:secret@host/...` → `postgres://user:***@host/...`, for
-/// logs and errors; the value of any query parameter whose name contains
-/// `pass` (`password=`, `sslpassword=`) is shown as `***` too, and a
-/// `#fragment` is left out.
-///
-/// The `url` crate parses; but tokio-postgres, which gets the URL, reads the
-/// credentials up to the *first* `@` anywhere, so `u:p/ss@h` has the
-/// password `p/ss` where the `url` crate sees host `u`, port `p`. Where the
-/// two could disagree (a `/`, `?` or `#` before the first `@` after a `:`),
-/// or the text is no `postgres://` URL at all (several hosts, `h1,h2`, are
-/// not one the `url` crate takes), only the scheme is shown.
-fn redact(text: &str) -> String {
-    let credentials = text
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split_once('@'))
-        .map(|(credentials, _)| credentials);
-    let ambiguous = credentials.is_some_and(|c| c.contains(':') && c.contains(['/', '?', '#']));
-    let mut url = match Url::parse(text) {
-        Ok(url) if !ambiguous && matches!(url.scheme(), "postgres" | "postgresql") => url,
-        _ => return crate::redact::scheme_only(text),
-    };
-    if url.password().is_some() && url.set_password(Some("***")).is_err() {
-        return crate::redact::scheme_only(text);
-    }
-    url.set_fragment(None);
-    crate::redact::query_passwords(&mut url);
-    url.into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,8 +403,8 @@ mod tests {
             ("postgres://u:pw@h1:5432,h2:5432/db", "postgres://***"),
         ]
         .into_iter()
-        .filter(|(url, shown)| redact(url) != *shown)
-        .map(|(url, shown)| format!("{url}: {} instead of {shown}", redact(url)))
+        .filter(|(url, shown)| crate::redact::postgres_url(url) != *shown)
+        .map(|(url, shown)| format!("{url}: {} instead of {shown}", crate::redact::postgres_url(url)))
         .collect::<Vec<_>>();
         assert!(wrong.is_empty(), "{wrong:#?}");
     }
@@ -458,7 +428,7 @@ mod tests {
                 // A raw '&' ends a query value for every parser.
                 format!("{scheme}{host}{path}?{params}password={}", password.replace('&', "%26")),
             ] {
-                let shown = redact(&url);
+                let shown = crate::redact::postgres_url(&url);
                 proptest::prop_assert!(!shown.contains("Zq"), "{url} shown as {shown}");
             }
         }

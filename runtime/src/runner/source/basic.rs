@@ -92,7 +92,12 @@ impl JobSource for Basic {
                 };
                 for (raw, queue, cancel) in taken {
                     match String::from_utf8(raw) {
-                        Ok(raw) => jobs.push(Fetched { raw, queue, cancel }),
+                        Ok(raw) => jobs.push(Fetched {
+                raw,
+                queue,
+                cancel,
+                receipt: None,
+            }),
                         Err(err) => {
                             let bytes = err.as_bytes();
                             let buried = self.dead.bury_undecodable(&self.redis, Place::Nowhere, bytes, &queue);
@@ -166,6 +171,10 @@ impl JobSource for Basic {
 
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
         async { Ok(0) }.boxed()
+    }
+
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>> {
+        super::redis_waiting(&self.redis, &self.names).boxed()
     }
 
     fn unregister(&self) -> BoxFuture<'_, ()> {

@@ -172,6 +172,10 @@ impl JobSource for MemorySource {
         async { Ok(0) }.boxed()
     }
 
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>> {
+        async move { Ok(self.state().queue.len() as u64) }.boxed()
+    }
+
     fn unregister(&self) -> BoxFuture<'_, ()> {
         async {}.boxed()
     }

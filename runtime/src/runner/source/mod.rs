@@ -28,6 +28,7 @@ pub(crate) mod liveness;
 pub(crate) mod memory;
 pub(crate) mod orphans;
 pub(crate) mod paused;
+pub(crate) mod postgres;
 mod record;
 pub(crate) mod reliable;
 mod requeue;
@@ -137,15 +138,42 @@ pub(crate) trait JobSource: Send + Sync {
     /// were handled (requeued or buried).
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>>;
 
+    /// How many jobs wait, due, in this process's queues
+    /// (`--exit-when-empty`).
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>>;
+
     /// At a clean shutdown: this process holds nothing any more.
     fn unregister(&self) -> BoxFuture<'_, ()>;
 }
 
-/// The job source for `settings`, leaving out the queues `paused` holds.
-pub(crate) fn open(redis: Redis, settings: Settings, paused: Arc<paused::Paused>) -> Arc<dyn JobSource> {
-    match settings.mode {
-        FetchMode::Reliable => Arc::new(reliable::Reliable::new(redis, settings, paused)),
-        FetchMode::Basic => Arc::new(basic::Basic::new(redis, settings, paused)),
+/// The length of `queues` in Redis, summed.
+pub(crate) async fn redis_waiting(redis: &Redis, queues: &[String]) -> Result<u64> {
+    let mut pipe = ::redis::pipe();
+    for queue in queues {
+        pipe.cmd("LLEN").arg(crate::redis::keys::queue(queue));
+    }
+    let lengths: Vec<u64> = pipe.query_async(&mut redis.conn()).await?;
+    Ok(lengths.iter().sum())
+}
+
+/// Where jobs are kept.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// In Redis, in Sidekiq's layout (the default).
+    Redis,
+    /// In PostgreSQL (`--source postgres://…`), each claim leased for this long.
+    Postgres { pg: Box<crate::pg::Pg>, lease: Duration },
+}
+
+/// The job source for `settings` on `store`, leaving out the queues
+/// `paused` holds.
+pub(crate) fn open(store: &Store, redis: Redis, settings: Settings, paused: Arc<paused::Paused>) -> Arc<dyn JobSource> {
+    match (store, settings.mode) {
+        (Store::Postgres { pg, lease }, _) => {
+            Arc::new(postgres::Postgres::new((**pg).clone(), redis, settings, paused, *lease))
+        }
+        (Store::Redis, FetchMode::Reliable) => Arc::new(reliable::Reliable::new(redis, settings, paused)),
+        (Store::Redis, FetchMode::Basic) => Arc::new(basic::Basic::new(redis, settings, paused)),
     }
 }
 

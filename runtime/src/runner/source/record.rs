@@ -28,9 +28,7 @@ pub(super) fn transaction(
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.atomic();
-    let mut processed = 0u64;
-    let mut failed = 0u64;
-    let mut discarded = 0u64;
+    let mut stats = Stats::default();
     let mut buried = Vec::new();
     let mut requeue_loaded = false;
     for completion in batch {
@@ -57,15 +55,12 @@ pub(super) fn transaction(
             }
             Finish::Outcome(write) => write,
         };
-        if write.is_processed() {
-            processed += 1;
-        }
+        stats.add(write);
         if let Some(list) = held_in {
             pipe.cmd("LREM").arg(list).arg(-1).arg(&job.raw).ignore();
         }
         match write {
-            Write::Ack | Write::Drop | Write::HandBack => {}
-            Write::Discard => discarded += 1,
+            Write::Ack | Write::Drop | Write::HandBack | Write::Discard => {}
             Write::Retry { at, payload } => {
                 pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();
             }
@@ -76,18 +71,66 @@ pub(super) fn transaction(
             Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
         }
         unique::stage(&mut pipe, completion.unique.as_ref(), write);
-        if write.is_failure() {
-            failed += 1;
-        }
     }
     dead.stage(&mut pipe, buried, now);
-    let date = utc_date(now);
-    incr(&mut pipe, keys::STAT_PROCESSED, &date, processed);
-    incr(&mut pipe, keys::STAT_FAILED, &date, failed);
-    if discarded > 0 {
-        pipe.cmd("INCRBY").arg(keys::STAT_DISCARDED).arg(discarded).ignore();
-    }
+    stats.stage(&mut pipe, now);
     pipe
+}
+
+/// What a batch of jobs kept elsewhere (the PostgreSQL store) writes to
+/// Redis: the `stat:*` counters and the cancelled count, and the release
+/// of unique locks held in Redis. Not atomic with the jobs' own writes:
+/// counters, as Sidekiq's are.
+pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline> {
+    let mut pipe = redis::pipe();
+    let mut stats = Stats::default();
+    let mut cancelled = 0u64;
+    let mut any = false;
+    for completion in batch {
+        let Finish::Outcome(write) = &completion.finish else {
+            continue;
+        };
+        stats.add(write);
+        if matches!(write, Write::Cancelled { .. }) {
+            cancelled += 1;
+        }
+        any |= unique::stage(&mut pipe, completion.unique.as_ref(), write);
+    }
+    if cancelled > 0 {
+        pipe.cmd("INCRBY").arg(keys::STAT_CANCELLED).arg(cancelled).ignore();
+    }
+    any |= stats.stage(&mut pipe, now) || cancelled > 0;
+    any.then_some(pipe)
+}
+
+/// The counters one batch adds.
+#[derive(Default)]
+struct Stats {
+    processed: u64,
+    failed: u64,
+    discarded: u64,
+}
+
+impl Stats {
+    fn add(&mut self, write: &Write) {
+        self.processed += u64::from(write.is_processed());
+        self.failed += u64::from(write.is_failure());
+        self.discarded += u64::from(matches!(write, Write::Discard));
+    }
+
+    /// Stages the increments; returns whether there were any.
+    fn stage(&self, pipe: &mut redis::Pipeline, now: f64) -> bool {
+        let date = utc_date(now);
+        incr(pipe, keys::STAT_PROCESSED, &date, self.processed);
+        incr(pipe, keys::STAT_FAILED, &date, self.failed);
+        if self.discarded > 0 {
+            pipe.cmd("INCRBY")
+                .arg(keys::STAT_DISCARDED)
+                .arg(self.discarded)
+                .ignore();
+        }
+        self.processed + self.failed + self.discarded > 0
+    }
 }
 
 /// `INCRBY stat` and its daily twin (with Sidekiq's five-year expiry).

@@ -100,7 +100,12 @@ impl Reliable {
     /// is raised, so the reconcile that follows buries it.
     async fn decode(&self, raw: Vec<u8>, queue: String, cancel: CancelMark) -> Option<Fetched> {
         match String::from_utf8(raw) {
-            Ok(raw) => Some(Fetched { raw, queue, cancel }),
+            Ok(raw) => Some(Fetched {
+                raw,
+                queue,
+                cancel,
+                receipt: None,
+            }),
             Err(err) => {
                 let place = Place::List {
                     key: &self.list,
@@ -280,6 +285,10 @@ impl JobSource for Reliable {
 
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
         self.recovery.sweep(&self.dead).boxed()
+    }
+
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>> {
+        super::redis_waiting(&self.redis, &self.names).boxed()
     }
 
     fn unregister(&self) -> BoxFuture<'_, ()> {

@@ -1,0 +1,394 @@
+//! The PostgreSQL job source (`--source postgres://…`): the same work
+//! protocol as the Redis sources, on the `wasmjobs.jobs` table
+//! ([`crate::pg`] owns the schema). The runner sees [`JobSource`] and
+//! nothing else; the payload is the same Sidekiq JSON, so parsing, the
+//! retry policy and the ActiveJob unwrapping are shared.
+//!
+//! | call | what it does here |
+//! |---|---|
+//! | [`fetch`](JobSource::fetch) | one `UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)` claims up to *n* due jobs, in queue order, with a lease |
+//! | [`wait`](JobSource::wait) | sleeps until the `LISTEN` connection hears of a job ([`wake`]), the next `run_at`, or a poll |
+//! | [`record`](JobSource::record) | one transaction per batch, fenced on each job's claim ([`complete`]) |
+//! | [`recover_orphans`](JobSource::recover_orphans) | the lease sweep ([`lease`]) |
+//! | [`requeue_all`](JobSource::requeue_all) | releases every claim this process holds |
+//!
+//! Leases are renewed by this source's own task, not the Redis heartbeat.
+//! Counters (`stat:processed`, …) still go to Redis after each batch, where
+//! `stats`, the dashboard and Sidekiq's Web UI read them.
+
+mod complete;
+pub mod lease;
+mod sql;
+mod wake;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::paused::Paused;
+use super::{JobSource, Settings, record};
+use crate::pg::Pg;
+use crate::redis::{Redis, now_f64};
+use crate::runner::fetched::{Completion, Fetched, Receipt};
+
+/// The PostgreSQL job source of one process.
+pub(crate) struct Postgres {
+    pg: Pg,
+    redis: Redis,
+    settings: Settings,
+    lease: Duration,
+    paused: Arc<Paused>,
+    wake: Arc<wake::Wake>,
+    /// Jobs a waiter claimed after its caller stopped waiting; the next
+    /// fetch hands them out first.
+    found: Arc<Mutex<Vec<Fetched>>>,
+    doubt: std::sync::atomic::AtomicBool,
+    /// Stops the waiters for good (at shutdown, while leases still renew).
+    quit: CancellationToken,
+    /// Stops the listener and the lease loop.
+    stop: CancellationToken,
+}
+
+impl Postgres {
+    /// The source for `settings` on `pg`; starts its listener and lease
+    /// loop. Counters go to `redis`.
+    pub(crate) fn new(pg: Pg, redis: Redis, settings: Settings, paused: Arc<Paused>, lease: Duration) -> Self {
+        let stop = CancellationToken::new();
+        let wake = Arc::new(wake::Wake::default());
+        tokio::spawn(wake::listen(
+            pg.clone(),
+            settings.queues.names(),
+            wake.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(lease::keep(
+            pg.clone(),
+            settings.identity.clone(),
+            lease,
+            settings.max_recoveries,
+            stop.clone(),
+        ));
+        Self {
+            pg,
+            redis,
+            settings,
+            lease,
+            paused,
+            wake,
+            found: Arc::default(),
+            doubt: Default::default(),
+            quit: stop.child_token(),
+            stop,
+        }
+    }
+
+    /// The queues to claim from now, in this fetch's order, without the
+    /// paused ones.
+    fn queue_order(&self) -> Vec<String> {
+        let names = self.settings.queues.names();
+        let paused = self.paused.current();
+        self.settings
+            .queues
+            .fetch_order()
+            .into_iter()
+            .filter_map(|i| names.get(i))
+            .filter(|name| !paused.contains(*name))
+            .cloned()
+            .collect()
+    }
+
+    fn take_found(&self, max: usize) -> Vec<Fetched> {
+        let mut found = self.found.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = max.min(found.len());
+        found.drain(..n).collect()
+    }
+
+    /// Waits for a notification, the next due job, or a poll; returns
+    /// early when stopped.
+    async fn sleep(&self, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+        let mut pause = self.wake.poll();
+        let queues = self.settings.queues.names();
+        if let Ok(Some(due)) = next_due(&self.pg, &queues).await {
+            pause = pause.min(Duration::from_secs_f64(due.clamp(0.0, 3600.0)));
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(pause) => {}
+            () = self.quit.cancelled() => {}
+        }
+    }
+}
+
+/// Claims up to `max` jobs from `queues` for `owner`.
+async fn claim(
+    pg: &Pg,
+    queues: &[String],
+    max: usize,
+    owner: &str,
+    lease: Duration,
+    max_payload: usize,
+) -> Result<Vec<Fetched>> {
+    if queues.is_empty() || max == 0 {
+        return Ok(Vec::new());
+    }
+    let client = pg.client().await?;
+    let statement = client.prepare_cached(sql::CLAIM).await.context("claiming jobs")?;
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let rows = client
+        .query(&statement, &[&queues, &limit, &owner, &lease.as_secs_f64()])
+        .await
+        .context("claiming jobs")?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        let receipt = Receipt {
+            row: row.get(0),
+            claim: row.get(1),
+        };
+        let queue: String = row.get(2);
+        let raw: String = row.get(3);
+        if max_payload > 0 && raw.len() > max_payload {
+            let why = format!(
+                "the payload is {} bytes, more than --max-payload ({max_payload}): sent to dead unrun",
+                raw.len()
+            );
+            tracing::warn!(queue = %queue, "{why}");
+            let statement = client.prepare_cached(sql::BURY_OVERSIZED).await?;
+            client
+                .execute(&statement, &[&receipt.row, &receipt.claim, &owner, &why])
+                .await
+                .context("burying an oversized job")?;
+            continue;
+        }
+        let mut job = Fetched::new(raw, queue);
+        job.receipt = Some(receipt);
+        jobs.push(job);
+    }
+    Ok(jobs)
+}
+
+/// Seconds until a job of `queues` falls due, if any waits.
+async fn next_due(pg: &Pg, queues: &[String]) -> Result<Option<f64>> {
+    let client = pg.client().await?;
+    let statement = client.prepare_cached(sql::NEXT_DUE).await?;
+    Ok(client.query_one(&statement, &[&queues]).await?.get(0))
+}
+
+impl JobSource for Postgres {
+    fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
+        async move {
+            let mut jobs = self.take_found(max);
+            if jobs.len() < max {
+                let queues = self.queue_order();
+                let claimed = claim(
+                    &self.pg,
+                    &queues,
+                    max - jobs.len(),
+                    &self.settings.identity,
+                    self.lease,
+                    self.settings.max_payload,
+                )
+                .await;
+                match claimed {
+                    Ok(claimed) => jobs.extend(claimed),
+                    Err(err) => {
+                        // The claim may have committed with its reply lost.
+                        self.doubt();
+                        self.found.lock().unwrap_or_else(PoisonError::into_inner).extend(jobs);
+                        return Err(err);
+                    }
+                }
+            }
+            Ok(jobs)
+        }
+        .boxed()
+    }
+
+    fn wait(&self) -> BoxFuture<'_, Option<Fetched>> {
+        async move {
+            let mut failures = 0u32;
+            while !self.quit.is_cancelled() {
+                let notified = self.wake.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if let Some(job) = self.take_found(1).pop() {
+                    return Some(job);
+                }
+                // Claimed by a task of its own, so a job claimed after this
+                // future is dropped is kept for the next fetch.
+                let (pg, queues, owner) = (self.pg.clone(), self.queue_order(), self.settings.identity.clone());
+                let (lease, max_payload, found) = (self.lease, self.settings.max_payload, self.found.clone());
+                let claimed = tokio::spawn(async move {
+                    let jobs = claim(&pg, &queues, 1, &owner, lease, max_payload).await?;
+                    let any = !jobs.is_empty();
+                    found.lock().unwrap_or_else(PoisonError::into_inner).extend(jobs);
+                    anyhow::Ok(any)
+                })
+                .await;
+                match claimed {
+                    Ok(Ok(true)) => continue,
+                    Ok(Ok(false)) => failures = 0,
+                    Ok(Err(err)) => {
+                        self.doubt();
+                        if failures == 0 {
+                            tracing::warn!("{err:#}; retrying");
+                        }
+                        failures += 1;
+                    }
+                    Err(err) => tracing::warn!("the claim task failed: {err}"),
+                }
+                self.sleep(notified).await;
+            }
+            None
+        }
+        .boxed()
+    }
+
+    fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>> {
+        async move {
+            self.quit.cancel();
+            self.take_found(usize::MAX)
+        }
+        .boxed()
+    }
+
+    fn doubt(&self) {
+        self.doubt.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn take_doubt(&self) -> bool {
+        self.doubt.swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+        async move {
+            let mut known: Vec<&str> = known.iter().map(String::as_str).collect();
+            let found: Vec<String> = self
+                .found
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .map(|job| job.raw.clone())
+                .collect();
+            known.extend(found.iter().map(String::as_str));
+            let client = self.pg.client().await?;
+            let n = client
+                .execute(sql::RELEASE_UNKNOWN, &[&self.settings.identity, &known])
+                .await
+                .context("releasing jobs whose claim reply was lost")?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        }
+        .boxed()
+    }
+
+    fn register(&self, _pipe: &mut redis::Pipeline) {
+        // Leases, renewed by this source's own loop, say which process
+        // holds which job; the Redis heartbeat only shows the process.
+    }
+
+    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+        async move {
+            let plan = complete::Plan::of(batch);
+            if plan.foreign > 0 {
+                tracing::warn!(jobs = plan.foreign, "ended jobs that did not come from PostgreSQL: nothing to record");
+            }
+            if plan.len() > 0 {
+                let mut client = self.pg.client().await?;
+                let tx = client.transaction().await.context("recording ended jobs")?;
+                let written = plan.run(&tx, &self.settings.identity).await?;
+                if plan.buries() {
+                    trim(&tx, &self.settings.dead).await?;
+                }
+                tx.commit().await.context("committing ended jobs")?;
+                let lost = plan.len() as u64 - written.min(plan.len() as u64);
+                if lost > 0 {
+                    tracing::warn!(
+                        jobs = lost,
+                        "ended jobs whose lease had run out and were claimed again elsewhere: their new holder writes their outcome"
+                    );
+                }
+                if plan.releases() {
+                    self.wake.notify.notify_waiters();
+                }
+            }
+            if let Some(pipe) = record::counters(batch, now_f64())
+                && let Err(err) = pipe.query_async::<()>(&mut self.redis.conn()).await
+            {
+                tracing::warn!("could not add this batch to the counters in Redis: {err}");
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64> {
+        async move {
+            let released = async {
+                let client = self.pg.client().await?;
+                client
+                    .execute(sql::RELEASE_ALL, &[&self.settings.identity])
+                    .await
+                    .context("releasing this process's jobs")
+            };
+            match released.await {
+                Ok(n) => n,
+                Err(err) => {
+                    tracing::warn!(
+                        jobs = jobs.len(),
+                        "{err:#}; they come back when their lease runs out ({:?})",
+                        self.lease
+                    );
+                    0
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
+        async move {
+            let (requeued, buried) = lease::sweep(&self.pg, self.settings.max_recoveries).await?;
+            Ok(usize::try_from(requeued + buried).unwrap_or(0))
+        }
+        .boxed()
+    }
+
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>> {
+        async move {
+            let client = self.pg.client().await?;
+            let row = client
+                .query_one(sql::WAITING, &[&self.settings.queues.names()])
+                .await
+                .context("counting waiting jobs")?;
+            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        }
+        .boxed()
+    }
+
+    fn unregister(&self) -> BoxFuture<'_, ()> {
+        async move { self.stop.cancel() }.boxed()
+    }
+}
+
+/// Trims the dead table to its caps (both kinds).
+async fn trim(tx: &deadpool_postgres::Transaction<'_>, caps: &super::DeadCaps) -> Result<()> {
+    let statement = tx.prepare_cached(sql::TRIM).await?;
+    let max = i64::try_from(caps.max_jobs).unwrap_or(i64::MAX);
+    let age = caps.timeout.as_secs_f64();
+    for kind in ["dead", "cancelled"] {
+        tx.execute(&statement, &[&kind, &age, &max])
+            .await
+            .context("trimming wasmjobs.dead")?;
+    }
+    Ok(())
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

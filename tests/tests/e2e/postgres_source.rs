@@ -1,0 +1,575 @@
+//! The PostgreSQL job store (`--source postgres://…`), with a real
+//! PostgreSQL, a real redis-server (the control plane) and real runner
+//! processes: transactional enqueue, leases, unique keys, cancel, pause,
+//! and what is refused at start.
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio_postgres::{Client, NoTls};
+use wasmjobs_e2e::cli::wasmjobs_in;
+use wasmjobs_e2e::postgres::TestPostgres;
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, lines, plugins};
+
+const DB: &str = "jobs";
+const NONE: &[(&str, &str)] = &[];
+
+/// A PostgreSQL with the `jobs` database, migrated by the CLI as a user
+/// would (twice: it is idempotent).
+fn store() -> (TestPostgres, String) {
+    let pg = TestPostgres::start();
+    pg.create_database(DB);
+    let url = pg.url(DB);
+    let here = Path::new(".");
+    let first = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
+    wasmjobs_e2e::assert_success(&first, "wasmjobs migrate");
+    let printed = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(printed.contains("applied migration 1"), "{printed}");
+    let again = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
+    wasmjobs_e2e::assert_success(&again, "wasmjobs migrate (again)");
+    assert!(String::from_utf8_lossy(&again.stdout).contains("up to date"));
+    (pg, url)
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect to postgres");
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(client: &Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+/// Owners of the claimed jobs, sorted.
+async fn owners(client: &Client) -> Vec<String> {
+    let rows = client
+        .query(
+            "SELECT owner FROM wasmjobs.jobs WHERE owner IS NOT NULL ORDER BY owner",
+            &[],
+        )
+        .await
+        .expect("owners");
+    rows.iter().map(|row| row.get(0)).collect()
+}
+
+/// Waits for `check` with a deadline, the runners still up.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, runners: &mut [&mut Runner], mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        for runner in runners.iter_mut() {
+            if let Some(status) = runner.try_status() {
+                panic!("a runner exited ({status}) while waiting for {what}:\n{}", runner.log());
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {timeout:?}\n{}",
+            runners.iter().map(|r| r.log()).collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis()
+}
+
+fn source_flags<'a>(url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec!["--source", url];
+    flags.extend_from_slice(extra);
+    flags
+}
+
+/// A job enqueued in a transaction that rolls back never exists; one in a
+/// transaction that commits runs, woken by the commit's notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_exists_if_and_only_if_its_transaction_commits() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let file = dir.path().join("chaos/data/spans.txt");
+    let mut runner = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &[]));
+    runner.wait_running();
+    let mut app = connect(&url).await;
+
+    // The application's own data and the job, in one transaction each.
+    app.batch_execute("CREATE TABLE users (name text)")
+        .await
+        .expect("table");
+    let tx = app.transaction().await.expect("begin");
+    tx.execute("INSERT INTO users VALUES ('rolled back')", &[])
+        .await
+        .expect("insert");
+    tx.query_one(
+        "SELECT wasmjobs.enqueue('ChaosJob', '[\"span\", \"spans.txt\", \"rolled-back\", 0]')",
+        &[],
+    )
+    .await
+    .expect("enqueue");
+    tx.rollback().await.expect("rollback");
+
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        let key = format!("committed-{i}");
+        let tx = app.transaction().await.expect("begin");
+        tx.execute("INSERT INTO users VALUES ($1)", &[&key])
+            .await
+            .expect("insert");
+        let jid: String = tx
+            .query_one(
+                "SELECT wasmjobs.enqueue('ChaosJob', jsonb_build_array('span', 'spans.txt', $1::text, 0), queue => 'default')",
+                &[&key],
+            )
+            .await
+            .expect("enqueue")
+            .get(0);
+        assert_eq!(jid.len(), 24, "a Sidekiq-shaped jid: {jid}");
+        tx.commit().await.expect("commit");
+        let committed = now_ms();
+        let needle = format!("start {key} ");
+        eventually(
+            "the committed job to start",
+            Duration::from_secs(30),
+            &mut [&mut runner],
+            || {
+                let found = lines(&file).iter().any(|line| line.starts_with(&needle));
+                async move { found }
+            },
+        )
+        .await;
+        let started: u128 = lines(&file)
+            .iter()
+            .find(|line| line.starts_with(&needle))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+            .expect("a start time");
+        latencies.push(started.saturating_sub(committed));
+    }
+    eprintln!("commit -> start, ms: {latencies:?}");
+
+    // Every committed job ran and left the table; the rolled-back one was never there.
+    let store = connect(&url).await;
+    eventually(
+        "the table to empty",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    assert!(!lines(&file).iter().any(|line| line.contains("rolled-back")));
+    assert_eq!(count(&store, "SELECT count(*) FROM wasmjobs.dead").await, 0);
+    assert_eq!(count(&store, "SELECT count(*) FROM users").await, 5);
+    let log = runner.log();
+    assert!(log.contains("listening") || !log.contains("polling for jobs"), "{log}");
+    runner.stop();
+}
+
+/// A process stopped for more than half its lease keeps its jobs; one that
+/// is killed has them run elsewhere once its lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_keep_a_live_process_jobs_and_return_a_dead_ones() {
+    const LEASE: u64 = 8;
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let file = dir.path().join("chaos/data/slow.txt");
+    let lease = LEASE.to_string();
+    let flags = source_flags(&url, &["--lease", &lease, "--concurrency", "2", "--timeout", "1"]);
+    let mut first = Runner::start(&redis.url(), dir.path(), &flags);
+    first.wait_running();
+    let store = connect(&url).await;
+    for i in 0..2 {
+        let args = json!(["slow-append", "slow.txt", format!("job-{i}"), 15_000]).to_string();
+        store
+            .query_one("SELECT wasmjobs.enqueue('ChaosJob', $1::text::jsonb)", &[&args])
+            .await
+            .expect("enqueue");
+    }
+    eventually(
+        "the first runner to claim both jobs",
+        Duration::from_secs(30),
+        &mut [&mut first],
+        || {
+            let store = &store;
+            async move { owners(store).await.len() == 2 }
+        },
+    )
+    .await;
+    let held = owners(&store).await;
+    let mut second = Runner::start(&redis.url(), dir.path(), &flags);
+    second.wait_running();
+
+    // Past half a lease without a beat: nobody takes the jobs.
+    first.signal("STOP");
+    let stopped = Instant::now();
+    while stopped.elapsed() < Duration::from_millis(LEASE * 1000 * 6 / 10) {
+        // The second runner sweeps meanwhile; it must find nothing expired.
+        assert_eq!(
+            count(&store, "SELECT count(*) FROM wasmjobs.jobs WHERE recoveries > 0").await,
+            0,
+            "a job was taken from a live process"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    first.signal("CONT");
+    // Its next renewal lands; then the jobs are still its own.
+    let renewed = count(&store, "SELECT count(*) FROM wasmjobs.jobs WHERE lease_until > now()").await;
+    eventually(
+        "the stopped runner's renewal",
+        Duration::from_secs(LEASE),
+        &mut [&mut first, &mut second],
+        || {
+            let store = &store;
+            async move {
+                count(
+                    store,
+                    "SELECT count(*) FROM wasmjobs.jobs WHERE lease_until > now() + interval '4 seconds'",
+                )
+                .await
+                    == 2
+            }
+        },
+    )
+    .await;
+    assert_eq!(owners(&store).await, held, "renewed: {renewed}");
+    assert_eq!(
+        count(&store, "SELECT count(*) FROM wasmjobs.jobs WHERE recoveries > 0").await,
+        0
+    );
+
+    // Killed: its jobs run in the second runner within about a lease.
+    first.signal("KILL");
+    first.wait(Duration::from_secs(10));
+    let killed = Instant::now();
+    eventually(
+        "the dead runner's jobs to be taken back",
+        Duration::from_secs(LEASE * 3),
+        &mut [&mut second],
+        || {
+            let store = &store;
+            async move {
+                count(
+                    store,
+                    "SELECT count(*) FROM wasmjobs.jobs WHERE recoveries = 1 AND owner IS NOT NULL",
+                )
+                .await
+                    == 2
+            }
+        },
+    )
+    .await;
+    eprintln!("kill -> claimed elsewhere: {:?} (lease {LEASE} s)", killed.elapsed());
+    let taken_by = owners(&store).await;
+    assert!(
+        taken_by.iter().all(|owner| !held.contains(owner)),
+        "{taken_by:?} vs {held:?}"
+    );
+    eventually(
+        "both jobs to finish",
+        Duration::from_secs(60),
+        &mut [&mut second],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    let mut done = lines(&file);
+    done.sort();
+    assert_eq!(done, ["job-0", "job-1"]);
+    assert_eq!(count(&store, "SELECT count(*) FROM wasmjobs.dead").await, 0);
+    second.stop();
+}
+
+/// Fifty sessions enqueue the same unique key at once: one job goes in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_key_lets_one_of_fifty_parallel_sessions_in() {
+    let (_pg, url) = store();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = connect(&url).await;
+            let tx = client.transaction().await.expect("begin");
+            let jid: Option<String> = tx
+                .query_one(
+                    "SELECT wasmjobs.enqueue('ReportJob', jsonb_build_array($1::int), queue => 'reports', unique_key => 'report:42')",
+                    &[&i],
+                )
+                .await
+                .expect("enqueue")
+                .get(0);
+            tx.commit().await.expect("commit");
+            jid
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.expect("task").is_some());
+    }
+    assert_eq!(admitted, 1);
+    let store = connect(&url).await;
+    assert_eq!(
+        count(
+            &store,
+            "SELECT count(*) FROM wasmjobs.jobs WHERE unique_key = 'report:42'"
+        )
+        .await,
+        1
+    );
+    // Malformed input is refused with a reason, and nothing is written.
+    let err = store
+        .query_one("SELECT wasmjobs.enqueue('X', '{\"not\": \"an array\"}')", &[])
+        .await
+        .expect_err("args must be an array");
+    assert!(format!("{err:?}").contains("args must be a JSON array"), "{err:?}");
+    assert_eq!(count(&store, "SELECT count(*) FROM wasmjobs.jobs").await, 1);
+}
+
+/// Cancel and pause work on PostgreSQL jobs through the same commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_running_guest_and_pause_holds_a_queue() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let flags = source_flags(&url, &["--queues", "default,held"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
+    runner.wait_running();
+    let store = connect(&url).await;
+    let here = Path::new(".");
+    let none: &[(&str, &str)] = &[];
+
+    let jid: String = store
+        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"loop\"]')", &[])
+        .await
+        .expect("enqueue")
+        .get(0);
+    eventually(
+        "the spinning job to be claimed",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { owners(store).await.len() == 1 }
+        },
+    )
+    .await;
+    // Running as the process list in Redis shows it (`wasmjobs cancel`
+    // looks there), which the next heartbeat writes.
+    let conn = redis.conn().await;
+    eventually(
+        "the job in the process's work list",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let (mut conn, jid) = (conn.clone(), &jid);
+            async move {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("*:work")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("KEYS");
+                for key in keys {
+                    let work: Vec<String> = redis::cmd("HVALS")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("HVALS");
+                    if work.iter().any(|w| w.contains(jid.as_str())) {
+                        return true;
+                    }
+                }
+                false
+            }
+        },
+    )
+    .await;
+    let cancel = wasmjobs_in(
+        here,
+        &["cancel", "--redis", &redis.url(), &jid],
+        none,
+        Duration::from_secs(30),
+    );
+    wasmjobs_e2e::assert_success(&cancel, "wasmjobs cancel");
+    eventually(
+        "the cancelled job in wasmjobs.dead",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move {
+                count(store, "SELECT count(*) FROM wasmjobs.dead WHERE kind = 'cancelled'").await == 1
+                    && count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0
+            }
+        },
+    )
+    .await;
+    let row = store
+        .query_one(
+            "SELECT payload->>'jid' FROM wasmjobs.dead WHERE kind = 'cancelled'",
+            &[],
+        )
+        .await
+        .expect("dead row");
+    assert_eq!(row.get::<_, String>(0), jid);
+
+    // Paused: its jobs wait while the other queue's run.
+    let pause = wasmjobs_in(
+        here,
+        &["pause", "--redis", &redis.url(), "held"],
+        none,
+        Duration::from_secs(30),
+    );
+    wasmjobs_e2e::assert_success(&pause, "wasmjobs pause");
+    let file = dir.path().join("chaos/data/pause.txt");
+    for (queue, line) in [("held", "held"), ("default", "free")] {
+        let args = json!(["slow-append", "pause.txt", line, 0]).to_string();
+        store
+            .query_one(
+                "SELECT wasmjobs.enqueue('ChaosJob', $1::text::jsonb, queue => $2)",
+                &[&args, &queue],
+            )
+            .await
+            .expect("enqueue");
+    }
+    eventually(
+        "the unpaused queue's job",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let done = lines(&file).contains(&"free".to_owned());
+            async move { done }
+        },
+    )
+    .await;
+    assert_eq!(lines(&file), ["free"]);
+    assert_eq!(
+        count(
+            &store,
+            "SELECT count(*) FROM wasmjobs.jobs WHERE queue = 'held' AND owner IS NULL"
+        )
+        .await,
+        1
+    );
+    let resume = wasmjobs_in(
+        here,
+        &["resume", "--redis", &redis.url(), "held"],
+        none,
+        Duration::from_secs(30),
+    );
+    wasmjobs_e2e::assert_success(&resume, "wasmjobs resume");
+    eventually(
+        "the resumed queue's job",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let done = lines(&file).contains(&"held".to_owned());
+            async move { done }
+        },
+    )
+    .await;
+    runner.stop();
+}
+
+/// A retry stays in PostgreSQL with its new `run_at`, readable by Ruby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_job_is_retried_in_the_store() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &[]));
+    runner.wait_running();
+    let store = connect(&url).await;
+    store
+        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"retry\", \"boom\"]')", &[])
+        .await
+        .expect("enqueue");
+    eventually("the failed job to wait for its retry", Duration::from_secs(30), &mut [&mut runner], || {
+        let store = &store;
+        async move {
+            count(store, "SELECT count(*) FROM wasmjobs.jobs WHERE owner IS NULL AND run_at > now() AND payload ? 'retry_count'").await == 1
+        }
+    })
+    .await;
+    let payload: Value = serde_json::from_str(
+        &store
+            .query_one("SELECT payload::text FROM wasmjobs.jobs", &[])
+            .await
+            .expect("row")
+            .get::<_, String>(0),
+    )
+    .expect("json");
+    assert_eq!(payload["retry_count"], 0);
+    assert_eq!(payload["class"], "ChaosJob");
+    assert!(
+        payload["error_message"].as_str().is_some_and(|m| m.contains("boom")),
+        "{payload}"
+    );
+    runner.stop();
+}
+
+/// What the PostgreSQL store cannot serve yet is refused at start, with
+/// the reason; and a store that was never migrated says what to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_store_cannot_serve_is_refused_at_start() {
+    let pg = TestPostgres::start();
+    pg.create_database(DB);
+    let url = pg.url(DB);
+    let redis = TestRedis::start();
+    let dir = plugins(&["noop"], &[]);
+    let plugins_dir = dir.path().to_string_lossy().into_owned();
+    let here = Path::new(".");
+    let none: &[(&str, &str)] = &[];
+    let redis_url = redis.url();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--plugins",
+            &plugins_dir,
+            "--redis",
+            &redis_url,
+            "--source",
+            &url,
+        ];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        wasmjobs_in(here, &args, none, Duration::from_secs(120))
+    };
+    let unmigrated = run(&[]);
+    assert!(!unmigrated.status.success());
+    let said = String::from_utf8_lossy(&unmigrated.stderr).into_owned();
+    assert!(said.contains("wasmjobs migrate --source"), "{said}");
+
+    let migrate = wasmjobs_in(here, &["migrate", "--source", &url], none, Duration::from_secs(60));
+    wasmjobs_e2e::assert_success(&migrate, "wasmjobs migrate");
+    let web = run(&["--web", "127.0.0.1:0"]);
+    assert!(!web.status.success());
+    let said = String::from_utf8_lossy(&web.stderr).into_owned();
+    assert!(said.contains("--web") && said.contains("PostgreSQL"), "{said}");
+
+    wasmjobs_e2e::append_to_manifest(
+        &dir.path().join("noop"),
+        "\n[[schedule]]\nname = \"tick\"\ncron = \"* * * * *\"\nclass = \"NoopJob\"\n",
+    );
+    let cron = run(&[]);
+    assert!(!cron.status.success());
+    let said = String::from_utf8_lossy(&cron.stderr).into_owned();
+    assert!(said.contains("cron schedules") && said.contains("noop"), "{said}");
+
+    let basic = run(&["--fetch", "basic"]);
+    assert!(!basic.status.success());
+    assert!(String::from_utf8_lossy(&basic.stderr).contains("--fetch"));
+}
