@@ -5,9 +5,12 @@
 # and 200 ms HTTP servers (HTTP/1.1 and HTTP/2) on loopback. Writes benches/results/<date>-<host>[-quick].md, the
 # JSON beside it and three SVG charts.
 #
-# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle]
+# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle,pg-store]
 #   --quick  a reduced set, under 5 minutes on a 2-core machine
 #   (default) the full set, about 25 minutes on a 2-core machine
+#   pg-store the PostgreSQL job store against the Redis one in the same run
+#            (benches/pg_store.rs: noop drains, enqueue rate, commit → start,
+#            idle cost, soak); part of the full set, ~2 min more with --quick
 #
 # Run it on an otherwise idle machine: every figure is sensitive to other load.
 set -euo pipefail
@@ -18,4 +21,34 @@ bash scripts/setup.sh test
 bash scripts/build-plugins.sh
 cargo build --release --locked -p wasmjobs --bin wasmjobs -p wasmjobs-benches --bin wasmjobs-bench --bin wasmjobs-native
 export WASMJOBS_SKIP_GUEST_BUILD=1
-exec target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "$@"
+
+# `pg-store` is its own benchmark; the rest of --only goes to the suite.
+quick=""
+only=""
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; args+=("$1") ;;
+    --only) only="$2"; shift ;;
+    --only=*) only="${1#--only=}" ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
+pg_store() {
+  if [ -n "$quick" ]; then
+    BENCH_QUICK=1 cargo bench --locked -p wasmjobs-benches --bench pg_store
+  else
+    cargo bench --locked -p wasmjobs-benches --bench pg_store
+  fi
+}
+case ",$only," in
+  ,,) target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}"; pg_store ;;
+  *,pg-store,*)
+    rest=$(echo ",$only," | sed 's/,pg-store,/,/; s/^,//; s/,$//')
+    if [ -n "$rest" ]; then
+      target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}" --only "$rest"
+    fi
+    pg_store ;;
+  *) exec target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}" --only "$only" ;;
+esac

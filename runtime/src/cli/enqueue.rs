@@ -228,8 +228,10 @@ async fn postgres(args: &EnqueueArgs, url: &str, job_args: &[Value], at: Option<
     while pushed < args.count {
         let batch = PG_BATCH.min(args.count - pushed);
         let tx = client.transaction().await.context("starting a transaction")?;
-        for _ in 0..batch {
-            match crate::pg::enqueue::enqueue(&*tx, &job).await? {
+        // Sent together: the connection pipelines them, one round trip.
+        let calls = (0..batch).map(|_| crate::pg::enqueue::enqueue(&*tx, &job));
+        for jid in futures_util::future::try_join_all(calls).await? {
+            match jid {
                 Some(jid) => last_jid = jid,
                 None => {
                     let key = args.unique_key.as_deref().unwrap_or_default();

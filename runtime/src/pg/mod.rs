@@ -17,8 +17,8 @@
 //! `runner::source::postgres`; `docs/postgres.md` explains the design and
 //! when to choose this store over Redis.
 
-pub(crate) mod enqueue;
-pub(crate) mod schema;
+pub mod enqueue;
+pub mod schema;
 
 use std::time::Duration;
 

@@ -573,3 +573,143 @@ async fn what_the_store_cannot_serve_is_refused_at_start() {
     assert!(!basic.status.success());
     assert!(String::from_utf8_lossy(&basic.stderr).contains("--fetch"));
 }
+
+/// Jobs in the PostgreSQL chaos run; `WASMJOBS_CHAOS_JOBS` overrides.
+fn chaos_jobs() -> usize {
+    std::env::var("WASMJOBS_CHAOS_JOBS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(50_000)
+}
+
+/// Three runners share 50,000 jobs while one is `kill -9`ed, PostgreSQL
+/// restarts (cutting every connection), a second runner is killed and two
+/// more start: every job runs at least once (duplicates counted), nothing
+/// is left claimed, nothing is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_three_runners_kill_restart_postgres_and_lose_nothing() {
+    use std::collections::{HashMap, HashSet};
+
+    let n = chaos_jobs();
+    let (mut pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&["file-append"], &[]);
+    let file = dir.path().join("file-append/data/chaos.txt");
+    let mut app = connect(&url).await;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let tx = app.transaction().await.expect("begin");
+        let statement = tx
+            .prepare("SELECT wasmjobs.enqueue('FileAppendJob', jsonb_build_array('chaos.txt', $1::int))")
+            .await
+            .expect("prepare");
+        let calls = chunk.iter().map(|&i| {
+            let i = i32::try_from(i).expect("small");
+            let (tx, statement) = (&tx, &statement);
+            async move { tx.query_one(statement, &[&i]).await }
+        });
+        futures_util::future::try_join_all(calls).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    drop(app);
+    let started = Instant::now();
+    let flags = source_flags(&url, &["--concurrency", "20", "--lease", "6"]);
+    let mut live: Vec<Runner> = (0..3)
+        .map(|_| Runner::start(&redis.url(), dir.path(), &flags))
+        .collect();
+    for runner in &mut live {
+        runner.wait_running();
+    }
+    let timeout = Duration::from_secs(180).max(Duration::from_millis(n as u64 * 3));
+    let deadline = started + timeout;
+    let progress = |live: &mut Vec<Runner>, at: usize| loop {
+        for runner in live.iter_mut() {
+            if let Some(status) = runner.try_status() {
+                panic!("a runner exited ({status}):\n{}", runner.log());
+            }
+        }
+        let done = lines(&file).len();
+        if done >= at {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "{done} of {n} lines after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+
+    let mut killed = Vec::new();
+    let done = progress(&mut live, n / 5);
+    let mut victim = live.remove(0);
+    victim.signal("KILL");
+    victim.wait(Duration::from_secs(10));
+    eprintln!("killed a runner at {done} lines ({:?})", started.elapsed());
+    killed.push(victim);
+
+    let done = progress(&mut live, 2 * n / 5);
+    pg.restart();
+    eprintln!("restarted PostgreSQL at {done} lines ({:?})", started.elapsed());
+
+    let done = progress(&mut live, 3 * n / 5);
+    let mut victim = live.remove(0);
+    victim.signal("KILL");
+    victim.wait(Duration::from_secs(10));
+    eprintln!("killed a second runner at {done} lines ({:?})", started.elapsed());
+    killed.push(victim);
+    for _ in 0..2 {
+        let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
+        runner.wait_running();
+        live.push(runner);
+    }
+
+    let store = connect(&url).await;
+    loop {
+        for runner in live.iter_mut() {
+            if let Some(status) = runner.try_status() {
+                panic!("a runner exited ({status}):\n{}", runner.log());
+            }
+        }
+        let ids: HashSet<String> = lines(&file).into_iter().collect();
+        let left = count(&store, "SELECT count(*) FROM wasmjobs.jobs").await;
+        if ids.len() >= n && left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after {timeout:?}: {} of {n} ids, {left} jobs left in the table\n{}",
+            ids.len(),
+            live.iter().map(Runner::log).collect::<String>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+    let all = lines(&file);
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for line in &all {
+        *counts.entry(line.as_str()).or_insert(0) += 1;
+    }
+    let missing: Vec<usize> = (0..n)
+        .filter(|i| !counts.contains_key(i.to_string().as_str()))
+        .collect();
+    let duplicates = all.len() - counts.len();
+    eprintln!(
+        "postgres chaos: {n} jobs in {elapsed:?}: {} lines, {duplicates} duplicates",
+        all.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "missing ids: {:?}",
+        &missing[..missing.len().min(20)]
+    );
+    assert_eq!(counts.len(), n, "lines that are no job's id");
+    assert_eq!(
+        count(&store, "SELECT count(*) FROM wasmjobs.dead").await,
+        0,
+        "nothing is dead"
+    );
+    assert_eq!(
+        count(&store, "SELECT count(*) FROM wasmjobs.jobs WHERE owner IS NOT NULL").await,
+        0,
+        "nothing is left claimed"
+    );
+    for mut runner in live {
+        runner.stop();
+    }
+}

@@ -30,9 +30,9 @@ CREATE TABLE wasmjobs.jobs (
 
 -- The claim: the due jobs of one queue, oldest first.
 CREATE INDEX jobs_claim ON wasmjobs.jobs (queue, run_at, id) WHERE owner IS NULL;
--- The sweep: leases that ran out; and what one process holds.
+-- The claimed jobs (few: at most the runners' concurrency): the sweep
+-- reads the expired ones, a renewal one process's, through this one index.
 CREATE INDEX jobs_lease ON wasmjobs.jobs (lease_until) WHERE owner IS NOT NULL;
-CREATE INDEX jobs_owner ON wasmjobs.jobs (owner) WHERE owner IS NOT NULL;
 CREATE UNIQUE INDEX jobs_unique ON wasmjobs.jobs (unique_key) WHERE unique_key IS NOT NULL;
 
 -- Every row is short-lived: vacuum early and without pauses, and leave room

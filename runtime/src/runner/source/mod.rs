@@ -139,7 +139,7 @@ pub(crate) trait JobSource: Send + Sync {
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>>;
 
     /// How many jobs wait, due, in this process's queues
-    /// (`--exit-when-empty`).
+    /// (`--exit-when-empty`); a store may stop counting at one.
     fn waiting(&self) -> BoxFuture<'_, Result<u64>>;
 
     /// At a clean shutdown: this process holds nothing any more.

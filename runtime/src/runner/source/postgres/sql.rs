@@ -24,11 +24,13 @@ FROM picked WHERE j.id = picked.id
 RETURNING j.id, j.claims, j.queue, j.payload::text";
 
 /// Ended jobs `($1 id, $2 claim)` of owner `$3` that succeeded (or can
-/// never run): gone.
+/// never run): gone. The rows are found by `id = ANY` (an index scan
+/// whatever the batch's size: a join with `unnest` is planned as a scan of
+/// the whole table once the batch is large), the claims checked on them.
 pub(super) const ACK: &str = "
 DELETE FROM wasmjobs.jobs AS j
-USING unnest($1::bigint[], $2::int[]) AS u(id, claims)
-WHERE j.id = u.id AND j.claims = u.claims AND j.owner = $3";
+WHERE j.id = ANY($1::bigint[]) AND j.owner = $3
+  AND (j.id, j.claims) IN (SELECT * FROM unnest($1::bigint[], $2::int[]))";
 
 /// Jobs handed back unstarted or stopped at shutdown: claimable again, in
 /// their old place (their `run_at` is unchanged).
@@ -127,9 +129,12 @@ pub(super) const RELEASE_UNKNOWN: &str = "
 UPDATE wasmjobs.jobs SET owner = NULL, lease_until = NULL
 WHERE owner = $1 AND NOT (payload::text = ANY($2::text[]))";
 
-/// Due jobs waiting in the queues `$1`.
+/// Whether a due job waits in the queues `$1` (1 or 0: counting them all
+/// would read the whole queue).
 pub(super) const WAITING: &str = "
-SELECT count(*) FROM wasmjobs.jobs WHERE queue = ANY($1::text[]) AND owner IS NULL AND run_at <= now()";
+SELECT count(*) FROM (
+    SELECT 1 FROM wasmjobs.jobs WHERE queue = ANY($1::text[]) AND owner IS NULL AND run_at <= now() LIMIT 1
+) AS any_due";
 
 /// Seconds until the next job of the queues `$1` falls due (retries,
 /// scheduled jobs), if any is waiting.

@@ -1,0 +1,310 @@
+//! The PostgreSQL job store (`run --source postgres://…`) against the Redis
+//! one, the same cases in one run (issue 37's table):
+//!
+//! - noop drain: 100,000 `NoopJob` (20,000 with `BENCH_QUICK=1`) at C=100,
+//!   PostgreSQL and Redis alternated twice; the runner's own busy rate
+//!   (`--summary-json`), and the ratio PostgreSQL ÷ Redis per round;
+//! - enqueue: 100,000 `wasmjobs.enqueue` calls, 1,000 per transaction,
+//!   pipelined on one connection (as `wasmjobs enqueue --source` sends them);
+//! - commit → start with an idle runner: 200 jobs, each enqueued and
+//!   committed alone 20 ms apart; start time from the job's own clock
+//!   (`ChaosJob` `span`, millisecond resolution);
+//! - idle: the runner's CPU and the transactions it makes in PostgreSQL per
+//!   minute with nothing to do;
+//! - soak: 1,000,000 jobs (200,000 quick) enqueued and drained, then the
+//!   table's size and dead tuples;
+//! - the seed's shape (full run only): 500,000 noop jobs on each store.
+//!
+//! PostgreSQL is the test server: `fsync=off`, `synchronous_commit=off`,
+//! 32 MB shared buffers — a durable server pays a WAL flush per commit.
+//!
+//! Run: `cargo bench -p wasmjobs-benches --bench pg_store` (`BENCH_QUICK=1`
+//! for the reduced set, ~3 minutes on a 2-core machine).
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use tokio_postgres::NoTls;
+use wasmjobs_benches::{Report, RunnerProcess, cpu_ticks, percentile, push_jobs};
+use wasmjobs_e2e::postgres::TestPostgres;
+use wasmjobs_e2e::redis_server::TestRedis;
+
+/// The wasmjobs binary built with this package.
+const BIN: &str = env!("CARGO_BIN_EXE_wasmjobs-bench-runner");
+
+fn main() -> Result<()> {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let jobs: u64 = if quick { 20_000 } else { 100_000 };
+    let rt = tokio::runtime::Runtime::new()?;
+    let redis = TestRedis::start();
+    let pg = TestPostgres::start();
+    pg.create_database("jobs");
+    let url = pg.url("jobs");
+    let migrate = std::process::Command::new(BIN)
+        .args(["migrate", "--source", &url])
+        .output()
+        .context("wasmjobs migrate")?;
+    if !migrate.status.success() {
+        bail!("wasmjobs migrate: {}", String::from_utf8_lossy(&migrate.stderr));
+    }
+    let plugin_dir = wasmjobs_e2e::runner::plugins(&["noop"], &["chaos"]);
+    let plugins = plugin_dir.path().to_path_buf();
+    let mut report = Report::new("pg_store", "PostgreSQL job store against Redis, one run");
+
+    // Noop drains, alternated.
+    let mut ratios = Vec::new();
+    for round in 1..=2 {
+        let on_pg = rt.block_on(async {
+            enqueue(&url, "NoopJob", jobs, |_| json!([])).await?;
+            drain(&redis, &plugins, &["--source", &url], jobs).await
+        })?;
+        let on_redis = rt.block_on(async {
+            let mut conn = redis.conn().await;
+            redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+            push_jobs(&mut conn, "NoopJob", jobs, |_| json!([])).await?;
+            drain(&redis, &plugins, &[], jobs).await
+        })?;
+        report.row(
+            &format!("noop {jobs}, C=100, round {round}: PostgreSQL / Redis jobs/s"),
+            format!("{on_pg:.0} / {on_redis:.0}"),
+            "≥ 20,000 on PostgreSQL",
+        );
+        ratios.push(on_pg / on_redis);
+    }
+    report.row(
+        "noop: PostgreSQL ÷ Redis, per round",
+        ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+        "≥ 0.25",
+    );
+
+    // Enqueue rate.
+    let n = 100_000;
+    let started = Instant::now();
+    rt.block_on(enqueue(&url, "ParkedJob", n, |i| json!([i])))?;
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    rt.block_on(sql(&url, "DELETE FROM wasmjobs.jobs"))?;
+    report.row(
+        "enqueue: 100,000 wasmjobs.enqueue calls, 1,000 per transaction (jobs/s)",
+        format!("{rate:.0}"),
+        "≥ 30,000",
+    );
+
+    // Commit → start, and idle cost, with one idle runner.
+    let (latencies, idle_cpu, idle_tx) = rt.block_on(idle_runner(&redis, &url, &plugins, quick))?;
+    report.row(
+        "commit → start, idle runner: p50 / p99 (ms)",
+        format!(
+            "{:.0} / {:.0}",
+            percentile(&latencies, 0.50),
+            percentile(&latencies, 0.99)
+        ),
+        "≤ 5 / ≤ 20",
+    );
+    report.row(
+        "idle runner: CPU (% of a core) / PostgreSQL transactions per minute",
+        format!("{idle_cpu:.2} / {idle_tx:.0}"),
+        "≤ 0.5% / no polling storm",
+    );
+
+    // Soak.
+    let soak: u64 = if quick { 200_000 } else { 1_000_000 };
+    let (soak_rate, size, dead) = rt.block_on(async {
+        enqueue(&url, "NoopJob", soak, |_| json!([])).await?;
+        let rate = drain(&redis, &plugins, &["--source", &url], soak).await?;
+        let (size, dead) = table_health(&url).await?;
+        anyhow::Ok((rate, size, dead))
+    })?;
+    report.row(
+        &format!("soak: {soak} jobs drained (jobs/s); then wasmjobs.jobs size (MB) / dead tuples"),
+        format!("{soak_rate:.0}; {:.1} / {dead}", size as f64 / 1e6),
+        "bounded",
+    );
+
+    if !quick {
+        let seed = 500_000;
+        let (on_pg, on_redis) = rt.block_on(async {
+            enqueue(&url, "NoopJob", seed, |_| json!([])).await?;
+            let pg_rate = drain(&redis, &plugins, &["--source", &url], seed).await?;
+            let mut conn = redis.conn().await;
+            redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+            push_jobs(&mut conn, "NoopJob", seed, |_| json!([])).await?;
+            let redis_rate = drain(&redis, &plugins, &[], seed).await?;
+            anyhow::Ok((pg_rate, redis_rate))
+        })?;
+        report.row(
+            "the seed's shape: 500,000 noop jobs, PostgreSQL / Redis (s)",
+            format!("{:.1} / {:.1}", seed as f64 / on_pg, seed as f64 / on_redis),
+            "(seed: Solid Queue 15× Sidekiq)",
+        );
+    }
+    report.note(
+        "Rates are the runner's busy rate (first job taken to last outcome written, --summary-json), \
+         the same measure on both stores."
+            .into(),
+    );
+    report.note("PostgreSQL runs as the tests run it: fsync=off, synchronous_commit=off, 32 MB shared buffers.".into());
+    report.finish()?;
+    Ok(())
+}
+
+/// Enqueues `n` jobs through `wasmjobs.enqueue`, 1,000 per transaction,
+/// each transaction's calls pipelined.
+async fn enqueue(url: &str, class: &str, n: u64, args: impl Fn(u64) -> Value) -> Result<()> {
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    let mut done = 0;
+    while done < n {
+        let batch = 1_000.min(n - done);
+        let tx = client.transaction().await?;
+        let statement = tx.prepare("SELECT wasmjobs.enqueue($1, $2::text::jsonb)").await?;
+        let payloads: Vec<String> = (done..done + batch).map(|i| args(i).to_string()).collect();
+        let calls = payloads.iter().map(|a| {
+            let (tx, statement) = (&tx, &statement);
+            async move { tx.query_one(statement, &[&class, a]).await }
+        });
+        futures_util::future::try_join_all(calls).await?;
+        tx.commit().await?;
+        done += batch;
+    }
+    Ok(())
+}
+
+async fn sql(url: &str, statement: &str) -> Result<()> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    client.batch_execute(statement).await?;
+    Ok(())
+}
+
+/// Runs the runner until the queue is empty; returns its busy rate.
+async fn drain(redis: &TestRedis, plugins: &Path, extra: &[&str], jobs: u64) -> Result<f64> {
+    let summary = tempfile::NamedTempFile::new()?;
+    let summary_path = summary.path().to_string_lossy().into_owned();
+    let mut flags = vec![
+        "--concurrency",
+        "100",
+        "--exit-when-empty",
+        "--summary-json",
+        &summary_path,
+    ];
+    flags.extend_from_slice(extra);
+    let mut runner = RunnerProcess::start(BIN.as_ref(), &redis.url(), plugins, &flags, "warn")?;
+    runner.wait_exit(Duration::from_secs(1200))?;
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(summary.path())?)?;
+    let processed = summary["processed"].as_u64().unwrap_or(0);
+    if processed != jobs {
+        bail!("the drain processed {processed} of {jobs} jobs:\n{}", runner.log());
+    }
+    summary["busy_jobs_per_sec"]
+        .as_f64()
+        .context("no busy_jobs_per_sec in the summary")
+}
+
+/// Commit → start latencies (ms), then the idle runner's CPU (% of a core)
+/// and its PostgreSQL transactions per minute.
+async fn idle_runner(redis: &TestRedis, url: &str, plugins: &Path, quick: bool) -> Result<(Vec<f64>, f64, f64)> {
+    let spans = plugins.join("chaos/data/spans.txt");
+    let _ = std::fs::remove_file(&spans);
+    let mut runner = RunnerProcess::start(
+        BIN.as_ref(),
+        &redis.url(),
+        plugins,
+        &["--source", url],
+        "warn,wasmjobs::runner::launcher=info",
+    )?;
+    runner.wait_for_log(" running")?;
+    let (mut client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    let mut committed = Vec::new();
+    for i in 0..200 {
+        let key = format!("k{i}");
+        let tx = client.transaction().await?;
+        tx.query_one(
+            "SELECT wasmjobs.enqueue('ChaosJob', jsonb_build_array('span', 'spans.txt', $1::text, 0))",
+            &[&key],
+        )
+        .await?;
+        tx.commit().await?;
+        committed.push((key, now_ms()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut latencies = loop {
+        let text = std::fs::read_to_string(&spans).unwrap_or_default();
+        let starts: std::collections::HashMap<&str, f64> = text
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split(' ');
+                (words.next()? == "start").then_some(())?;
+                let key = words.next()?;
+                let at = words.nth(1)?.parse().ok()?;
+                Some((key, at))
+            })
+            .collect();
+        if starts.len() >= committed.len() {
+            break committed
+                .iter()
+                .filter_map(|(key, at)| Some((starts.get(key.as_str())? - at).max(0.0)))
+                .collect::<Vec<f64>>();
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} of {} jobs started:\n{}",
+                starts.len(),
+                committed.len(),
+                runner.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    latencies.sort_by(f64::total_cmp);
+
+    // Idle: nothing to do for a while. A backend reports its transaction
+    // counts lazily (within ~10 s of going idle), so the busy part above is
+    // left to settle first, and the window is long against that lag.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let window = Duration::from_secs(if quick { 30 } else { 60 });
+    let tx_before = transactions(&client).await?;
+    let ticks_before = cpu_ticks(runner.pid());
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    let ticks = cpu_ticks(runner.pid()) - ticks_before;
+    let elapsed = started.elapsed().as_secs_f64();
+    // Our own two reads are transactions too.
+    let tx = transactions(&client).await?.saturating_sub(tx_before + 1);
+    let cpu = ticks as f64 / 100.0 / elapsed * 100.0;
+    runner.stop()?;
+    Ok((latencies, cpu, tx as f64 / elapsed * 60.0))
+}
+
+async fn transactions(client: &tokio_postgres::Client) -> Result<u64> {
+    let row = client
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}
+
+/// `wasmjobs.jobs`' total size (bytes) and dead tuples.
+async fn table_health(url: &str) -> Result<(i64, i64)> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT pg_total_relation_size('wasmjobs.jobs'), n_dead_tup FROM pg_stat_user_tables WHERE relid = 'wasmjobs.jobs'::regclass",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
