@@ -282,6 +282,32 @@ pub fn plugins(examples: &[&str], test_guests: &[&str]) -> tempfile::TempDir {
     dir
 }
 
+/// A chaos run's progress: waits until `file` holds `at` lines, panicking
+/// if one of `live` exits or `deadline` passes (its message says how far
+/// the `n` jobs got in `timeout`); returns the lines there are.
+pub fn wait_for_lines(
+    live: &mut [Runner],
+    file: &Path,
+    at: usize,
+    n: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> usize {
+    loop {
+        for runner in live.iter_mut() {
+            if let Some(status) = runner.try_status() {
+                panic!("a runner exited ({status}):\n{}", runner.log());
+            }
+        }
+        let done = lines(file).len();
+        if done >= at {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "{done} of {n} lines after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The lines of a text file (none if it does not exist yet).
 pub fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)

@@ -38,14 +38,14 @@ pub const MAX_UNIQUE_FOR: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
-    class: String,
-    args: Value,
-    queue: String,
-    at: Option<SystemTime>,
-    unique_for: Option<Duration>,
-    unique_key: Option<String>,
-    unique_until: UniqueUntil,
-    fields: Vec<(String, Value)>,
+    pub(crate) class: String,
+    pub(crate) args: Value,
+    pub(crate) queue: String,
+    pub(crate) at: Option<SystemTime>,
+    pub(crate) unique_for: Option<Duration>,
+    pub(crate) unique_key: Option<String>,
+    pub(crate) unique_until: UniqueUntil,
+    pub(crate) fields: Vec<(String, Value)>,
 }
 
 impl Job {

@@ -30,12 +30,15 @@
 //! | [`push`] | pushing payloads as they are (bulk, scheduled) |
 //! | [`unique`] | unique-job locks: digest, push script, release |
 //! | [`keys`] | the Redis keys a producer writes |
+//! | `pg` | (feature `postgres`) pushing into the PostgreSQL job store inside a transaction |
 
 pub mod activejob;
 pub mod fields;
 pub mod job;
 pub mod keys;
 pub mod payload;
+#[cfg(feature = "postgres")]
+pub mod pg;
 pub mod push;
 pub mod unique;
 

@@ -186,6 +186,11 @@ impl Payload {
         self.map.insert(key.to_owned(), value);
     }
 
+    /// Its fields, as a JSON object.
+    pub fn into_map(self) -> Map<String, Value> {
+        self.map
+    }
+
     /// The payload as JSON text.
     pub fn to_json(&self) -> String {
         // Serialising a map of JSON values cannot fail.

@@ -212,16 +212,18 @@ async fn postgres(args: &EnqueueArgs, url: &str, job_args: &[Value], at: Option<
         );
     }
     let pg = crate::pg::Pg::connect(url).await?;
-    let retry = args.retry.clone().unwrap_or(Value::Bool(true));
-    let job_args = Value::Array(job_args.to_vec());
-    let job = crate::pg::enqueue::NewJob {
-        class: &args.class,
-        args: &job_args,
-        queue: &args.queue,
-        run_at: at,
-        unique_key: args.unique_key.as_deref(),
-        retry: &retry,
-    };
+    let mut job = wasmjobs_client::Job::new(&args.class)
+        .args(Value::Array(job_args.to_vec()))
+        .queue(&args.queue);
+    if let Some(retry) = &args.retry {
+        job = job.retry(retry.clone());
+    }
+    if let Some(at) = at {
+        job = job.at(UNIX_EPOCH + Duration::from_secs_f64(at));
+    }
+    if let Some(key) = &args.unique_key {
+        job = job.unique_key(key);
+    }
     let mut client = pg.client().await?;
     let mut pushed = 0;
     let mut last_jid = String::new();
@@ -229,7 +231,7 @@ async fn postgres(args: &EnqueueArgs, url: &str, job_args: &[Value], at: Option<
         let batch = PG_BATCH.min(args.count - pushed);
         let tx = client.transaction().await.context("starting a transaction")?;
         // Sent together: the connection pipelines them, one round trip.
-        let calls = (0..batch).map(|_| crate::pg::enqueue::enqueue(&*tx, &job));
+        let calls = (0..batch).map(|_| wasmjobs_client::pg::push(&*tx, &job));
         for jid in futures_util::future::try_join_all(calls).await? {
             match jid {
                 Some(jid) => last_jid = jid,

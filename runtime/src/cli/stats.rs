@@ -33,6 +33,10 @@ const CLEAR: &str = "\x1b[H\x1b[2J";
 pub struct StatsArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// Also show the jobs of the PostgreSQL job store at URL (queues,
+    /// scheduled, retries, running, dead).
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    pub jobs_source: Option<String>,
     /// Print the stats as JSON (one line per refresh with --watch).
     #[arg(long)]
     pub json: bool,
@@ -45,9 +49,17 @@ pub struct StatsArgs {
 pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let mut conn = redis.conn();
+    let store = match &args.jobs_source {
+        Some(url) => Some(crate::pg::Pg::connect(url).await?),
+        None => None,
+    };
     let result = async {
         loop {
             let stats = api::stats(&mut conn).await?;
+            let in_store = match &store {
+                Some(pg) => Some(crate::pg::stats::read(pg).await?),
+                None => None,
+            };
             let limits = limit_stats(&mut conn).await?;
             let schedules = Schedules::read(&mut conn).await?;
             let latency = last_hour(&mut conn, now_f64()).await?;
@@ -59,24 +71,28 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
                 let mut json = serde_json::to_value(&with).context("cannot serialise the stats")?;
                 json["limits"] = serde_json::to_value(&limits).context("cannot serialise the stats")?;
                 json["latency"] = serde_json::to_value(&latency).context("cannot serialise the stats")?;
+                if let Some(in_store) = &in_store {
+                    json["postgres"] = serde_json::to_value(in_store).context("cannot serialise the stats")?;
+                }
                 Ok(json)
             };
             let text = match (args.json, args.watch) {
                 (true, None) => serde_json::to_string_pretty(&json()?).context("cannot serialise the stats")? + "\n",
                 (true, Some(_)) => serde_json::to_string(&json()?).context("cannot serialise the stats")? + "\n",
-                (false, None) => {
-                    render(&stats, &redis.location, now_f64())
+                (false, watch) => {
+                    let text = render(&stats, &redis.location, now_f64())
+                        + &in_store
+                            .as_ref()
+                            .map(crate::pg::stats::StoreStats::render)
+                            .unwrap_or_default()
                         + &render_latency(&latency)
                         + &schedules.render()
-                        + &render_limits(&limits)
+                        + &render_limits(&limits);
+                    match watch {
+                        Some(_) => format!("{CLEAR}{text}"),
+                        None => text,
+                    }
                 }
-                (false, Some(_)) => format!(
-                    "{CLEAR}{}{}{}{}",
-                    render(&stats, &redis.location, now_f64()),
-                    render_latency(&latency),
-                    schedules.render(),
-                    render_limits(&limits)
-                ),
             };
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes()).context("cannot write to stdout")?;

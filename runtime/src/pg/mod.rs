@@ -10,15 +10,19 @@
 //!   `wasmjobs migrate` and checked by everything else;
 //! - [`Pg`]: the connection pool every statement uses, and the one
 //!   dedicated connection a process `LISTEN`s on ([`Pg::listener`]);
-//! - [`enqueue`]: the producer side, one call of the SQL function
-//!   `wasmjobs.enqueue` (the same any language calls).
+//! - [`cron`]: a schedule's tick claimed and enqueued in one transaction;
+//! - [`stats`]: what the store holds, for `wasmjobs stats --source`;
+//! - the producer side is the SQL function `wasmjobs.enqueue` (migration
+//!   1), which any language calls; Rust calls it through
+//!   `wasmjobs_client::pg::push`.
 //!
 //! The work protocol over these tables (claim, lease, complete, recover) is
 //! `runner::source::postgres`; `docs/postgres.md` explains the design and
 //! when to choose this store over Redis.
 
-pub mod enqueue;
+pub mod cron;
 pub mod schema;
+pub mod stats;
 
 use std::time::Duration;
 

@@ -13,7 +13,10 @@ use tokio_postgres::error::SqlState;
 use super::Pg;
 
 /// The migrations, in order: (version, name, SQL).
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "jobs", include_str!("migrations/0001_jobs.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "jobs", include_str!("migrations/0001_jobs.sql")),
+    (2, "cron", include_str!("migrations/0002_cron.sql")),
+];
 
 /// The schema version this binary works with.
 pub const VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

@@ -83,6 +83,8 @@ struct Tracked {
 
 /// The poller.
 pub(crate) struct CronPoller {
+    /// The PostgreSQL store, when jobs live there (`--source`).
+    store: Option<crate::pg::Pg>,
     redis: Redis,
     metrics: Arc<Metrics>,
     tracked: HashMap<String, Tracked>,
@@ -138,6 +140,7 @@ impl Streak {
 impl CronPoller {
     pub(crate) fn new(redis: Redis, metrics: Arc<Metrics>) -> Self {
         Self {
+            store: None,
             redis,
             metrics,
             tracked: HashMap::new(),
@@ -148,6 +151,13 @@ impl CronPoller {
             claiming: Streak::default(),
             broken: HashSet::new(),
         }
+    }
+
+    /// Enqueues into the PostgreSQL store `pg` (ticks claimed there)
+    /// instead of Redis's queues.
+    pub(crate) fn with_store(mut self, pg: Option<crate::pg::Pg>) -> Self {
+        self.store = pg;
+        self
     }
 
     /// Registers `initial` (the plugins loaded at start), then runs until
@@ -405,7 +415,18 @@ impl CronPoller {
         }
         let now = now_f64();
         let payload = entry.payload(tick, now);
-        let claim = store::claim(&mut self.redis.conn(), entry, tick, &payload, now, catch_up).await?;
+        let (claim, jid) = match &self.store {
+            // The job goes into the PostgreSQL store, claimed there.
+            Some(pg) => match crate::pg::cron::claim(pg, &entry.key, tick, payload, catch_up).await? {
+                Some(jid) => (Claim::Enqueued, jid),
+                None => (Claim::Lost, String::new()),
+            },
+            None => {
+                let jid = payload.jid().to_owned();
+                let claim = store::claim(&mut self.redis.conn(), entry, tick, &payload, now, catch_up).await?;
+                (claim, jid)
+            }
+        };
         let counters = &self.metrics.process;
         match claim {
             Claim::Enqueued => {
@@ -414,7 +435,7 @@ impl CronPoller {
                     schedule = %entry.name,
                     class = %entry.class,
                     queue = %entry.queue,
-                    jid = %payload.jid(),
+                    jid = %jid,
                     tick = %cron::iso8601(tick),
                     "cron: enqueued"
                 );

@@ -50,7 +50,7 @@ use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
 use super::supervise;
-use super::unsupported::{refuse_schedules, refuse_unsupported};
+use super::unsupported::refuse_unsupported;
 use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -65,6 +65,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     // take seconds) is a stop once started rather than the signal's
     // default action, death.
     let mut signals = Signals::install()?;
+    refuse_unsupported(&options)?;
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
@@ -89,7 +90,6 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     if let Err(err) = neighbours.refresh(&redis).await {
         tracing::warn!("{err:#}; cannot tell yet whether a Ruby Sidekiq process shares our queues");
     }
-    refuse_unsupported(&options, &catalog.load())?;
     let source = source::open(
         &options.store,
         redis.clone(),
@@ -183,7 +183,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let served = Arc::new(tokio::sync::Mutex::new(served));
     let (schedules_tx, schedules) = mpsc::unbounded_channel();
     let schedules = Arc::new(tokio::sync::Mutex::new(schedules));
-    let postgres = matches!(options.store, source::Store::Postgres { .. });
+    let store = match &options.store {
+        source::Store::Postgres { pg, .. } => Some((**pg).clone()),
+        source::Store::Redis => None,
+    };
     supervised("cron", &stop, {
         let (redis, metrics, catalog, stop) = (redis.clone(), metrics.clone(), catalog.clone(), stop.clone());
         Box::new(move || {
@@ -199,10 +202,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
                 })
                 .collect();
             let (schedules, stop) = (schedules.clone(), stop.clone());
-            if postgres {
-                return Box::pin(async move { refuse_schedules(&mut *schedules.lock().await, stop).await });
-            }
-            let poller = CronPoller::new(redis.clone(), metrics.clone());
+            let poller = CronPoller::new(redis.clone(), metrics.clone()).with_store(store.clone());
             Box::pin(async move { poller.run(loaded, &mut *schedules.lock().await, stop).await })
         })
     });

@@ -11,7 +11,7 @@ use tokio_postgres::{Client, NoTls};
 use wasmjobs_e2e::cli::wasmjobs_in;
 use wasmjobs_e2e::postgres::TestPostgres;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, lines, plugins};
+use wasmjobs_e2e::runner::{Runner, lines, plugins, wait_for_lines};
 
 const DB: &str = "jobs";
 const NONE: &[(&str, &str)] = &[];
@@ -26,7 +26,7 @@ fn store() -> (TestPostgres, String) {
     let first = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&first, "wasmjobs migrate");
     let printed = String::from_utf8_lossy(&first.stdout).into_owned();
-    assert!(printed.contains("applied migration 1"), "{printed}");
+    assert!(printed.contains("applied migrations 1, 2;"), "{printed}");
     let again = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&again, "wasmjobs migrate (again)");
     assert!(String::from_utf8_lossy(&again.stdout).contains("up to date"));
@@ -520,8 +520,9 @@ async fn a_failing_job_is_retried_in_the_store() {
     runner.stop();
 }
 
-/// What the PostgreSQL store cannot serve yet is refused at start, with
-/// the reason; and a store that was never migrated says what to run.
+/// What the PostgreSQL store cannot serve yet (the dashboard) is refused
+/// at start, with the reason, as is `--fetch basic`; and a store that was
+/// never migrated says what to run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_store_cannot_serve_is_refused_at_start() {
     let pg = TestPostgres::start();
@@ -559,15 +560,6 @@ async fn what_the_store_cannot_serve_is_refused_at_start() {
     assert!(!web.status.success());
     let said = String::from_utf8_lossy(&web.stderr).into_owned();
     assert!(said.contains("--web") && said.contains("PostgreSQL"), "{said}");
-
-    wasmjobs_e2e::append_to_manifest(
-        &dir.path().join("noop"),
-        "\n[[schedule]]\nname = \"tick\"\ncron = \"* * * * *\"\nclass = \"NoopJob\"\n",
-    );
-    let cron = run(&[]);
-    assert!(!cron.status.success());
-    let said = String::from_utf8_lossy(&cron.stderr).into_owned();
-    assert!(said.contains("cron schedules") && said.contains("noop"), "{said}");
 
     let basic = run(&["--fetch", "basic"]);
     assert!(!basic.status.success());
@@ -621,19 +613,7 @@ async fn chaos_three_runners_kill_restart_postgres_and_lose_nothing() {
     }
     let timeout = Duration::from_secs(180).max(Duration::from_millis(n as u64 * 3));
     let deadline = started + timeout;
-    let progress = |live: &mut Vec<Runner>, at: usize| loop {
-        for runner in live.iter_mut() {
-            if let Some(status) = runner.try_status() {
-                panic!("a runner exited ({status}):\n{}", runner.log());
-            }
-        }
-        let done = lines(&file).len();
-        if done >= at {
-            return done;
-        }
-        assert!(Instant::now() < deadline, "{done} of {n} lines after {timeout:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let progress = |live: &mut Vec<Runner>, at: usize| wait_for_lines(live, &file, at, n, deadline, timeout);
 
     let mut killed = Vec::new();
     let done = progress(&mut live, n / 5);
@@ -712,4 +692,125 @@ async fn chaos_three_runners_kill_restart_postgres_and_lose_nothing() {
     for mut runner in live {
         runner.stop();
     }
+}
+
+/// The Rust client pushes the same `Job` it pushes to Redis into the store,
+/// inside the caller's transaction: rolled back, nothing; committed, the
+/// payload with its extra fields; a held unique key, `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_pushes_inside_a_transaction() {
+    let (_pg, url) = store();
+    let mut app = connect(&url).await;
+    let job = wasmjobs_client::Job::new("InvoiceJob")
+        .args(json!([1234]))
+        .queue("billing")
+        .retry(3)
+        .field("tags", json!(["eu"]))
+        .unique_key("invoice:1234");
+
+    let tx = app.transaction().await.expect("begin");
+    let jid = wasmjobs_client::pg::push(&tx, &job).await.expect("push");
+    assert!(jid.is_some());
+    tx.rollback().await.expect("rollback");
+    assert_eq!(count(&app, "SELECT count(*) FROM wasmjobs.jobs").await, 0);
+
+    let tx = app.transaction().await.expect("begin");
+    let jid = wasmjobs_client::pg::push(&tx, &job)
+        .await
+        .expect("push")
+        .expect("a jid");
+    assert_eq!(
+        wasmjobs_client::pg::push(&tx, &job).await.expect("push again"),
+        None,
+        "the key is held"
+    );
+    tx.commit().await.expect("commit");
+    let payload: Value = serde_json::from_str(
+        &app.query_one("SELECT payload::text FROM wasmjobs.jobs", &[])
+            .await
+            .expect("row")
+            .get::<_, String>(0),
+    )
+    .expect("json");
+    assert_eq!(payload["jid"], jid.as_str());
+    assert_eq!(payload["class"], "InvoiceJob");
+    assert_eq!(payload["queue"], "billing");
+    assert_eq!(payload["args"], json!([1234]));
+    assert_eq!(payload["retry"], 3);
+    assert_eq!(payload["tags"], json!(["eu"]));
+    // A lifetime cannot be kept there: refused with the reason.
+    let timed = job.clone().unique_for(Duration::from_secs(60));
+    let err = wasmjobs_client::pg::push(&app, &timed)
+        .await
+        .expect_err("unique_for is refused");
+    assert!(format!("{err:#}").contains("unique_key alone"), "{err:#}");
+}
+
+/// Two runners on the store, a schedule firing every second: each tick is
+/// claimed in PostgreSQL once, its job enqueued there and run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_on_two_runners_enqueues_each_tick_once() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    wasmjobs_e2e::append_to_manifest(
+        &dir.path().join("chaos"),
+        "\n[[schedule]]\nname = \"every-second\"\ncron = \"* * * * * *\"\nclass = \"ChaosJob\"\nargs = [\"span\", \"cron.txt\", \"tick\", 0]\n",
+    );
+    let file = dir.path().join("chaos/data/cron.txt");
+    let flags = source_flags(&url, &[]);
+    let mut first = Runner::start(&redis.url(), dir.path(), &flags);
+    let mut second = Runner::start(&redis.url(), dir.path(), &flags);
+    first.wait_running();
+    second.wait_running();
+    let store = connect(&url).await;
+    let start = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs() as i64 + 1;
+    let last = start + 5;
+    eventually(
+        "six ticks claimed",
+        Duration::from_secs(30),
+        &mut [&mut first, &mut second],
+        || {
+            let store = &store;
+            async move {
+                let claimed: i64 = store
+                    .query_one(
+                        "SELECT count(*) FROM wasmjobs.cron_ticks WHERE tick BETWEEN $1 AND $2",
+                        &[&start, &last],
+                    )
+                    .await
+                    .expect("ticks")
+                    .get(0);
+                claimed == 6
+            }
+        },
+    )
+    .await;
+    first.stop();
+    second.stop();
+    // Every claimed tick's job ran once, here, and nothing is left.
+    let claimed = count(&store, "SELECT count(*) FROM wasmjobs.cron_ticks").await;
+    let ran = lines(&file)
+        .iter()
+        .filter(|line| line.starts_with("start tick "))
+        .count();
+    let left = count(&store, "SELECT count(*) FROM wasmjobs.jobs").await;
+    assert_eq!(ran as i64 + left, claimed, "one job per claimed tick");
+    let mut jids: Vec<String> = lines(&file)
+        .iter()
+        .filter(|line| line.starts_with("start tick "))
+        .filter_map(|line| line.split(' ').nth(2).map(str::to_owned))
+        .collect();
+    let all = jids.len();
+    jids.sort();
+    jids.dedup();
+    assert_eq!(jids.len(), all, "a job ran twice");
+    // Nothing went to Redis's queues.
+    let mut conn = redis.conn().await;
+    let queued: u64 = redis::cmd("LLEN")
+        .arg("queue:default")
+        .query_async(&mut conn)
+        .await
+        .expect("LLEN");
+    assert_eq!(queued, 0);
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, int, jobs_in_progress, plugins, push};
+use wasmjobs_e2e::runner::{Runner, int, jobs_in_progress, plugins, push, wait_for_lines};
 
 /// The set of processes with an in-progress list.
 const OWNERS: &str = "wasmjobs:inprogress";
@@ -435,21 +435,7 @@ async fn chaos_three_runners_kill_restart_and_lose_nothing() {
     let timeout = Duration::from_secs(120).max(Duration::from_millis(n as u64 * 2));
     let deadline = started + timeout;
     // Waits until `at` lines are in the file, every live runner still up.
-    let progress = |live: &mut Vec<Runner>, at: usize| {
-        loop {
-            for runner in live.iter_mut() {
-                if let Some(status) = runner.try_status() {
-                    panic!("a runner exited ({status}):\n{}", runner.log());
-                }
-            }
-            let done = lines(&file).len();
-            if done >= at {
-                return done;
-            }
-            assert!(Instant::now() < deadline, "{done} of {n} lines after {timeout:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let progress = |live: &mut Vec<Runner>, at: usize| wait_for_lines(live, &file, at, n, deadline, timeout);
 
     let mut killed = Vec::new();
     let done = progress(&mut live, n / 5);

@@ -73,7 +73,8 @@ CREATE TRIGGER jobs_due AFTER INSERT OR UPDATE OF owner ON wasmjobs.jobs
     EXECUTE FUNCTION wasmjobs.notify_due();
 
 -- Enqueues a job inside the caller's transaction; returns its jid, or NULL
--- when a live job already holds `unique_key`.
+-- when a live job already holds `unique_key`. `fields` adds payload fields
+-- (`tags`, your own) beside the ones this function sets.
 --   SELECT wasmjobs.enqueue('WelcomeJob', '["x", 1]', queue => 'mail');
 CREATE FUNCTION wasmjobs.enqueue(
     class      text,
@@ -81,7 +82,8 @@ CREATE FUNCTION wasmjobs.enqueue(
     queue      text        DEFAULT 'default',
     run_at     timestamptz DEFAULT NULL,
     unique_key text        DEFAULT NULL,
-    retry      jsonb       DEFAULT 'true'
+    retry      jsonb       DEFAULT 'true',
+    fields     jsonb       DEFAULT '{}'
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -99,7 +101,11 @@ BEGIN
     IF enqueue.queue IS NULL OR enqueue.queue = '' THEN
         RAISE EXCEPTION 'wasmjobs.enqueue: queue must not be empty';
     END IF;
-    job := jsonb_build_object(
+    IF jsonb_typeof(fields) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'wasmjobs.enqueue: fields must be a JSON object, not %', coalesce(jsonb_typeof(fields), 'NULL');
+    END IF;
+    -- Extra payload fields (tags, your own); the job's own keys win.
+    job := fields || jsonb_build_object(
         'class', class, 'args', args, 'queue', enqueue.queue, 'jid', jid,
         'retry', enqueue.retry, 'created_at', now_s, 'enqueued_at', now_s);
     IF enqueue.run_at IS NOT NULL AND enqueue.run_at > now() THEN
