@@ -230,9 +230,9 @@ async fn postgres(args: &EnqueueArgs, url: &str, job_args: &[Value], at: Option<
     while pushed < args.count {
         let batch = PG_BATCH.min(args.count - pushed);
         let tx = client.transaction().await.context("starting a transaction")?;
-        // Sent together: the connection pipelines them, one round trip.
-        let calls = (0..batch).map(|_| wasmjobs_client::pg::push(&*tx, &job));
-        for jid in futures_util::future::try_join_all(calls).await? {
+        // One statement for the batch: wasmjobs.enqueue over arrays.
+        let jobs = vec![job.clone(); batch as usize];
+        for jid in wasmjobs_client::pg::push_bulk(&*tx, &jobs).await? {
             match jid {
                 Some(jid) => last_jid = jid,
                 None => {

@@ -746,6 +746,79 @@ async fn the_rust_client_pushes_inside_a_transaction() {
     assert!(format!("{err:#}").contains("unique_key alone"), "{err:#}");
 }
 
+/// The wake-up: a due job's enqueue notifies `wasmjobs_jobs` with its
+/// queue when its transaction commits; a rolled-back enqueue and a job due
+/// later notify nobody (notifications arrive in commit order, so each
+/// silent case is followed by one that must be heard). `push_bulk` enqueues
+/// a batch in one statement, in order, and lets one holder of a key in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_enqueues_notify_at_commit_and_push_bulk_keeps_order() {
+    use futures_util::StreamExt;
+    let (_pg, url) = store();
+    let (listener, mut connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    let (heard, mut notes) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(note) = message {
+                let _ = heard.send((note.channel().to_owned(), note.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN wasmjobs_jobs").await.expect("LISTEN");
+    let mut app = connect(&url).await;
+
+    // Rolled back: silent. Then a due job on `mail`: heard, and first.
+    let tx = app.transaction().await.expect("begin");
+    let job = wasmjobs_client::Job::new("WelcomeJob").queue("rolled");
+    wasmjobs_client::pg::push(&tx, &job).await.expect("push");
+    tx.rollback().await.expect("rollback");
+    let later = wasmjobs_client::Job::new("WelcomeJob")
+        .queue("later")
+        .at(SystemTime::now() + Duration::from_secs(3600));
+    wasmjobs_client::pg::push(&app, &later).await.expect("push later");
+    let jobs: Vec<wasmjobs_client::Job> = (0..3)
+        .map(|i| wasmjobs_client::Job::new("WelcomeJob").args(json!([i])).queue("mail"))
+        .chain([wasmjobs_client::Job::new("WelcomeJob").unique_key("once").queue("mail")])
+        .chain([wasmjobs_client::Job::new("WelcomeJob").unique_key("once").queue("mail")])
+        .collect();
+    let tx = app.transaction().await.expect("begin");
+    let jids = wasmjobs_client::pg::push_bulk(&tx, &jobs).await.expect("push_bulk");
+    tx.commit().await.expect("commit");
+    let mut next = async || {
+        let note = tokio::time::timeout(Duration::from_secs(30), notes.recv())
+            .await
+            .expect("a notification within 30 s")
+            .expect("the listener is up");
+        assert_eq!(note.0, "wasmjobs_jobs");
+        note.1
+    };
+    assert_eq!(next().await, "mail", "the first notification");
+    // One per queue per transaction: PostgreSQL folded the batch's, so the
+    // next one heard is the next transaction's.
+    let last = wasmjobs_client::Job::new("WelcomeJob").queue("last");
+    wasmjobs_client::pg::push(&app, &last).await.expect("push last");
+    assert_eq!(next().await, "last");
+
+    assert_eq!(jids.len(), 5);
+    assert!(jids[..4].iter().all(Option::is_some), "{jids:?}");
+    assert_eq!(jids[4], None, "the second holder of a key is not let in");
+    let stored: Vec<(String, Value)> = app
+        .query(
+            "SELECT payload->>'jid', (payload->'args')::text FROM wasmjobs.jobs WHERE queue = 'mail' ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("rows")
+        .iter()
+        .map(|row| (row.get(0), serde_json::from_str(row.get::<_, &str>(1)).expect("json")))
+        .collect();
+    let order: Vec<&str> = stored.iter().map(|(jid, _)| jid.as_str()).collect();
+    let given: Vec<&str> = jids[..4].iter().flatten().map(String::as_str).collect();
+    assert_eq!(order, given, "enqueued in the order given");
+    assert_eq!(stored[2].1, json!([2]));
+}
+
 /// Two runners on the store, a schedule firing every second: each tick is
 /// claimed in PostgreSQL once, its job enqueued there and run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

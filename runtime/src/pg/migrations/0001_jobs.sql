@@ -60,7 +60,9 @@ CREATE INDEX dead_jid ON wasmjobs.dead ((payload ->> 'jid'));
 
 -- Wakes the idle processes: one notification per queue per transaction
 -- (PostgreSQL folds identical ones), delivered when the transaction
--- commits, so a rolled-back enqueue wakes nobody.
+-- commits, so a rolled-back enqueue wakes nobody. `wasmjobs.enqueue`
+-- notifies itself (a row trigger on the insert cost a fifth of its time);
+-- this trigger wakes them when a claimed job is handed back due.
 CREATE FUNCTION wasmjobs.notify_due() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -68,7 +70,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER jobs_due AFTER INSERT OR UPDATE OF owner ON wasmjobs.jobs
+CREATE TRIGGER jobs_due AFTER UPDATE OF owner ON wasmjobs.jobs
     FOR EACH ROW WHEN (NEW.owner IS NULL AND NEW.run_at <= now())
     EXECUTE FUNCTION wasmjobs.notify_due();
 
@@ -116,6 +118,9 @@ BEGIN
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    IF enqueue.run_at IS NULL OR enqueue.run_at <= now() THEN
+        PERFORM pg_notify('wasmjobs_jobs', enqueue.queue);
     END IF;
     RETURN jid;
 END
