@@ -10,7 +10,9 @@
 //! each job was. A jid found nowhere is reported (exit status 1); its
 //! request stays in Redis for a day, so a job with that jid pushed or
 //! fetched meanwhile is still cancelled. `crate::redis::control` has the
-//! Redis side.
+//! Redis side. With `--source`, a jid not found in Redis is looked for in
+//! the PostgreSQL store too, and taken out there if it waits unclaimed
+//! (`crate::pg::cancel`); a running one is stopped as on Redis.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -27,6 +29,9 @@ use crate::redis::control::{self, CancelRequest, Found};
 pub struct CancelArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// Also take the jobs out of the PostgreSQL job store at URL.
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    pub jobs_source: Option<String>,
     /// Who is cancelling, recorded with each job (default: user@host).
     #[arg(long)]
     pub by: Option<String>,
@@ -56,11 +61,15 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
             crate::runner::heartbeat::hostname()
         ),
     };
+    let store = match &args.jobs_source {
+        Some(url) => Some(crate::pg::Pg::connect(url).await?),
+        None => None,
+    };
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let mut conn = redis.conn();
     // At most a day; NaN or below zero: no wait.
     let wait = Duration::try_from_secs_f64(args.wait.clamp(0.0, 86_400.0)).unwrap_or(Duration::ZERO);
-    let result = cancel(&mut conn, &args.jids, &CancelRequest::now(&by), wait).await;
+    let result = cancel(&mut conn, store.as_ref(), &args.jids, &CancelRequest::now(&by), wait).await;
     redis.close().await?;
     let mut unknown = 0;
     for (line, found) in result? {
@@ -79,12 +88,16 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
 /// the job was found.
 async fn cancel(
     conn: &mut redis::aio::ConnectionManager,
+    store: Option<&crate::pg::Pg>,
     jids: &[String],
     request: &CancelRequest,
     wait: Duration,
 ) -> Result<Vec<(String, bool)>> {
     let sent = Instant::now();
-    let found = control::cancel_all(conn, jids, request).await?;
+    let mut found = control::cancel_all(conn, jids, request).await?;
+    if let Some(pg) = store {
+        take_from_store(pg, &mut found, request).await?;
+    }
     let looked = Instant::now();
     // The running jobs, and those found nowhere: a job taken in basic
     // mode shows in Redis only with the next heartbeat, so its process
@@ -115,6 +128,32 @@ async fn cancel(
             }
         })
         .collect())
+}
+
+/// Takes the jobs found nowhere in Redis out of the PostgreSQL store,
+/// where they wait unclaimed (the requests are already sent, so a job
+/// claimed meanwhile is stopped by its process).
+async fn take_from_store(pg: &crate::pg::Pg, found: &mut [(String, Found)], request: &CancelRequest) -> Result<()> {
+    use crate::pg::cancel::Place;
+    let unknown: Vec<&str> = found
+        .iter()
+        .filter(|(_, found)| matches!(found, Found::Unknown))
+        .map(|(jid, _)| jid.as_str())
+        .collect();
+    let mut taken: HashMap<String, Place> = crate::pg::cancel::take(pg, &unknown, &request.by, request.at)
+        .await?
+        .into_iter()
+        .collect();
+    for (jid, place) in found.iter_mut() {
+        if let Some(was) = taken.remove(jid.as_str()) {
+            *place = match was {
+                Place::Queue(queue) => Found::Queue(queue),
+                Place::Scheduled => Found::Scheduled,
+                Place::Retry => Found::Retry,
+            };
+        }
+    }
+    Ok(())
 }
 
 /// What is printed for `jid`, cancelled before this request, at `at`

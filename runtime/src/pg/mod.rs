@@ -10,6 +10,7 @@
 //!   `wasmjobs migrate` and checked by everything else;
 //! - [`Pg`]: the connection pool every statement uses, and the one
 //!   dedicated connection a process `LISTEN`s on ([`Pg::listener`]);
+//! - [`cancel`]: waiting jobs taken out by `wasmjobs cancel --source`;
 //! - [`cron`]: a schedule's tick claimed and enqueued in one transaction;
 //! - [`stats`]: what the store holds, for `wasmjobs stats --source`;
 //! - the producer side is the SQL function `wasmjobs.enqueue` (migration
@@ -20,6 +21,7 @@
 //! `runner::source::postgres`; `docs/postgres.md` explains the design and
 //! when to choose this store over Redis.
 
+pub mod cancel;
 pub mod cron;
 pub mod schema;
 pub mod stats;

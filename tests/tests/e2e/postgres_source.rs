@@ -425,6 +425,59 @@ async fn cancel_stops_a_running_guest_and_pause_holds_a_queue() {
         .expect("dead row");
     assert_eq!(row.get::<_, String>(0), jid);
 
+    // Waiting jobs (one due in a queue nobody serves, one scheduled) are
+    // taken out of the store by `cancel --source`, kept as cancelled.
+    let mut waiting = Vec::new();
+    for sql in [
+        "SELECT wasmjobs.enqueue('ChaosJob', '[]', queue => 'elsewhere')",
+        "SELECT wasmjobs.enqueue('ChaosJob', '[]', run_at => now() + interval '1 hour')",
+    ] {
+        waiting.push(store.query_one(sql, &[]).await.expect("enqueue").get::<_, String>(0));
+    }
+    let cancel = wasmjobs_in(
+        here,
+        &[
+            "cancel",
+            "--redis",
+            &redis.url(),
+            "--source",
+            &url,
+            "--by",
+            "ops",
+            &waiting[0],
+            &waiting[1],
+        ],
+        none,
+        Duration::from_secs(30),
+    );
+    wasmjobs_e2e::assert_success(&cancel, "wasmjobs cancel --source");
+    let printed = String::from_utf8_lossy(&cancel.stdout).into_owned();
+    assert!(
+        printed.contains(&format!("{}: cancelled; taken out of queue elsewhere", waiting[0])),
+        "{printed}"
+    );
+    assert!(
+        printed.contains(&format!("{}: cancelled; taken out of the schedule", waiting[1])),
+        "{printed}"
+    );
+    assert_eq!(count(&store, "SELECT count(*) FROM wasmjobs.jobs").await, 0);
+    let kept = store
+        .query(
+            "SELECT payload->>'cancelled_by', payload->>'cancelled_from' FROM wasmjobs.dead
+             WHERE kind = 'cancelled' AND payload->>'jid' = ANY($1) ORDER BY payload->>'cancelled_from'",
+            &[&waiting],
+        )
+        .await
+        .expect("kept");
+    let kept: Vec<(String, String)> = kept.iter().map(|row| (row.get(0), row.get(1))).collect();
+    assert_eq!(
+        kept,
+        [
+            ("ops".to_owned(), "queue elsewhere".to_owned()),
+            ("ops".to_owned(), "schedule".to_owned())
+        ]
+    );
+
     // Paused: its jobs wait while the other queue's run.
     let pause = wasmjobs_in(
         here,
