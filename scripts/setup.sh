@@ -7,7 +7,9 @@
 #         ruby-globalid (Rails' ActiveJob with its Sidekiq adapter, for the
 #         ActiveJob tests), ruby-sidekiq-cron (1.8: the schedule layout
 #         Sidekiq 6 apps use), postgresql (the SQL tests
-#         start their own throwaway servers with its binaries), and chromium
+#         start their own throwaway servers with its binaries),
+#         ruby-activerecord and ruby-pg (a Rails model's transaction
+#         enqueueing into the PostgreSQL store, as docs/postgres.md shows), and chromium
 #         with chromium-driver (the dashboard tests drive a headless Chromium
 #         over WebDriver with /usr/bin/chromedriver; fonts-liberation, which
 #         --no-install-recommends would leave out, so pages have fonts).
@@ -16,7 +18,7 @@ set -euo pipefail
 
 want=(redis-server)
 if [ "${1:-run}" = test ]; then
-  want+=(ruby-sidekiq ruby-activejob ruby-globalid ruby-sidekiq-cron postgresql chromium chromium-driver fonts-liberation)
+  want+=(ruby-sidekiq ruby-activejob ruby-globalid ruby-sidekiq-cron ruby-activerecord ruby-pg postgresql chromium chromium-driver fonts-liberation)
 fi
 
 missing=()

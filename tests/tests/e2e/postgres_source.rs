@@ -872,6 +872,61 @@ async fn due_enqueues_notify_at_commit_and_push_bulk_keeps_order() {
     assert_eq!(stored[2].1, json!([2]));
 }
 
+/// docs/postgres.md's Rails snippet, as written there, run by Ruby with
+/// Debian's ActiveRecord and `pg`: a job enqueued in a transaction that
+/// rolls back leaves neither the user nor the job; one that commits leaves
+/// both, the job in Sidekiq's shape with the user's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_rails_snippet_enqueues_with_the_models_transaction() {
+    let (_pg, url) = store();
+    let doc = std::fs::read_to_string(wasmjobs_e2e::repo_root().join("docs/postgres.md")).expect("docs/postgres.md");
+    let start = doc.find("```ruby\n").expect("a ruby block in docs/postgres.md") + "```ruby\n".len();
+    let snippet = &doc[start..start + doc[start..].find("```").expect("the block's end")];
+    assert!(snippet.contains("wasmjobs.enqueue"), "{snippet}");
+    let program = format!(
+        r#"require "active_record"
+ActiveRecord::Base.establish_connection(ENV.fetch("DATABASE_URL"))
+ActiveRecord::Base.connection.execute("CREATE TABLE users (id bigserial PRIMARY KEY, email text NOT NULL)")
+class User < ActiveRecord::Base; end
+ActiveRecord::Base.transaction do
+  email = "rolled-back@example.com"
+{snippet}
+  raise ActiveRecord::Rollback
+end
+email = "committed@example.com"
+{snippet}
+puts User.find_by!(email: email).id
+"#
+    );
+    let output = std::process::Command::new("ruby")
+        .args(["-e", &program])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("ruby is not installed: scripts/setup.sh test");
+    assert!(
+        output.status.success(),
+        "ruby failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let id: i64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("the user's id");
+    let store = connect(&url).await;
+    assert_eq!(count(&store, "SELECT count(*) FROM users").await, 1);
+    let rows = store
+        .query("SELECT queue, payload::text FROM wasmjobs.jobs", &[])
+        .await
+        .expect("jobs");
+    assert_eq!(rows.len(), 1, "only the committed transaction's job");
+    assert_eq!(rows[0].get::<_, String>(0), "mail");
+    let payload: Value = serde_json::from_str(rows[0].get(1)).expect("json");
+    assert_eq!(payload["class"], "WelcomeJob");
+    assert_eq!(payload["args"], json!([id]));
+    assert_eq!(payload["jid"].as_str().map(str::len), Some(24));
+}
+
 /// Two runners on the store, a schedule firing every second: each tick is
 /// claimed in PostgreSQL once, its job enqueued there and run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
