@@ -14,11 +14,17 @@ pub fn ruby(url: &str, script: &str) -> String {
 Sidekiq.configure_client {{ |c| c.redis = {{ url: ENV.fetch("REDIS_URL") }} }}
 {script}"#
     );
+    run_ruby(&program, &[("REDIS_URL", url)])
+}
+
+/// Runs the Ruby `program` with `env` added; returns what it printed,
+/// trimmed. Panics with Ruby's stderr if it fails.
+pub fn run_ruby(program: &str, env: &[(&str, &str)]) -> String {
     let output = Command::new("ruby")
-        .args(["-e", &program])
-        .env("REDIS_URL", url)
+        .args(["-e", program])
+        .envs(env.iter().copied())
         .output()
-        .expect("ruby is not installed: apt-get install ruby-sidekiq");
+        .expect("ruby is not installed: scripts/setup.sh test");
     assert!(
         output.status.success(),
         "ruby failed ({}):\n{}",

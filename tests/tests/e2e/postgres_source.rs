@@ -898,19 +898,7 @@ email = "committed@example.com"
 puts User.find_by!(email: email).id
 "#
     );
-    let output = std::process::Command::new("ruby")
-        .args(["-e", &program])
-        .env("DATABASE_URL", &url)
-        .output()
-        .expect("ruby is not installed: scripts/setup.sh test");
-    assert!(
-        output.status.success(),
-        "ruby failed ({}):\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let id: i64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
+    let id: i64 = wasmjobs_e2e::sidekiq::run_ruby(&program, &[("DATABASE_URL", &url)])
         .parse()
         .expect("the user's id");
     let store = connect(&url).await;
