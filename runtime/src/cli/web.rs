@@ -1,6 +1,7 @@
 //! `wasmjobs web`: the dashboard on its own ([`crate::web`]), for every
 //! process that shares the Redis. `wasmjobs run --web ADDR` serves the same
-//! beside a runner.
+//! beside a runner. With `--source URL` its job pages show and change the
+//! jobs of that PostgreSQL store instead of Redis's queues and sets.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -10,13 +11,17 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{Cli, RedisArgs};
-use crate::web::{self, Access};
+use crate::web::{self, Access, JobStore};
 
 /// Arguments of `wasmjobs web`.
 #[derive(Debug, Args)]
 pub struct WebArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
+    /// Show the jobs of the PostgreSQL job store at URL (queues,
+    /// scheduled, retries, dead) instead of those in Redis.
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    pub jobs_source: Option<String>,
     /// Where to serve it. Any address other than loopback needs
     /// credentials from the environment: WASMJOBS_WEB_TOKEN, or
     /// WASMJOBS_WEB_USER and WASMJOBS_WEB_PASSWORD.
@@ -29,9 +34,21 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
     let access = Access::from_env()?;
     // Refuse before connecting anywhere.
     access.required_for(args.addr)?;
+    let store = match &args.jobs_source {
+        Some(url) => JobStore::Postgres(Box::new(crate::pg::Pg::connect(url).await?), Default::default()),
+        None => JobStore::Redis,
+    };
     let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
     let stop = CancellationToken::new();
-    let dashboard = web::bind(args.addr, redis.conn(), redis.location.clone(), access, stop.clone()).await?;
+    let dashboard = web::bind(
+        args.addr,
+        redis.conn(),
+        redis.location.clone(),
+        store,
+        access,
+        stop.clone(),
+    )
+    .await?;
     web::announce(dashboard.bound());
     let server = tokio::spawn(dashboard.serve());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -10,6 +10,7 @@
 //!   `wasmjobs migrate` and checked by everything else;
 //! - [`Pg`]: the connection pool every statement uses, and the one
 //!   dedicated connection a process `LISTEN`s on ([`Pg::listener`]);
+//! - [`admin`]: the dashboard's lists of jobs and its actions on them;
 //! - [`cancel`]: waiting jobs taken out by `wasmjobs cancel --source`;
 //! - [`cron`]: a schedule's tick claimed and enqueued in one transaction;
 //! - [`stats`]: what the store holds, for `wasmjobs stats --source`;
@@ -21,6 +22,7 @@
 //! `runner::source::postgres`; `docs/postgres.md` explains the design and
 //! when to choose this store over Redis.
 
+pub mod admin;
 pub mod cancel;
 pub mod cron;
 pub mod schema;

@@ -50,7 +50,6 @@ use super::source::paused::Paused;
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
 use super::supervise;
-use super::unsupported::refuse_unsupported;
 use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
@@ -65,7 +64,6 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     // take seconds) is a stop once started rather than the signal's
     // default action, death.
     let mut signals = Signals::install()?;
-    refuse_unsupported(&options)?;
     os_limits::prepare_for(options.concurrency);
     let redis = connect(&options.redis).await?;
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
@@ -265,7 +263,12 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     )
     .await?;
     if let Some((addr, access)) = options.web.clone() {
-        let dashboard = crate::web::bind(addr, redis.conn(), redis.location.clone(), access, done.clone()).await?;
+        let jobs = match &options.store {
+            source::Store::Postgres { pg, .. } => crate::web::JobStore::Postgres(pg.clone(), Default::default()),
+            source::Store::Redis => crate::web::JobStore::Redis,
+        };
+        let dashboard =
+            crate::web::bind(addr, redis.conn(), redis.location.clone(), jobs, access, done.clone()).await?;
         crate::web::announce(dashboard.bound());
         supervised("dashboard", &done, Box::new(move || Box::pin(dashboard.serve())));
     }

@@ -51,7 +51,6 @@ pub(crate) mod source;
 pub mod summary;
 pub(crate) mod supervise;
 pub(crate) mod unit;
-mod unsupported;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! `/cron`: every cron schedule in Redis (plugins' and sidekiq-cron's)
-//! with its next run; "enqueue now", which pushes the job a tick would
-//! (with `cron_tick` the time of the click) without claiming a tick, so
+//! with its next run; "enqueue now", which enqueues the job a tick would
+//! (with `cron_tick` the time of the click), in the dashboard's job store
+//! (Redis, or PostgreSQL with `--source`), without claiming a tick, so
 //! the schedule's own runs are unaffected; and disable / enable, which
 //! sets the schedule's `status` as sidekiq-cron's Web UI does
 //! ([`cron::set_enabled`]).
@@ -18,7 +19,7 @@ use super::form::query_param;
 use super::queues::back;
 use super::{Failure, Web};
 use crate::cron::CronExpr;
-use crate::redis::{client, cron, now_f64};
+use crate::redis::{cron, now_f64};
 
 pub(super) async fn page(
     State(web): State<Arc<Web>>,
@@ -66,12 +67,9 @@ pub(super) async fn enqueue(State(web): State<Arc<Web>>, body: String) -> Result
         return Ok(back("/cron", "That schedule no longer exists."));
     };
     let now = now_f64();
-    let mut payload = entry.payload(now.floor() as i64, now);
-    client::push(&mut conn, &mut payload).await?;
-    Ok(back(
-        "/cron",
-        &format!("{} enqueued now (job {}).", entry.name, payload.jid()),
-    ))
+    let payload = entry.payload(now.floor() as i64, now);
+    let jid = web.store.push(&mut conn, payload).await?;
+    Ok(back("/cron", &format!("{} enqueued now (job {jid}).", entry.name)))
 }
 
 pub(super) async fn status(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {

@@ -7,8 +7,11 @@
 //! numbers and live chart once a second from `GET /api/overview`.
 //!
 //! Everything it shows and changes is in Redis, so a dashboard serves the
-//! whole cluster, and it reads the same keys Sidekiq's Web UI reads. Like
-//! `cli/` and `redis/`, it never touches Wasmtime.
+//! whole cluster, and it reads the same keys Sidekiq's Web UI reads — except
+//! the jobs themselves with the PostgreSQL store (`--source`): then the
+//! queue and set pages, a job's page, search and the overview's counts read
+//! and change the store ([`store`]). Like `cli/` and `redis/`, it never
+//! touches Wasmtime.
 //!
 //! | file | page |
 //! |---|---|
@@ -25,10 +28,12 @@
 //! | [`serve`] | connections, with header, idle and shutdown time limits |
 //! | [`view`] | the templates and the helpers they use |
 //! | [`pager`] | `?page=N` and the links to the pages around it |
+//! | [`store`] | where the job pages find the jobs: Redis or the PostgreSQL store |
 //!
 //! No page runs a Redis command the visitor names: every action is one of
 //! the fixed operations of [`crate::redis::admin`], [`crate::redis::control`]
-//! and [`crate::redis::cron`], on the entry a page listed.
+//! and [`crate::redis::cron`] (or of [`crate::pg::admin`]), on the entry a
+//! page listed.
 
 mod auth;
 mod cron;
@@ -43,6 +48,7 @@ mod queues;
 mod search;
 mod serve;
 mod sets;
+mod store;
 mod view;
 
 use std::net::SocketAddr;
@@ -59,6 +65,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use auth::Access;
+pub(crate) use store::JobStore;
 
 /// The default address of `wasmjobs web`.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9494";
@@ -67,6 +74,8 @@ pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9494";
 pub(crate) struct Web {
     redis: ConnectionManager,
     location: String,
+    /// Where the jobs are.
+    store: JobStore,
     access: Access,
     /// The names requests may address ([`hosts`]).
     hosts: hosts::AllowedHosts,
@@ -107,6 +116,7 @@ pub(crate) async fn bind(
     addr: SocketAddr,
     redis: ConnectionManager,
     location: String,
+    store: JobStore,
     access: Access,
     stop: CancellationToken,
 ) -> Result<Dashboard> {
@@ -120,7 +130,8 @@ pub(crate) async fn bind(
         location,
         hosts: access.allowed_hosts(bound),
         access,
-        view: view::View::new()?,
+        view: view::View::new(store.location())?,
+        store,
     });
     Ok(Dashboard {
         listener: Arc::new(listener),

@@ -39,7 +39,8 @@ pub(super) async fn page(
 ) -> Result<Html<String>, Failure> {
     let days = days(query.as_deref());
     let mut conn = web.conn();
-    let stats = api::stats(&mut conn).await?;
+    let mut stats = api::stats(&mut conn).await?;
+    web.store.count_into(&mut stats).await?;
     let latency = last_hour(&mut conn, now_f64()).await?;
     let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
     let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
@@ -69,7 +70,8 @@ pub(super) async fn page(
 }
 
 pub(super) async fn api(State(web): State<Arc<Web>>) -> Result<Json<Value>, Failure> {
-    let overview = api::overview(&mut web.conn()).await?;
+    let mut overview = api::overview(&mut web.conn()).await?;
+    web.store.count_overview(&mut overview).await?;
     let mut json = serde_json::to_value(&overview).map_err(anyhow::Error::from)?;
     json["time"] = json!(now_f64());
     Ok(Json(json))

@@ -17,7 +17,8 @@ pub(super) async fn list(
     State(web): State<Arc<Web>>,
     axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
 ) -> Result<Html<String>, Failure> {
-    let stats = api::stats(&mut web.conn()).await?;
+    let mut stats = api::stats(&mut web.conn()).await?;
+    web.store.count_into(&mut stats).await?;
     web.view.render(
         "queues.html",
         context! { active => "/queues", location => web.location, csrf, queues => stats.queues, unreadable => stats.unreadable },
@@ -38,7 +39,7 @@ pub(super) async fn page(
         size,
         entries: jobs,
         unreadable,
-    } = admin::queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
+    } = web.store.queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
     let (paused, paused_unreadable) = api::is_paused(&mut conn, &name).await?;
     let unreadable: Vec<_> = unreadable.into_iter().chain(paused_unreadable).collect();
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
@@ -79,23 +80,15 @@ pub(super) async fn act(
             format!("Queue {name} resumed.")
         }
         "clear" => {
-            let removed = admin::clear_queue(&mut conn, &name).await?;
+            let removed = web.store.clear_queue(&mut conn, &name).await?;
             format!("Queue {name} cleared: {removed} jobs deleted.")
         }
         "delete" => {
             let key = query_param(&body, "key").unwrap_or_default();
-            // The job was on the page the form came from; pushes since
-            // move it deeper and fetches move it nowhere (they take the
-            // other end), so it is looked for from a page before that one
-            // to a page after.
             let page = pager::asked(Some(&body));
-            let from = pager::start(page, admin::PAGE).saturating_sub(admin::PAGE);
-            let window = (from, from + admin::PAGE * 3 - 1);
-            match admin::queue_entry(&mut conn, &name, &key, from, admin::PAGE * 3).await? {
-                Some(entry) if admin::delete_from_queue(&mut conn, &name, &entry, window).await? => {
-                    format!("Job {} deleted.", entry.jid)
-                }
-                _ => "That job is no longer in the queue.".to_owned(),
+            match web.store.delete_queued(&mut conn, &name, &key, page).await? {
+                Some(jid) => format!("Job {jid} deleted."),
+                None => "That job is no longer in the queue.".to_owned(),
             }
         }
         _ => return Err(Failure::not_found("no such action")),

@@ -78,10 +78,11 @@ pub(super) async fn page(
     if !q.is_empty() && !too_long {
         let needle = q.to_lowercase();
         let mut conn = web.conn();
-        let stats = api::stats(&mut conn).await?;
+        let mut stats = api::stats(&mut conn).await?;
+        web.store.count_into(&mut stats).await?;
         looked.queues_left = stats.queues.len().saturating_sub(MAX_QUEUES);
         for queue in stats.queues.iter().take(MAX_QUEUES) {
-            let jobs = admin::queue_jobs(&mut conn, &queue.name, 0, WINDOW).await?;
+            let jobs = web.store.queue_jobs(&mut conn, &queue.name, 0, WINDOW).await?;
             if jobs.size > WINDOW as u64 {
                 looked.cut.push(format!("queue {} ({} jobs)", queue.name, jobs.size));
             }
@@ -98,7 +99,7 @@ pub(super) async fn page(
             }
         }
         for set in [JobSet::Scheduled, JobSet::Retries, JobSet::Dead] {
-            let jobs = admin::set_jobs(&mut conn, set, 0, WINDOW, None).await?;
+            let jobs = web.store.set_jobs(&mut conn, set, 0, WINDOW, None).await?;
             if jobs.size > WINDOW as u64 {
                 looked.cut.push(format!("{} ({} jobs)", set.name(), jobs.size));
             }

@@ -12,6 +12,7 @@ use minijinja::context;
 use super::auth::Csrf;
 use super::form::query_param;
 use super::queues::{back, encode};
+use super::store::Action;
 use super::{Failure, Web, pager};
 use crate::redis::admin::{self, JobSet};
 
@@ -56,7 +57,10 @@ pub(super) async fn list(
         size,
         entries: jobs,
         unreadable,
-    } = admin::set_jobs(&mut web.conn(), set, first, per_page, class_filter.as_deref()).await?;
+    } = web
+        .store
+        .set_jobs(&mut web.conn(), set, first, per_page, class_filter.as_deref())
+        .await?;
     let filter = class_filter
         .as_deref()
         .map(|class| format!("class={}&", encode(class)))
@@ -92,7 +96,7 @@ pub(super) async fn job(
 ) -> Result<Html<String>, Failure> {
     let set = set_of(&set)?;
     let key = query.as_deref().and_then(|q| query_param(q, "key")).unwrap_or_default();
-    let Some(job) = admin::set_entry(&mut web.conn(), set, &key).await? else {
+    let Some(job) = web.store.set_entry(&mut web.conn(), set, &key).await? else {
         return Err(Failure::not_found(
             "This job is no longer in the set: it ran, was retried or was deleted.",
         ));
@@ -132,58 +136,23 @@ pub(super) async fn act(
         .unwrap_or_default();
     let path = format!("/{}?{filter}page={}", set.name(), pager::asked(Some(&body)));
     let notice = match action.as_str() {
-        "delete-all" => format!("{} jobs deleted.", admin::clear_set(&mut conn, set).await?),
-        "enqueue-all" => {
-            // Page by page from the front: each moved job leaves the set.
-            let mut moved = 0u64;
-            loop {
-                let entries = admin::set_jobs(&mut conn, set, 0, admin::PAGE, None).await?.entries;
-                let mut progress = false;
-                for entry in &entries {
-                    // A listing reads a large job by its ends: read it
-                    // again whole, up to what the dashboard moves.
-                    let entry = match entry.large {
-                        true => match admin::set_entry(&mut conn, set, &entry.key).await? {
-                            Some(entry) => entry,
-                            None => continue,
-                        },
-                        false => entry.clone(),
-                    };
-                    if entry.parsed && admin::enqueue_now(&mut conn, set, &entry).await? {
-                        moved += 1;
-                        progress = true;
-                    }
-                }
-                if !progress {
-                    break;
-                }
-            }
-            format!("{moved} jobs enqueued.")
-        }
+        "delete-all" => format!("{} jobs deleted.", web.store.clear_set(&mut conn, set).await?),
+        "enqueue-all" => format!("{} jobs enqueued.", web.store.enqueue_all(&mut conn, set).await?),
         "enqueue" | "delete" => {
-            let (mut done, mut gone, mut refused) = (0, 0, 0);
-            for key in &keys {
-                let Some(entry) = admin::set_entry(&mut conn, set, key).await? else {
-                    gone += 1;
-                    continue;
-                };
-                let ok = if action == "delete" {
-                    admin::delete_from_set(&mut conn, set, &entry).await?
-                } else if entry.parsed {
-                    admin::enqueue_now(&mut conn, set, &entry).await?
-                } else {
-                    refused += 1;
-                    continue;
-                };
-                if ok { done += 1 } else { gone += 1 }
+            let (act, verb) = match action.as_str() {
+                "delete" => (Action::Delete, "deleted"),
+                _ => (Action::Enqueue, "enqueued"),
+            };
+            let tally = web.store.act(&mut conn, set, act, &keys).await?;
+            let mut notice = format!("{} jobs {verb}.", tally.done);
+            if tally.gone > 0 {
+                notice.push_str(&format!(" {} were no longer there.", tally.gone));
             }
-            let verb = if action == "delete" { "deleted" } else { "enqueued" };
-            let mut notice = format!("{done} jobs {verb}.");
-            if gone > 0 {
-                notice.push_str(&format!(" {gone} were no longer there."));
-            }
-            if refused > 0 {
-                notice.push_str(&format!(" {refused} are not job payloads and can only be deleted."));
+            if tally.refused > 0 {
+                notice.push_str(&format!(
+                    " {} are not job payloads and can only be deleted.",
+                    tally.refused
+                ));
             }
             notice
         }

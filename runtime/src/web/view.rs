@@ -32,8 +32,11 @@ const TEMPLATES: [(&str, &str); 13] = [
 ];
 
 impl View {
-    pub(crate) fn new() -> Result<Self> {
+    /// `jobs_in`: where the jobs are when not in Redis (the PostgreSQL
+    /// store's location), shown in every page's header.
+    pub(crate) fn new(jobs_in: Option<String>) -> Result<Self> {
         let mut env = Environment::new();
+        env.add_global("jobs_in", Value::from(jobs_in));
         for (name, source) in TEMPLATES {
             env.add_template(name, source)
                 .with_context(|| format!("dashboard template {name}"))?;
@@ -95,7 +98,7 @@ mod tests {
 
     #[test]
     fn every_template_compiles_and_escapes() {
-        let view = View::new().expect("templates");
+        let view = View::new(None).expect("templates");
         let env = &view.env;
         let template = env.template_from_named_str("probe.html", "{{ x }}").expect("probe");
         let out = template
