@@ -16,15 +16,15 @@ use wasmjobs_e2e::runner::{Runner, free_addr, http_get, int, lines, plugins, pus
 
 /// One job run as the guest saw it.
 #[derive(Debug, Clone)]
-struct Span {
-    key: String,
-    jid: String,
+pub(crate) struct Span {
+    pub(crate) key: String,
+    pub(crate) jid: String,
     start: u64,
     end: Option<u64>,
 }
 
 /// The spans recorded in `file`, in start order.
-fn spans(file: &Path) -> Vec<Span> {
+pub(crate) fn spans(file: &Path) -> Vec<Span> {
     let mut spans: Vec<Span> = Vec::new();
     let mut open: HashMap<String, usize> = HashMap::new();
     for line in lines(file) {
@@ -56,7 +56,7 @@ fn spans(file: &Path) -> Vec<Span> {
 
 /// Most spans running at one instant (an end at the same ms as a start
 /// does not overlap it).
-fn max_overlap<'a>(spans: impl Iterator<Item = &'a Span>) -> usize {
+pub(crate) fn max_overlap<'a>(spans: impl Iterator<Item = &'a Span>) -> usize {
     let mut events: Vec<(u64, i32)> = Vec::new();
     for span in spans {
         events.push((span.start, 1));
@@ -72,14 +72,14 @@ fn max_overlap<'a>(spans: impl Iterator<Item = &'a Span>) -> usize {
 }
 
 /// A plugins directory with the chaos guest and `limits` appended to its manifest.
-fn chaos_with(limits: &str) -> tempfile::TempDir {
+pub(crate) fn chaos_with(limits: &str) -> tempfile::TempDir {
     let dir = plugins(&[], &["chaos"]);
     wasmjobs_e2e::append_to_manifest(&dir.path().join("chaos"), limits);
     dir
 }
 
 /// Waits until `file` shows `n` finished jobs (distinct jids).
-async fn wait_ended(file: &Path, n: usize, timeout: Duration, runners: &[Runner]) {
+pub(crate) async fn wait_ended(file: &Path, n: usize, timeout: Duration, runners: &[Runner]) {
     let deadline = Instant::now() + timeout;
     loop {
         let ended = spans(file)
@@ -101,7 +101,7 @@ async fn wait_ended(file: &Path, n: usize, timeout: Duration, runners: &[Runner]
 }
 
 /// The value of the Prometheus sample `name{labels}` (exact label text), 0 if absent.
-fn sample(metrics: &str, series: &str) -> f64 {
+pub(crate) fn sample(metrics: &str, series: &str) -> f64 {
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())

@@ -1,9 +1,11 @@
 //! The PostgreSQL job store (`--source postgres://…`), with a real
 //! PostgreSQL, a real redis-server (the control plane) and real runner
 //! processes: transactional enqueue, leases, unique keys, cancel, pause,
-//! cron, the dashboard ([`dashboard`]), and what is refused at start.
+//! cron, the dashboard ([`dashboard`]), cluster limits, metrics and traces
+//! ([`observed`]), and what is refused at start.
 
 mod dashboard;
+mod observed;
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
