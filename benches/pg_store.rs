@@ -18,7 +18,8 @@
 //! - the seed's shape (full run only): 500,000 noop jobs on each store.
 //!
 //! PostgreSQL is the test server: `fsync=off`, `synchronous_commit=off`,
-//! 32 MB shared buffers — a durable server pays a WAL flush per commit.
+//! 32 MB shared buffers — a durable server pays a WAL flush per commit;
+//! `WASMJOBS_PG_DURABLE=1` runs it with the durable defaults instead.
 //!
 //! Run: `cargo bench -p wasmjobs-benches --bench pg_store` (`BENCH_QUICK=1`
 //! for the reduced set, ~3 minutes on a 2-core machine).
@@ -53,7 +54,13 @@ fn main() -> Result<()> {
     }
     let plugin_dir = wasmjobs_e2e::runner::plugins(&["noop"], &["chaos"]);
     let plugins = plugin_dir.path().to_path_buf();
-    let mut report = Report::new("pg_store", "PostgreSQL job store against Redis, one run");
+    let mut report = match wasmjobs_e2e::postgres::durable() {
+        true => Report::new(
+            "pg_store_durable",
+            "PostgreSQL job store (durable) against Redis, one run",
+        ),
+        false => Report::new("pg_store", "PostgreSQL job store against Redis, one run"),
+    };
 
     // Noop drains, alternated.
     let mut ratios = Vec::new();
@@ -155,7 +162,11 @@ fn main() -> Result<()> {
          the same measure on both stores."
             .into(),
     );
-    report.note("PostgreSQL runs as the tests run it: fsync=off, synchronous_commit=off, 32 MB shared buffers.".into());
+    report.note(if wasmjobs_e2e::postgres::durable() {
+        "PostgreSQL is durable (WASMJOBS_PG_DURABLE=1): fsync, synchronous_commit and full_page_writes on, 32 MB shared buffers.".into()
+    } else {
+        "PostgreSQL runs as the tests run it: fsync=off, synchronous_commit=off, 32 MB shared buffers.".into()
+    });
     report.finish()?;
     Ok(())
 }

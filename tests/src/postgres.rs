@@ -4,7 +4,10 @@
 //! Each [`TestPostgres`] `initdb`s a cluster in its own temporary directory
 //! and runs `postgres` on a free loopback port, with trust authentication
 //! for the superuser `wasmjobs` and durability off (`fsync=off`): it lives
-//! for one test. PostgreSQL refuses to run as root, so when the tests run
+//! for one test. With `WASMJOBS_PG_DURABLE=1` in the environment it keeps
+//! PostgreSQL's durable defaults instead (`fsync`, `synchronous_commit`,
+//! `full_page_writes` on), for benchmarks that measure what a production
+//! server pays. PostgreSQL refuses to run as root, so when the tests run
 //! as root (as CI does) the server runs as the `postgres` system user that
 //! Debian's `postgresql` package creates (`scripts/setup.sh test` installs
 //! it); the cluster's directory is handed to that user. The binaries come
@@ -24,6 +27,11 @@ use tempfile::TempDir;
 pub const USER: &str = "wasmjobs";
 /// How long a server may take to accept connections after starting.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Whether servers keep PostgreSQL's durable defaults (`WASMJOBS_PG_DURABLE=1`).
+pub fn durable() -> bool {
+    std::env::var("WASMJOBS_PG_DURABLE").is_ok_and(|v| v == "1")
+}
 
 /// A `postgres` server of the test's own; stopped when dropped.
 pub struct TestPostgres {
@@ -92,6 +100,18 @@ impl TestPostgres {
         if let Some((uid, gid)) = self.run_as {
             std::os::unix::fs::chown(self.log_path(), Some(uid), Some(gid)).expect("chown the log");
         }
+        let fast: &[&str] = if durable() {
+            &[]
+        } else {
+            &[
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ]
+        };
         let child = self
             .server_command("postgres")
             .arg("-D")
@@ -100,14 +120,7 @@ impl TestPostgres {
             .arg("-k")
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-            ])
+            .args(fast)
             .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log)

@@ -209,9 +209,10 @@ const AGAIN: &str = "(payload - 'at')
             THEN jsonb_build_object('retry_count', greatest(floor((payload ->> 'retry_count')::numeric) - 1, 0))
             ELSE '{}'::jsonb END";
 
-/// Makes the rows `ids` of `list` (every row when `None`) due now, at the
-/// front of their queues, and wakes the runners; returns how many moved.
-/// A queue's jobs are due already: nothing moves.
+/// Makes the rows `ids` of `list` (every row when `None`) due now — they
+/// run after the jobs already due in their queues, as a job pushed now
+/// would — and wakes the runners at commit; returns how many moved. A
+/// queue's jobs are due already: nothing moves.
 pub async fn run_now(pg: &Pg, list: &List, ids: Option<&[i64]>) -> Result<u64> {
     let lower = !matches!(list, List::Scheduled);
     let sql = match list {

@@ -54,7 +54,7 @@ impl Counts {
 /// An action on chosen entries of a set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Action {
-    /// To the front of its queue now ("Retry now", "Enqueue now").
+    /// Into its queue now ("Retry now", "Enqueue now").
     Enqueue,
     Delete,
 }
