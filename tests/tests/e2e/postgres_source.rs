@@ -30,7 +30,7 @@ fn store() -> (TestPostgres, String) {
     let first = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&first, "wasmjobs migrate");
     let printed = String::from_utf8_lossy(&first.stdout).into_owned();
-    assert!(printed.contains("applied migrations 1, 2;"), "{printed}");
+    assert!(printed.contains("applied migrations 1, 2, 3;"), "{printed}");
     let again = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&again, "wasmjobs migrate (again)");
     assert!(String::from_utf8_lossy(&again.stdout).contains("up to date"));
