@@ -12,7 +12,8 @@
 //! fetched meanwhile is still cancelled. `crate::redis::control` has the
 //! Redis side. With `--source`, a jid not found in Redis is looked for in
 //! the PostgreSQL store too, and taken out there if it waits unclaimed
-//! (`crate::pg::cancel`); a running one is stopped as on Redis.
+//! (`crate::pg::cancel`); a running one is stopped as on Redis, and one
+//! cancelled before is found in `wasmjobs.dead` and said to be.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -118,6 +119,14 @@ async fn cancel(
         .map(|(jid, _)| jid.as_str())
         .collect();
     let mut earlier = control::already_cancelled(conn, &unknown).await?;
+    if let Some(pg) = store {
+        let left: Vec<&str> = unknown
+            .iter()
+            .copied()
+            .filter(|jid| !earlier.contains_key(*jid))
+            .collect();
+        earlier.extend(crate::pg::cancel::already(pg, &left).await?);
+    }
     Ok(found
         .into_iter()
         .map(|(jid, found)| match earlier.remove(&jid) {

@@ -1,12 +1,15 @@
 //! `wasmjobs cancel --source`: jobs waiting in the PostgreSQL store (due,
 //! scheduled or waiting for a retry, not claimed) are taken out in one
 //! statement and kept in `wasmjobs.dead` as `cancelled`, with who and when,
-//! as the Redis side keeps them in its cancelled set. A claimed job is not
+//! as the Redis side keeps them in its cancelled set; a second cancel finds
+//! them there ([`already`]). A claimed job is not
 //! touched here: its process stops it when it hears the cancel on the
 //! control channel (in Redis) and records it itself.
 //!
 //! The jobs are found by their payload's `jid` (no index: a scan of the
 //! live jobs, which is what a queue table holds).
+
+use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 
@@ -21,6 +24,29 @@ pub enum Place {
     Scheduled,
     /// Due later, after a failure.
     Retry,
+}
+
+/// The jobs of `jids` kept as cancelled in `wasmjobs.dead`: when (epoch
+/// seconds) and from where (`cancelled_at`, `cancelled_from`), the latest
+/// per jid. Found by the dead table's index on the jid.
+pub async fn already(pg: &Pg, jids: &[&str]) -> Result<HashMap<String, (Option<f64>, String)>> {
+    if jids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let client = pg.client().await?;
+    let rows = client
+        .query(
+            "SELECT DISTINCT ON (payload->>'jid') payload->>'jid',
+                 CASE WHEN jsonb_typeof(payload->'cancelled_at') = 'number' THEN (payload->>'cancelled_at')::float8 END,
+                 coalesce(payload->>'cancelled_from', 'the PostgreSQL store')
+             FROM wasmjobs.dead
+             WHERE kind = 'cancelled' AND payload->>'jid' = ANY($1::text[])
+             ORDER BY payload->>'jid', died_at DESC",
+            &[&jids],
+        )
+        .await
+        .context("looking for cancelled jobs in wasmjobs.dead")?;
+    Ok(rows.iter().map(|row| (row.get(0), (row.get(1), row.get(2)))).collect())
 }
 
 /// Takes the unclaimed jobs of `jids` out of the store, recorded as

@@ -481,6 +481,19 @@ async fn cancel_stops_a_running_guest_and_pause_holds_a_queue() {
             ("ops".to_owned(), "schedule".to_owned())
         ]
     );
+    // Cancelled again: said so, with when and where, and not an error.
+    let again = wasmjobs_in(
+        here,
+        &["cancel", "--redis", &redis.url(), "--source", &url, &waiting[0]],
+        none,
+        Duration::from_secs(30),
+    );
+    wasmjobs_e2e::assert_success(&again, "wasmjobs cancel --source (again)");
+    let printed = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(
+        printed.contains(&format!("{}: already cancelled at ", waiting[0])) && printed.contains("(queue elsewhere)"),
+        "{printed}"
+    );
 
     // Paused: its jobs wait while the other queue's run.
     let pause = wasmjobs_in(
