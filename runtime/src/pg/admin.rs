@@ -67,16 +67,33 @@ pub struct Page {
 }
 
 impl List {
-    /// `FROM … WHERE …` of the list; `$1` is the queue's name.
-    fn rows(&self) -> &'static str {
+    /// The table the list's rows are in.
+    fn table(&self) -> &'static str {
         match self {
-            List::Queue(_) => "FROM wasmjobs.jobs WHERE queue = $1 AND owner IS NULL AND run_at <= now()",
-            List::Scheduled => {
-                "FROM wasmjobs.jobs WHERE owner IS NULL AND run_at > now() AND NOT payload ? 'retry_count'"
-            }
-            List::Retries => "FROM wasmjobs.jobs WHERE owner IS NULL AND run_at > now() AND payload ? 'retry_count'",
-            List::Dead => "FROM wasmjobs.dead WHERE kind = 'dead'",
+            List::Dead => "wasmjobs.dead",
+            _ => "wasmjobs.jobs",
         }
+    }
+
+    /// The condition a row of the list meets; `$1` is the queue's name.
+    fn condition(&self) -> &'static str {
+        match self {
+            List::Queue(_) => "queue = $1 AND owner IS NULL AND run_at <= now()",
+            List::Scheduled => "owner IS NULL AND run_at > now() AND NOT payload ? 'retry_count'",
+            List::Retries => "owner IS NULL AND run_at > now() AND payload ? 'retry_count'",
+            List::Dead => "kind = 'dead'",
+        }
+    }
+
+    /// `FROM … WHERE …` of the list, taking the queue's name as `$1`
+    /// whatever the list ([`List::queue`]).
+    fn rows(&self) -> String {
+        format!(
+            "FROM {} WHERE {}{}",
+            self.table(),
+            self.condition(),
+            self.with_queue_param()
+        )
     }
 
     fn order(&self) -> &'static str {
@@ -123,12 +140,11 @@ fn select(list: &List, pick: &str) -> String {
                 CASE WHEN octet_length(t) <= $2::int8 THEN t END,
                 CASE WHEN octet_length(t) > $2::int8 THEN left(t, {HEAD}) END,
                 CASE WHEN octet_length(t) > $2::int8 THEN right(t, {TAIL}) END
-         FROM (SELECT id, queue, {time}, payload {from}{param} {pick}) picked
+         FROM (SELECT id, queue, {time}, payload {from} {pick}) picked
          CROSS JOIN LATERAL (SELECT payload::text AS t) text
          ORDER BY {order}",
         time = list.time(),
         from = list.rows(),
-        param = list.with_queue_param(),
         order = list.order(),
     )
 }
@@ -160,10 +176,7 @@ pub async fn page(pg: &Pg, list: &List, start: usize, count: usize, max: usize) 
         .await
         .with_context(|| format!("reading {list:?} from the PostgreSQL store"))?;
     let size: i64 = client
-        .query_one(
-            &format!("SELECT count(*) {}{}", list.rows(), list.with_queue_param()),
-            &[&list.queue()],
-        )
+        .query_one(&format!("SELECT count(*) {}", list.rows()), &[&list.queue()])
         .await
         .with_context(|| format!("counting {list:?} in the PostgreSQL store"))?
         .get(0);
@@ -189,9 +202,8 @@ pub async fn row(pg: &Pg, list: &List, id: i64, max: usize) -> Result<Option<Row
 pub async fn delete(pg: &Pg, list: &List, ids: Option<&[i64]>) -> Result<u64> {
     let client = pg.client().await?;
     let sql = format!(
-        "DELETE {from}{param} AND ($2::int8[] IS NULL OR id = ANY($2))",
+        "DELETE {from} AND ($2::int8[] IS NULL OR id = ANY($2))",
         from = list.rows(),
-        param = list.with_queue_param(),
     );
     client
         .execute(&sql, &[&list.queue(), &ids])
@@ -215,17 +227,19 @@ const AGAIN: &str = "(payload - 'at')
 /// queue's jobs are due already: nothing moves.
 pub async fn run_now(pg: &Pg, list: &List, ids: Option<&[i64]>) -> Result<u64> {
     let lower = !matches!(list, List::Scheduled);
+    // `$1` is `lower` here: the lists' conditions without the queue's name.
     let sql = match list {
         List::Queue(_) => return Ok(0),
         List::Dead => format!(
-            "WITH gone AS (DELETE FROM wasmjobs.dead WHERE kind = 'dead' AND ($2::int8[] IS NULL OR id = ANY($2))
+            "WITH gone AS (DELETE FROM wasmjobs.dead WHERE {condition} AND ($2::int8[] IS NULL OR id = ANY($2))
                            RETURNING queue, payload)
-             INSERT INTO wasmjobs.jobs (queue, payload) SELECT queue, {AGAIN} FROM gone RETURNING queue"
+             INSERT INTO wasmjobs.jobs (queue, payload) SELECT queue, {AGAIN} FROM gone RETURNING queue",
+            condition = list.condition(),
         ),
         List::Scheduled | List::Retries => format!(
             "UPDATE wasmjobs.jobs SET run_at = now(), payload = {AGAIN}
-             {from} AND ($2::int8[] IS NULL OR id = ANY($2)) RETURNING queue",
-            from = list.rows().trim_start_matches("FROM wasmjobs.jobs"),
+             WHERE {condition} AND ($2::int8[] IS NULL OR id = ANY($2)) RETURNING queue",
+            condition = list.condition(),
         ),
     };
     let mut client = pg.client().await?;

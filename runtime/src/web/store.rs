@@ -51,6 +51,29 @@ impl Counts {
     }
 }
 
+/// The store's jobs by list, over every queue: the numbers the overview
+/// and the queue list show.
+struct Totals {
+    enqueued: u64,
+    scheduled: u64,
+    retries: u64,
+    dead: u64,
+}
+
+impl Totals {
+    fn of(store: &pg::stats::StoreStats) -> Self {
+        let sum = |count: fn(&pg::stats::QueueStats) -> i64| -> u64 {
+            store.queues.iter().map(|q| u64::try_from(count(q)).unwrap_or(0)).sum()
+        };
+        Totals {
+            enqueued: sum(|q| q.waiting),
+            scheduled: sum(|q| q.scheduled),
+            retries: sum(|q| q.retrying),
+            dead: u64::try_from(store.dead).unwrap_or(0),
+        }
+    }
+}
+
 /// An action on chosen entries of a set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Action {
@@ -109,11 +132,12 @@ impl JobStore {
             }
         }
         queues.sort_by(|a, b| a.name.cmp(&b.name));
-        stats.enqueued = queues.iter().map(|q| q.size).sum();
         stats.queues = queues;
-        stats.scheduled = store.queues.iter().map(|q| q.scheduled.max(0) as u64).sum();
-        stats.retries = store.queues.iter().map(|q| q.retrying.max(0) as u64).sum();
-        stats.dead = u64::try_from(store.dead).unwrap_or(0);
+        let totals = Totals::of(&store);
+        stats.enqueued = totals.enqueued;
+        stats.scheduled = totals.scheduled;
+        stats.retries = totals.retries;
+        stats.dead = totals.dead;
         Ok(())
     }
 
@@ -122,11 +146,11 @@ impl JobStore {
         let JobStore::Postgres(pg, counts) = self else {
             return Ok(());
         };
-        let store = counts.read(pg).await?;
-        overview.enqueued = store.queues.iter().map(|q| q.waiting.max(0) as u64).sum();
-        overview.scheduled = store.queues.iter().map(|q| q.scheduled.max(0) as u64).sum();
-        overview.retries = store.queues.iter().map(|q| q.retrying.max(0) as u64).sum();
-        overview.dead = u64::try_from(store.dead).unwrap_or(0);
+        let totals = Totals::of(&counts.read(pg).await?);
+        overview.enqueued = totals.enqueued;
+        overview.scheduled = totals.scheduled;
+        overview.retries = totals.retries;
+        overview.dead = totals.dead;
         Ok(())
     }
 
