@@ -8,6 +8,10 @@
 //!   one statement each pipelined on one connection (as an application
 //!   calls it), and one statement per transaction (the client crate's
 //!   `pg::push_bulk`, as `wasmjobs enqueue --source --count` sends them);
+//!   the same calls through libpq's pipeline mode (`pgbench`, one `Sync`
+//!   per batch where tokio-postgres sends one per statement); and the
+//!   tokio-postgres baseline, a statement each: the row inserted without
+//!   the function, and a statement that does nothing;
 //! - commit → start with an idle runner: 200 jobs, each enqueued and
 //!   committed alone 20 ms apart; start time from the job's own clock
 //!   (`ChaosJob` `span`, millisecond resolution);
@@ -90,18 +94,48 @@ fn main() -> Result<()> {
 
     // Enqueue rate, a statement per call and a statement per transaction.
     let n = 100_000;
-    let started = Instant::now();
-    rt.block_on(enqueue_each(&url, "ParkedJob", n, |i| json!([i])))?;
-    let each = n as f64 / started.elapsed().as_secs_f64();
-    rt.block_on(sql(&url, "DELETE FROM wasmjobs.jobs"))?;
+    let each = rt.block_on(pipelined(&url, ENQUEUE, n, |i| {
+        vec!["ParkedJob".into(), json!([i]).to_string()]
+    }))?;
+    rt.block_on(sql(&url, "TRUNCATE wasmjobs.jobs"))?;
+    // The same calls through libpq's pipeline mode (one Sync per batch).
+    let script = tempfile::NamedTempFile::new()?;
+    let call = "SELECT wasmjobs.enqueue('ParkedJob', jsonb_build_array(:i::bigint));\n";
+    let body = format!(
+        "\\set i random(1, 1000000000)\nBEGIN;\n\\startpipeline\n{}\\endpipeline\nCOMMIT;\n",
+        call.repeat(1_000)
+    );
+    std::fs::write(script.path(), body)?;
+    let libpq = pg.pgbench("jobs", script.path(), n / 1_000) * 1_000.0;
+    rt.block_on(sql(&url, "TRUNCATE wasmjobs.jobs"))?;
+    // The same client's floor: the row alone (its payload built here, no
+    // function, no NOTIFY), and a statement that does nothing.
+    let insert = rt.block_on(pipelined(&url, INSERT, n, |i| {
+        let payload = json!({"class": "ParkedJob", "args": [i], "queue": "default",
+            "jid": format!("{i:024x}"), "retry": true,
+            "created_at": 1.7e9, "enqueued_at": 1.7e9});
+        vec![payload.to_string()]
+    }))?;
+    rt.block_on(sql(&url, "TRUNCATE wasmjobs.jobs"))?;
+    let nothing = rt.block_on(pipelined(&url, "SELECT $1::text", n, |i| vec![i.to_string()]))?;
     let started = Instant::now();
     rt.block_on(enqueue(&url, "ParkedJob", n, |i| json!([i])))?;
     let bulk = n as f64 / started.elapsed().as_secs_f64();
-    rt.block_on(sql(&url, "DELETE FROM wasmjobs.jobs"))?;
+    rt.block_on(sql(&url, "TRUNCATE wasmjobs.jobs"))?;
     report.row(
         "enqueue: 100,000 wasmjobs.enqueue calls, 1,000 per transaction, a statement each, pipelined (jobs/s)",
         format!("{each:.0}"),
         "≥ 30,000",
+    );
+    report.row(
+        "enqueue: the same calls, a statement each, libpq's pipeline mode (pgbench -M prepared) (jobs/s)",
+        format!("{libpq:.0}"),
+        "≥ 30,000",
+    );
+    report.row(
+        "tokio-postgres as above, baseline: a plain INSERT of the same row / `SELECT $1` per statement (statements/s)",
+        format!("{insert:.0} / {nothing:.0}"),
+        "(the ceiling of a statement each)",
     );
     report.row(
         "enqueue: the same calls, one statement per transaction (pg::push_bulk) (jobs/s)",
@@ -171,26 +205,37 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Enqueues `n` jobs through `wasmjobs.enqueue`, 1,000 per transaction,
-/// a statement per job, pipelined on one connection.
-async fn enqueue_each(url: &str, class: &str, n: u64, args: impl Fn(u64) -> Value) -> Result<()> {
+/// A job through the SQL function, as an application calls it.
+const ENQUEUE: &str = "SELECT wasmjobs.enqueue($1, $2::text::jsonb)";
+/// The row `wasmjobs.enqueue` inserts, without the function.
+const INSERT: &str = "INSERT INTO wasmjobs.jobs (queue, payload, run_at) VALUES ('default', $1::text::jsonb, now())";
+
+/// Runs `statement` `n` times, 1,000 per transaction, a statement each,
+/// pipelined on one connection (tokio-postgres ends each with a `Sync`);
+/// returns statements per second.
+async fn pipelined(url: &str, statement: &str, n: u64, params: impl Fn(u64) -> Vec<String>) -> Result<f64> {
     let (mut client, connection) = tokio_postgres::connect(url, NoTls).await?;
     tokio::spawn(connection);
+    let started = Instant::now();
     let mut done = 0;
     while done < n {
         let batch = 1_000.min(n - done);
         let tx = client.transaction().await?;
-        let statement = tx.prepare("SELECT wasmjobs.enqueue($1, $2::text::jsonb)").await?;
-        let payloads: Vec<String> = (done..done + batch).map(|i| args(i).to_string()).collect();
-        let calls = payloads.iter().map(|a| {
+        let statement = tx.prepare(statement).await?;
+        let params: Vec<Vec<String>> = (done..done + batch).map(&params).collect();
+        let calls = params.iter().map(|p| {
             let (tx, statement) = (&tx, &statement);
-            async move { tx.query_one(statement, &[&class, a]).await }
+            let p: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = p
+                .iter()
+                .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            async move { tx.execute(statement, &p).await }
         });
         futures_util::future::try_join_all(calls).await?;
         tx.commit().await?;
         done += batch;
     }
-    Ok(())
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Enqueues `n` jobs with the client crate's `pg::push_bulk`, 1,000 per

@@ -17,7 +17,7 @@
 use std::ffi::CString;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,27 @@ impl TestPostgres {
             .expect("run psql");
         crate::assert_success(&output, &format!("psql {sql:?}"));
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Runs the pgbench script `script` `transactions` times on database
+    /// `db` (`-n -M prepared`, one client) and returns its transactions per
+    /// second. Panics if pgbench fails.
+    pub fn pgbench(&self, db: &str, script: &Path, transactions: u64) -> f64 {
+        let output = Command::new(self.bin.join("pgbench"))
+            .args(["-n", "-M", "prepared", "-h", "127.0.0.1"])
+            .args(["-p", &self.port.to_string(), "-U", USER])
+            .args(["-t", &transactions.to_string(), "-f"])
+            .arg(script)
+            .arg(db)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run pgbench");
+        crate::assert_success(&output, "pgbench");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("tps = ")?.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no tps in pgbench's output:\n{stdout}"))
     }
 
     fn log_tail(&self) -> String {
