@@ -29,6 +29,7 @@
 //! | [`payload`] | the Sidekiq payload, parsed without losing unknown keys |
 //! | [`push`] | pushing payloads as they are (bulk, scheduled) |
 //! | [`unique`] | unique-job locks: digest, push script, release |
+//! | [`shards`] | queues spread over several Redis servers: routes, a client per shard |
 //! | [`keys`] | the Redis keys a producer writes |
 //! | `pg` | (feature `postgres`) pushing into the PostgreSQL job store inside a transaction |
 
@@ -40,6 +41,7 @@ pub mod payload;
 #[cfg(feature = "postgres")]
 pub mod pg;
 pub mod push;
+pub mod shards;
 pub mod unique;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

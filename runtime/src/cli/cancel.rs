@@ -25,6 +25,9 @@ use clap::Args;
 use super::{Cli, RedisArgs};
 use crate::redis::control::{self, CancelRequest, Found};
 
+/// This command's name, in messages.
+const COMMAND: &str = "cancel";
+
 /// Arguments of `wasmjobs cancel`.
 #[derive(Debug, Args)]
 pub struct CancelArgs {
@@ -66,7 +69,7 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
         Some(url) => Some(crate::pg::Pg::connect(url).await?),
         None => None,
     };
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
     let mut conn = redis.conn();
     // At most a day; NaN or below zero: no wait.
     let wait = Duration::try_from_secs_f64(args.wait.clamp(0.0, 86_400.0)).unwrap_or(Duration::ZERO);

@@ -17,6 +17,9 @@
 //! process that is not quiet listens on the queue (typically: the embedded
 //! Redis of a data directory no `wasmjobs run` uses).
 //!
+//! With shards (`--shard`, `--route`), the jobs go to the shard holding
+//! `--queue`, and the output names it.
+//!
 //! With `--source postgres://…` the jobs go into the PostgreSQL store
 //! instead, through `wasmjobs.enqueue` (the SQL function applications
 //! call), 1,000 per transaction; `--unique-key` is then unique while the
@@ -33,6 +36,7 @@ use super::{Cli, RedisArgs};
 use crate::job::validate_args;
 use crate::redis::api::{self, ProcessInfo};
 use crate::redis::payload::Payload;
+use crate::redis::shards::ShardMap;
 use crate::redis::unique::{Pushed, UniqueUntil};
 use crate::redis::{Target, client, now_f64};
 
@@ -113,7 +117,15 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
         bail!("--unique-key needs --unique-for SECS (on Redis a unique lock has a lifetime)");
     }
 
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    // The queue's shard (the only one without --shard).
+    let map = args.redis.shard_map(&cli.data_dir)?;
+    let (_, shard, target) = map.for_queue(&args.queue);
+    let redis = match map.is_sharded() {
+        true => crate::redis::connect(target)
+            .await
+            .with_context(|| format!("shard {shard}, which holds queue {}", args.queue))?,
+        false => crate::redis::connect(target).await?,
+    };
     let mut conn = redis.conn();
     if let Some(secs) = args.unique_for {
         let mut job = wasmjobs_client::Job::new(&args.class)
@@ -143,7 +155,7 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             eprintln!("{}", duplicate(&args.class, &args.queue, jid, *ttl));
             return Ok(ExitCode::from(EXIT_DUPLICATE));
         }
-        return finish(cli, args, redis, &mut conn, at, now, pushed.jid()).await;
+        return finish(&map, args, redis, &mut conn, at, now, pushed.jid()).await;
     }
     let mut pushed = 0;
     let mut last_jid = String::new();
@@ -167,12 +179,12 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             last_jid = payload.jid().to_owned();
         }
     }
-    finish(cli, args, redis, &mut conn, at, now, &last_jid).await
+    finish(&map, args, redis, &mut conn, at, now, &last_jid).await
 }
 
 /// After the push: warns if nothing fetches the queue, and says what was pushed.
 async fn finish(
-    cli: &Cli,
+    map: &ShardMap,
     args: &EnqueueArgs,
     redis: crate::redis::Redis,
     conn: &mut redis::aio::ConnectionManager,
@@ -182,14 +194,21 @@ async fn finish(
 ) -> Result<ExitCode> {
     // Best effort: the jobs are pushed whatever this finds.
     let warning = match api::processes(conn).await {
-        Ok(processes) => nobody_fetches(&args.redis.target(&cli.data_dir), &args.queue, &processes),
+        Ok(processes) => nobody_fetches(map.for_queue(&args.queue).2, &args.queue, &processes),
         Err(err) => {
             tracing::debug!("cannot read the live processes: {err:#}");
             None
         }
     };
     redis.close().await?;
-    println!("{}", summary(args, at, now, last_jid));
+    match map.is_sharded() {
+        true => println!(
+            "{} on shard {}",
+            summary(args, at, now, last_jid),
+            map.for_queue(&args.queue).1
+        ),
+        false => println!("{}", summary(args, at, now, last_jid)),
+    }
     if let Some(warning) = warning {
         eprintln!("{warning}");
     }

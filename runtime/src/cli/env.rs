@@ -19,7 +19,13 @@ pub struct EnvArgs {
 
 /// Runs the command.
 pub fn run(cli: &Cli, args: &EnvArgs) -> Result<ExitCode> {
-    print!("{}", render(&cli.data, args.redis.url.as_deref()));
+    let mut text = render(&cli.data, args.redis.url.as_deref());
+    if let Some((shards, routes)) = args.redis.shard_map(&cli.data_dir)?.env() {
+        text.push_str("# the other Redis servers (shards) and the queues each holds\n");
+        text.push_str(&format!("export WASMJOBS_SHARDS={}\n", quoted(&shards)));
+        text.push_str(&format!("export WASMJOBS_ROUTES={}\n", quoted(&routes)));
+    }
+    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -15,6 +15,9 @@ use clap::Args;
 use super::{Cli, RedisArgs};
 use crate::redis::limits::limit_stats;
 
+/// This command's name, in messages.
+const COMMAND: &str = "limits";
+
 /// Arguments of `wasmjobs limits`.
 #[derive(Debug, Args)]
 pub struct LimitsArgs {
@@ -27,7 +30,7 @@ pub struct LimitsArgs {
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &LimitsArgs) -> Result<ExitCode> {
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
     let limits = limit_stats(&mut redis.conn()).await;
     redis.close().await?;
     let limits = limits?;

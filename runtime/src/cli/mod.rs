@@ -158,12 +158,51 @@ pub struct RedisArgs {
     /// the data directory.
     #[arg(long = "redis", env = "REDIS_URL")]
     pub url: Option<String>,
+    /// Another Redis server holding the queues routed to it (`--route`),
+    /// each a complete Sidekiq keyspace; `--redis` is the shard named
+    /// `default`, holding every queue routed nowhere (docs/shards.md).
+    /// Repeatable; the env variable takes several, space-separated.
+    #[arg(
+        long = "shard",
+        value_name = "NAME=URL",
+        env = "WASMJOBS_SHARDS",
+        hide_env_values = true,
+        value_delimiter = ' ',
+        value_parser = Secret::<crate::redis::shards::ShardSpec>::new("--shard (or WASMJOBS_SHARDS)")
+    )]
+    pub shards: Vec<crate::redis::shards::ShardSpec>,
+    /// Queues that live on shard SHARD (`--shard`). Repeatable; the env
+    /// variable takes several, space-separated.
+    #[arg(
+        long = "route",
+        value_name = "QUEUE[,QUEUE...]=SHARD",
+        env = "WASMJOBS_ROUTES",
+        value_delimiter = ' '
+    )]
+    pub routes: Vec<crate::redis::shards::RouteSpec>,
 }
 
 impl RedisArgs {
-    /// The Redis target these options select.
+    /// The Redis target these options select: the default shard.
     pub fn target(&self, data_dir: &std::path::Path) -> crate::redis::Target {
         crate::redis::Target::from_options(self.url.as_deref(), data_dir)
+    }
+
+    /// Every shard and which queues each holds.
+    pub fn shard_map(&self, data_dir: &std::path::Path) -> Result<crate::redis::shards::ShardMap> {
+        crate::redis::shards::ShardMap::new(self.target(data_dir), &self.shards, &self.routes)
+    }
+
+    /// The one Redis of a command that does not work across shards yet;
+    /// refused, with what to do instead, when shards are given.
+    pub fn single(&self, data_dir: &std::path::Path, command: &str) -> Result<crate::redis::Target> {
+        if !self.shards.is_empty() || !self.routes.is_empty() {
+            anyhow::bail!(
+                "wasmjobs {command} does not work across shards yet (--shard/--route, WASMJOBS_SHARDS/WASMJOBS_ROUTES): \
+                 run it once per shard with --redis URL and no --shard (docs/shards.md)"
+            );
+        }
+        Ok(self.target(data_dir))
     }
 }
 
@@ -185,18 +224,41 @@ pub struct DbArgs {
         env = "WASMJOBS_DB",
         hide_env_values = true,
         value_delimiter = ' ',
-        value_parser = DbSpecParser
+        value_parser = Secret::<crate::host::sql::DbSpec>::new("--db (or WASMJOBS_DB)")
     )]
     pub databases: Vec<crate::host::sql::DbSpec>,
 }
 
-/// Parses a `--db` value. An invalid one is reported with the reason
-/// alone: clap's own message repeats the value, password and all.
-#[derive(Debug, Clone, Copy)]
-struct DbSpecParser;
+/// Parses a value that may hold a password (`--db`, `--shard`). An
+/// invalid one is reported with the reason alone: clap's own message
+/// repeats the value, password and all.
+#[derive(Debug)]
+struct Secret<T> {
+    /// The flag and its env variable, for the message.
+    flag: &'static str,
+    parsed: std::marker::PhantomData<fn() -> T>,
+}
 
-impl clap::builder::TypedValueParser for DbSpecParser {
-    type Value = crate::host::sql::DbSpec;
+impl<T> Secret<T> {
+    const fn new(flag: &'static str) -> Self {
+        Self {
+            flag,
+            parsed: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> Clone for Secret<T> {
+    fn clone(&self) -> Self {
+        Self::new(self.flag)
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for Secret<T>
+where
+    T: std::str::FromStr<Err = anyhow::Error> + Clone + Send + Sync + 'static,
+{
+    type Value = T;
 
     fn parse_ref(
         &self,
@@ -207,7 +269,7 @@ impl clap::builder::TypedValueParser for DbSpecParser {
         let invalid = |reason: String| {
             clap::Error::raw(
                 clap::error::ErrorKind::ValueValidation,
-                format!("invalid --db (or WASMJOBS_DB) value: {reason}\n"),
+                format!("invalid {} value: {reason}\n", self.flag),
             )
             .with_cmd(cmd)
         };

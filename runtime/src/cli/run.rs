@@ -151,7 +151,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
     };
     let options = RunOptions {
-        redis: args.redis.target(&cli.data_dir),
+        redis: args.redis.single(&cli.data_dir, "run")?,
         store,
         plugins: args.source.dir()?,
         data_dir: cli.data_dir.clone(),

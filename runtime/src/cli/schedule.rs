@@ -18,6 +18,9 @@ use crate::cron::{self, CronExpr};
 use crate::redis::cron::{CronEntry, Listing, list};
 use crate::redis::now_f64;
 
+/// This command's name, in messages.
+const COMMAND: &str = "schedule";
+
 /// Arguments of `wasmjobs schedule`.
 #[derive(Debug, Args)]
 pub struct ScheduleArgs {
@@ -45,7 +48,7 @@ struct Row<'a> {
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &ScheduleArgs) -> Result<ExitCode> {
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
     let listing = list(&mut redis.conn()).await;
     redis.close().await?;
     let listing = listing?;

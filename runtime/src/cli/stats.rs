@@ -9,6 +9,11 @@
 //! time and queue latency percentiles (p50 / p95 / p99) of the last hour,
 //! every process merged, come from the histograms each heartbeat
 //! publishes ([`crate::redis::latency`]; `latency` in the JSON).
+//!
+//! With shards (`--shard`), the fleet's totals come first, then each
+//! shard's own report; a shard that cannot be reached is shown as down and
+//! the others still are (`--json`: `fleet` and `shards`, each shard's
+//! document with `name`, `location`, `up`, or `error`).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -24,6 +29,7 @@ use crate::redis::api::{self, Stats};
 use crate::redis::latency::{ClassLatency, last_hour};
 use crate::redis::limits::{LimitStats, limit_stats};
 use crate::redis::now_f64;
+use crate::redis::shards::{Opened, close_all, open_all};
 
 /// Clears the terminal and homes the cursor, for `--watch`.
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -47,52 +53,61 @@ pub struct StatsArgs {
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
-    let mut conn = redis.conn();
+    let map = args.redis.shard_map(&cli.data_dir)?;
+    let shards = open_all(&map).await;
+    if !map.is_sharded()
+        && let Some(Err(err)) = shards.first().map(|shard| &shard.redis)
+    {
+        return Err(anyhow!("{err:#}"));
+    }
     let store = match &args.jobs_source {
         Some(url) => Some(crate::pg::Pg::connect(url).await?),
         None => None,
     };
     let result = async {
         loop {
-            let stats = api::stats(&mut conn).await?;
+            let mut readings = Vec::with_capacity(shards.len());
+            for shard in &shards {
+                let reading = match &shard.redis {
+                    Ok(redis) => Reading::read(&mut redis.conn()).await,
+                    Err(err) => Err(anyhow!("{err:#}")),
+                };
+                match (reading, map.is_sharded()) {
+                    (Ok(reading), _) => readings.push((shard, Ok(reading))),
+                    // One Redis: its error is the command's.
+                    (Err(err), false) => return Err(err),
+                    (Err(err), true) => readings.push((shard, Err(err))),
+                }
+            }
             let in_store = match &store {
                 Some(pg) => Some(crate::pg::stats::read(pg).await?),
                 None => None,
             };
-            let limits = limit_stats(&mut conn).await?;
-            let schedules = Schedules::read(&mut conn).await?;
-            let latency = last_hour(&mut conn, now_f64()).await?;
-            let json = || -> Result<serde_json::Value> {
-                let with = WithSchedules {
-                    stats: &stats,
-                    schedules,
-                };
-                let mut json = serde_json::to_value(&with).context("cannot serialise the stats")?;
-                json["limits"] = serde_json::to_value(&limits).context("cannot serialise the stats")?;
-                json["latency"] = serde_json::to_value(&latency).context("cannot serialise the stats")?;
-                if let Some(in_store) = &in_store {
-                    json["postgres"] = serde_json::to_value(in_store).context("cannot serialise the stats")?;
+            let text = match (map.is_sharded(), args.json) {
+                (false, true) => {
+                    let (_, reading) = only(&readings)?;
+                    let mut json = reading.json()?;
+                    if let Some(in_store) = &in_store {
+                        json["postgres"] = serde_json::to_value(in_store).context("cannot serialise the stats")?;
+                    }
+                    json_text(&json, args.watch.is_some())?
                 }
-                Ok(json)
+                (false, false) => {
+                    let (shard, reading) = only(&readings)?;
+                    reading.render(&shard.location, in_store.as_ref())
+                }
+                (true, true) => {
+                    let mut json = fleet_json(&readings)?;
+                    if let Some(in_store) = &in_store {
+                        json["postgres"] = serde_json::to_value(in_store).context("cannot serialise the stats")?;
+                    }
+                    json_text(&json, args.watch.is_some())?
+                }
+                (true, false) => render_fleet(&readings, in_store.as_ref()),
             };
             let text = match (args.json, args.watch) {
-                (true, None) => serde_json::to_string_pretty(&json()?).context("cannot serialise the stats")? + "\n",
-                (true, Some(_)) => serde_json::to_string(&json()?).context("cannot serialise the stats")? + "\n",
-                (false, watch) => {
-                    let text = render(&stats, &redis.location, now_f64())
-                        + &in_store
-                            .as_ref()
-                            .map(crate::pg::stats::StoreStats::render)
-                            .unwrap_or_default()
-                        + &render_latency(&latency)
-                        + &schedules.render()
-                        + &render_limits(&limits);
-                    match watch {
-                        Some(_) => format!("{CLEAR}{text}"),
-                        None => text,
-                    }
-                }
+                (false, Some(_)) => format!("{CLEAR}{text}"),
+                _ => text,
             };
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes()).context("cannot write to stdout")?;
@@ -111,8 +126,146 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
         }
     }
     .await;
-    redis.close().await?;
+    close_all(shards).await?;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// The reading of the one Redis there is without shards.
+fn only<'a>(readings: &'a [(&'a Opened, Result<Reading>)]) -> Result<(&'a Opened, &'a Reading)> {
+    match readings.first() {
+        Some((shard, Ok(reading))) => Ok((shard, reading)),
+        Some((_, Err(err))) => Err(anyhow!("{err:#}")),
+        None => Err(anyhow!("no Redis to read")),
+    }
+}
+
+/// A JSON document as printed: pretty, or one line per refresh.
+fn json_text(json: &serde_json::Value, watch: bool) -> Result<String> {
+    let text = match watch {
+        false => serde_json::to_string_pretty(json),
+        true => serde_json::to_string(json),
+    };
+    Ok(text.context("cannot serialise the stats")? + "\n")
+}
+
+/// What one Redis (a shard) says.
+struct Reading {
+    stats: Stats,
+    limits: LimitStats,
+    schedules: Schedules,
+    latency: std::collections::BTreeMap<String, ClassLatency>,
+}
+
+impl Reading {
+    async fn read(conn: &mut redis::aio::ConnectionManager) -> Result<Self> {
+        Ok(Self {
+            stats: api::stats(conn).await?,
+            limits: limit_stats(conn).await?,
+            schedules: Schedules::read(conn).await?,
+            latency: last_hour(conn, now_f64()).await?,
+        })
+    }
+
+    fn json(&self) -> Result<serde_json::Value> {
+        let with = WithSchedules {
+            stats: &self.stats,
+            schedules: self.schedules,
+        };
+        let mut json = serde_json::to_value(&with).context("cannot serialise the stats")?;
+        json["limits"] = serde_json::to_value(&self.limits).context("cannot serialise the stats")?;
+        json["latency"] = serde_json::to_value(&self.latency).context("cannot serialise the stats")?;
+        Ok(json)
+    }
+
+    fn render(&self, location: &str, in_store: Option<&crate::pg::stats::StoreStats>) -> String {
+        render(&self.stats, location, now_f64())
+            + &in_store.map(crate::pg::stats::StoreStats::render).unwrap_or_default()
+            + &render_latency(&self.latency)
+            + &self.schedules.render()
+            + &render_limits(&self.limits)
+    }
+}
+
+/// The fleet's totals: every shard's counters and sets summed.
+#[derive(Debug, Default, serde::Serialize)]
+struct Fleet {
+    shards: usize,
+    up: usize,
+    processed: u64,
+    failed: u64,
+    discarded: u64,
+    enqueued: u64,
+    scheduled: u64,
+    retries: u64,
+    dead: u64,
+}
+
+impl Fleet {
+    fn of(readings: &[(&Opened, Result<Reading>)]) -> Self {
+        let mut fleet = Fleet {
+            shards: readings.len(),
+            ..Fleet::default()
+        };
+        for (_, reading) in readings {
+            let Ok(Reading { stats, .. }) = reading else { continue };
+            fleet.up += 1;
+            fleet.processed += stats.processed;
+            fleet.failed += stats.failed;
+            fleet.discarded += stats.discarded;
+            fleet.enqueued += stats.enqueued;
+            fleet.scheduled += stats.scheduled;
+            fleet.retries += stats.retries;
+            fleet.dead += stats.dead;
+        }
+        fleet
+    }
+}
+
+/// `--json` with shards: the totals and each shard's document (or error).
+fn fleet_json(readings: &[(&Opened, Result<Reading>)]) -> Result<serde_json::Value> {
+    let mut shards = Vec::with_capacity(readings.len());
+    for (shard, reading) in readings {
+        let mut json = match reading {
+            Ok(reading) => reading.json()?,
+            Err(err) => serde_json::json!({ "error": format!("{err:#}") }),
+        };
+        json["name"] = shard.name.clone().into();
+        json["location"] = shard.location.clone().into();
+        json["up"] = reading.is_ok().into();
+        shards.push(json);
+    }
+    let fleet = serde_json::to_value(Fleet::of(readings)).context("cannot serialise the stats")?;
+    Ok(serde_json::json!({ "fleet": fleet, "shards": shards }))
+}
+
+/// The human report with shards: the totals, then each shard's report.
+fn render_fleet(readings: &[(&Opened, Result<Reading>)], in_store: Option<&crate::pg::stats::StoreStats>) -> String {
+    let fleet = Fleet::of(readings);
+    let mut out = format!(
+        "Fleet: {} shards, {} up\nprocessed {}   failed {}   discarded {}\nenqueued {}   scheduled {}   retry {}   dead {}\n",
+        fleet.shards,
+        fleet.up,
+        fleet.processed,
+        fleet.failed,
+        fleet.discarded,
+        fleet.enqueued,
+        fleet.scheduled,
+        fleet.retries,
+        fleet.dead
+    );
+    if let Some(in_store) = in_store {
+        out.push_str(&in_store.render());
+    }
+    for (shard, reading) in readings {
+        let _ = write!(out, "\n== shard {} ==\n", shard.name);
+        match reading {
+            Ok(reading) => out.push_str(&reading.render(&shard.location, None)),
+            Err(err) => {
+                let _ = writeln!(out, "Redis: {}\nDOWN: {err:#}", shard.location);
+            }
+        }
+    }
+    out
 }
 
 /// The stats document plus the cron schedules (`--json`).

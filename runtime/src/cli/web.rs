@@ -13,6 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Cli, RedisArgs};
 use crate::web::{self, Access, JobStore};
 
+/// This command's name, in messages.
+const COMMAND: &str = "web";
+
 /// Arguments of `wasmjobs web`.
 #[derive(Debug, Args)]
 pub struct WebArgs {
@@ -38,7 +41,7 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
         Some(url) => JobStore::Postgres(Box::new(crate::pg::Pg::connect(url).await?), Default::default()),
         None => JobStore::Redis,
     };
-    let redis = crate::redis::connect(&args.redis.target(&cli.data_dir)).await?;
+    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
     let stop = CancellationToken::new();
     let dashboard = web::bind(
         args.addr,

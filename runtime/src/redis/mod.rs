@@ -25,6 +25,7 @@
 //!   into per-class percentiles over the last hour (`stats`, `web`).
 //! - [`plugins`]: the plugin reports every heartbeat publishes (`web`).
 //! - [`cron`]: cron schedules in sidekiq-cron's format: register, list, claim a tick.
+//! - [`shards`]: several Redis servers, and which one holds each queue.
 //!
 //! [`connect`] opens the shared, self-reconnecting connection every
 //! component uses for ordinary commands: the fetch's Lua script (which pops
@@ -46,6 +47,7 @@ pub(crate) mod keys;
 pub mod latency;
 pub mod limits;
 pub mod plugins;
+pub mod shards;
 pub mod sharing;
 
 pub use wasmjobs_client::push as client;
