@@ -95,13 +95,14 @@ impl Paused {
             .filter(|(_, paused)| *paused)
             .map(|(queue, _)| queue.clone())
             .collect();
+        let count = paused.len() as u64;
+        let changed = self.settle(paused);
+        // After the copy is published: whoever reads the gauge (a test,
+        // an operator) may count on the fetch leaving the queues out.
         if let Some(metrics) = &self.metrics {
-            metrics
-                .process
-                .paused_queues
-                .store(paused.len() as u64, Ordering::Relaxed);
+            metrics.process.paused_queues.store(count, Ordering::Relaxed);
         }
-        Ok(self.settle(paused))
+        Ok(changed)
     }
 
     /// Takes `paused` as the queues paused in Redis now, ends the rests
