@@ -13,20 +13,20 @@
 //! Redis side. With `--source`, a jid not found in Redis is looked for in
 //! the PostgreSQL store too, and taken out there if it waits unclaimed
 //! (`crate::pg::cancel`); a running one is stopped as on Redis, and one
-//! cancelled before is found in `wasmjobs.dead` and said to be.
+//! cancelled before is found in `wasmjobs.dead` and said to be. With
+//! shards, every shard is searched at once (a jid does not say where its
+//! job is) and the shard that held the job is named.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, anyhow};
 use clap::Args;
 
 use super::{Cli, RedisArgs};
 use crate::redis::control::{self, CancelRequest, Found};
-
-/// This command's name, in messages.
-const COMMAND: &str = "cancel";
+use crate::redis::shards::{close_all, open_all};
 
 /// Arguments of `wasmjobs cancel`.
 #[derive(Debug, Args)]
@@ -69,12 +69,28 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
         Some(url) => Some(crate::pg::Pg::connect(url).await?),
         None => None,
     };
-    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
-    let mut conn = redis.conn();
+    let map = args.redis.shard_map(&cli.data_dir)?;
+    let shards = open_all(&map).await;
+    if !map.is_sharded()
+        && let Some(Err(err)) = shards.first().map(|shard| &shard.redis)
+    {
+        return Err(anyhow!("{err:#}"));
+    }
     // At most a day; NaN or below zero: no wait.
     let wait = Duration::try_from_secs_f64(args.wait.clamp(0.0, 86_400.0)).unwrap_or(Duration::ZERO);
-    let result = cancel(&mut conn, store.as_ref(), &args.jids, &CancelRequest::now(&by), wait).await;
-    redis.close().await?;
+    let request = CancelRequest::now(&by);
+    // Every shard at once: the jid does not say where the job is. The
+    // PostgreSQL store is looked in once, beside the default shard.
+    let per_shard = shards.iter().enumerate().map(|(index, shard)| {
+        let (store, request) = (store.as_ref().filter(|_| index == 0), &request);
+        async move {
+            let mut conn = shard.redis.as_ref().map_err(|err| anyhow!("{err:#}"))?.conn();
+            cancel(&mut conn, store, &args.jids, request, wait).await
+        }
+    });
+    let results = futures_util::future::join_all(per_shard).await;
+    close_all(shards).await?;
+    let result = merge(map.routes.names(), results);
     let mut unknown = 0;
     for (line, found) in result? {
         unknown += usize::from(!found);
@@ -85,6 +101,48 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// One line per jid from each shard's lines: the first shard that found
+/// the job says where it was (and is named); a job found nowhere is said
+/// to be, naming the shards that could not be searched. Without shards,
+/// the one shard's answer.
+fn merge(names: &[String], mut results: Vec<Result<Vec<(String, bool)>>>) -> Result<Vec<(String, bool)>> {
+    if results.len() == 1 {
+        return results.pop().unwrap_or_else(|| Ok(Vec::new()));
+    }
+    let mut down = Vec::new();
+    let mut lines: Option<Vec<(String, bool)>> = None;
+    for (name, result) in names.iter().zip(results) {
+        let shard_lines = match result {
+            Ok(shard_lines) => shard_lines,
+            Err(err) => {
+                eprintln!("shard {name} could not be searched: {err:#}");
+                down.push(name.as_str());
+                continue;
+            }
+        };
+        let merged = lines.get_or_insert_with(|| vec![(String::new(), false); shard_lines.len()]);
+        for ((line, found), (merged_line, merged_found)) in shard_lines.into_iter().zip(merged.iter_mut()) {
+            if found && !*merged_found {
+                *merged_line = format!("{line} (shard {name})");
+                *merged_found = true;
+            } else if !*merged_found && merged_line.is_empty() {
+                *merged_line = line;
+            }
+        }
+    }
+    let Some(mut lines) = lines else {
+        anyhow::bail!("no shard could be searched ({})", down.join(", "));
+    };
+    if !down.is_empty() {
+        for (line, found) in &mut lines {
+            if !*found {
+                line.push_str(&format!(" (not searched: shard {} is down)", down.join(", ")));
+            }
+        }
+    }
+    Ok(lines)
 }
 
 /// Cancels `jids` with `request`, waiting up to `wait` for the running

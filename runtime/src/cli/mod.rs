@@ -27,6 +27,7 @@ pub mod cancel;
 pub mod enqueue;
 pub mod env;
 pub mod exec;
+mod fleet;
 pub mod limits;
 pub mod migrate;
 pub mod new;

@@ -4,7 +4,8 @@
 //! schedules plugins declare (`[[schedule]]` in a manifest, registered by
 //! `wasmjobs run`) and those a Ruby app registered with sidekiq-cron. The
 //! next run is computed here from the expression and zone; a schedule
-//! whose expression wasmjobs cannot parse shows why instead.
+//! whose expression wasmjobs cannot parse shows why instead. With shards,
+//! a table per shard.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -13,13 +14,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::{Cli, RedisArgs};
+use super::{Cli, RedisArgs, fleet};
 use crate::cron::{self, CronExpr};
 use crate::redis::cron::{CronEntry, Listing, list};
 use crate::redis::now_f64;
-
-/// This command's name, in messages.
-const COMMAND: &str = "schedule";
 
 /// Arguments of `wasmjobs schedule`.
 #[derive(Debug, Args)]
@@ -48,16 +46,21 @@ struct Row<'a> {
 
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &ScheduleArgs) -> Result<ExitCode> {
-    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
-    let listing = list(&mut redis.conn()).await;
-    redis.close().await?;
-    let listing = listing?;
+    let answers = fleet::read_all(
+        &args.redis,
+        &cli.data_dir,
+        |mut conn| async move { list(&mut conn).await },
+    )
+    .await?;
     let now = now_f64();
-    let rows = rows(&listing, now);
     let text = if args.json {
-        serde_json::to_string_pretty(&rows).context("cannot serialise the schedules")? + "\n"
+        let to_json =
+            |listing: &Listing| serde_json::to_value(rows(listing, now)).context("cannot serialise the schedules");
+        serde_json::to_string_pretty(&fleet::json(&answers, "schedules", to_json)?)
+            .context("cannot serialise the schedules")?
+            + "\n"
     } else {
-        render(&listing, &rows, now)
+        fleet::text(&answers, |listing| render(listing, &rows(listing, now), now))
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
