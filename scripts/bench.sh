@@ -5,12 +5,15 @@
 # and 200 ms HTTP servers (HTTP/1.1 and HTTP/2) on loopback. Writes benches/results/<date>-<host>[-quick].md, the
 # JSON beside it and three SVG charts.
 #
-# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle,pg-store]
+# Usage: scripts/bench.sh [--quick] [--only noop,http,http2,http-held,http2-held,http-async,http2-async,http-async-held,http2-async-held,pg-sleep,file-append,fib,idle,pg-store,redis-cost]
 #   --quick  a reduced set, under 5 minutes on a 2-core machine
 #   (default) the full set, about 25 minutes on a 2-core machine
 #   pg-store the PostgreSQL job store against the Redis one in the same run
 #            (benches/pg_store.rs: noop drains, enqueue rate, commit → start,
 #            idle cost, soak); part of the full set, ~2 min more with --quick
+#   redis-cost what a job costs the Redis server, by command (benches/
+#            redis_cost.rs: the shard model's input); part of the full set,
+#            ~1 min
 #
 # Run it on an otherwise idle machine: every figure is sensitive to other load.
 set -euo pipefail
@@ -22,7 +25,8 @@ bash scripts/build-plugins.sh
 cargo build --release --locked -p wasmjobs --bin wasmjobs -p wasmjobs-benches --bin wasmjobs-bench --bin wasmjobs-native
 export WASMJOBS_SKIP_GUEST_BUILD=1
 
-# `pg-store` is its own benchmark; the rest of --only goes to the suite.
+# `pg-store` and `redis-cost` are benchmarks of their own; the rest of
+# --only goes to the suite.
 quick=""
 only=""
 args=()
@@ -35,20 +39,22 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-pg_store() {
+own() {
   if [ -n "$quick" ]; then
-    BENCH_QUICK=1 cargo bench --locked -p wasmjobs-benches --bench pg_store
+    BENCH_QUICK=1 cargo bench --locked -p wasmjobs-benches --bench "$1"
   else
-    cargo bench --locked -p wasmjobs-benches --bench pg_store
+    cargo bench --locked -p wasmjobs-benches --bench "$1"
   fi
 }
-case ",$only," in
-  ,,) target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}"; pg_store ;;
-  *,pg-store,*)
-    rest=$(echo ",$only," | sed 's/,pg-store,/,/; s/^,//; s/,$//')
-    if [ -n "$rest" ]; then
-      target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}" --only "$rest"
-    fi
-    pg_store ;;
-  *) exec target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}" --only "$only" ;;
-esac
+if [ -z "$only" ]; then
+  target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}"
+  own pg_store
+  own redis_cost
+  exit 0
+fi
+rest=$(echo ",$only," | sed 's/,pg-store,/,/g; s/,redis-cost,/,/g; s/^,*//; s/,*$//')
+if [ -n "$rest" ]; then
+  target/release/wasmjobs-bench --wasmjobs target/release/wasmjobs "${args[@]}" --only "$rest"
+fi
+case ",$only," in *,pg-store,*) own pg_store ;; esac
+case ",$only," in *,redis-cost,*) own redis_cost ;; esac
