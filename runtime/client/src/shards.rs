@@ -206,7 +206,11 @@ impl<C: ConnectionLike + Send> Sharded<C> {
     }
 
     /// Pushes payloads now ([`crate::push::push_bulk`]), each to the shard
-    /// of its queue; one shard after another, in the shards' order.
+    /// of its queue; one shard after another, in the shards' order. An
+    /// error stops at the shard that failed (named in it): the shards
+    /// before it have their jobs, the ones after it do not, and the
+    /// payloads are left as they were — pushing them all again duplicates
+    /// those already in.
     pub async fn push_bulk(&mut self, payloads: &mut [Payload]) -> Result<()> {
         let mut by_shard: Vec<Vec<Payload>> = vec![Vec::new(); self.clients.len()];
         let mut slots = Vec::with_capacity(payloads.len());

@@ -2,7 +2,8 @@
 //! without shards the one Redis's answer is the command's; with shards
 //! each shard is read, one that is down is reported as down, and the
 //! output has a section per shard (`--json`: `{"shards": [...]}`, each
-//! with `name`, `location`, `up` and the command's document, or `error`).
+//! with `name`, `location`, `up` and the command's document, or `error`);
+//! a shard down makes the exit status 1.
 
 use std::future::Future;
 
@@ -57,6 +58,14 @@ where
         return Ok(answers);
     }
     Ok(answers)
+}
+
+/// The exit status: 1 when a shard could not be read.
+pub(super) fn status<T>(answers: &[Answer<T>]) -> std::process::ExitCode {
+    match answers.iter().any(|answer| answer.read.is_err()) {
+        true => std::process::ExitCode::from(1),
+        false => std::process::ExitCode::SUCCESS,
+    }
 }
 
 /// The text: the one answer, or a section per shard.

@@ -41,7 +41,7 @@ pub async fn run(cli: &Cli, args: &LimitsArgs) -> Result<ExitCode> {
         ),
         false => print!("{}", fleet::text(&answers, render)),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(fleet::status(&answers))
 }
 
 fn render(limits: &LimitStats) -> String {

@@ -63,7 +63,7 @@ pub async fn run(cli: &Cli, args: &ScheduleArgs) -> Result<ExitCode> {
         fleet::text(&answers, |listing| render(listing, &rows(listing, now), now))
     };
     print!("{text}");
-    Ok(ExitCode::SUCCESS)
+    Ok(fleet::status(&answers))
 }
 
 fn rows(listing: &Listing, now: f64) -> Vec<Row<'_>> {

@@ -13,7 +13,8 @@
 //! With shards (`--shard`), the fleet's totals come first, then each
 //! shard's own report; a shard that cannot be reached is shown as down and
 //! the others still are (`--json`: `fleet` and `shards`, each shard's
-//! document with `name`, `location`, `up`, or `error`).
+//! document with `name`, `location`, `up`, or `error`), and the exit status
+//! is 1; `--watch` tries a shard that was down again at each refresh.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -29,7 +30,7 @@ use crate::redis::api::{self, Stats};
 use crate::redis::latency::{ClassLatency, last_hour};
 use crate::redis::limits::{LimitStats, limit_stats};
 use crate::redis::now_f64;
-use crate::redis::shards::{Opened, close_all, open_all};
+use crate::redis::shards::{Opened, close_all, open_all, reopen};
 
 /// Clears the terminal and homes the cursor, for `--watch`.
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -54,7 +55,7 @@ pub struct StatsArgs {
 /// Runs the command.
 pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     let map = args.redis.shard_map(&cli.data_dir)?;
-    let shards = open_all(&map).await;
+    let mut shards = open_all(&map).await;
     if !map.is_sharded()
         && let Some(Err(err)) = shards.first().map(|shard| &shard.redis)
     {
@@ -66,12 +67,16 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
     };
     let result = async {
         loop {
-            let mut readings = Vec::with_capacity(shards.len());
-            for shard in &shards {
-                let reading = match &shard.redis {
+            // A shard down at the last look is tried again; all are read at once.
+            reopen(&map, &mut shards).await;
+            let reads = shards.iter().map(|shard| async move {
+                match &shard.redis {
                     Ok(redis) => Reading::read(&mut redis.conn()).await,
                     Err(err) => Err(anyhow!("{err:#}")),
-                };
+                }
+            });
+            let mut readings = Vec::with_capacity(shards.len());
+            for (shard, reading) in shards.iter().zip(futures_util::future::join_all(reads).await) {
                 match (reading, map.is_sharded()) {
                     (Ok(reading), _) => readings.push((shard, Ok(reading))),
                     // One Redis: its error is the command's.
@@ -79,6 +84,7 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
                     (Err(err), true) => readings.push((shard, Err(err))),
                 }
             }
+            let down = readings.iter().any(|(_, reading)| reading.is_err());
             let in_store = match &store {
                 Some(pg) => Some(crate::pg::stats::read(pg).await?),
                 None => None,
@@ -114,20 +120,21 @@ pub async fn run(cli: &Cli, args: &StatsArgs) -> Result<ExitCode> {
             out.flush().context("cannot write to stdout")?;
             drop(out);
             let Some(every) = args.watch else {
-                return Ok::<_, anyhow::Error>(());
+                return Ok::<_, anyhow::Error>(down);
             };
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
                 signal = tokio::signal::ctrl_c() => {
                     signal.context("cannot listen for Ctrl-C")?;
-                    return Ok(());
+                    return Ok(down);
                 }
             }
         }
     }
     .await;
     close_all(shards).await?;
-    result.map(|()| ExitCode::SUCCESS)
+    // A shard down makes the status 1, so `stats --json || alert` alerts.
+    result.map(|down| if down { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// The reading of the one Redis there is without shards.

@@ -58,6 +58,14 @@ impl Fleet {
         let out = self.ok(&["stats", "--json"]);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats --json is not JSON ({e}): {out}"))
     }
+
+    /// `wasmjobs ARGS`, which must exit with status 1 (a shard down); its
+    /// stdout.
+    fn one_down(&self, args: &[&str]) -> String {
+        let output = self.wasmjobs(args).output().expect("run wasmjobs");
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
 }
 
 fn text(output: &Output) -> String {
@@ -202,7 +210,8 @@ async fn commands_route_each_queue_to_its_shard_and_read_them_all() {
     // A shard down: stats says so and shows the others; a push to its
     // queue fails naming it; pushes to the others go on.
     fleet.c.stop();
-    let stats = fleet.stats();
+    let out = fleet.one_down(&["stats", "--json"]);
+    let stats: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert_eq!(stats["fleet"]["up"], 2, "{stats:#}");
     assert_eq!(stats["fleet"]["enqueued"], 2, "{stats:#}");
     assert_eq!(stats["shards"][2]["up"], false, "{stats:#}");
@@ -212,7 +221,7 @@ async fn commands_route_each_queue_to_its_shard_and_read_them_all() {
             .is_some_and(|e| e.contains("shard c")),
         "{stats:#}"
     );
-    let human = fleet.ok(&["stats"]);
+    let human = fleet.one_down(&["stats"]);
     assert!(
         human.contains("Fleet: 3 shards, 2 up") && human.contains("== shard c ==") && human.contains("DOWN"),
         "{human}"
@@ -229,7 +238,7 @@ async fn commands_route_each_queue_to_its_shard_and_read_them_all() {
     );
     fleet.ok(&["enqueue", "--queue", "mail", "MailJob", "[2]"]);
     assert_eq!(llen(&fleet.b, "queue:mail").await, 1);
-    let schedule = fleet.ok(&["schedule"]);
+    let schedule = fleet.one_down(&["schedule"]);
     assert!(
         schedule.contains("== shard c (") && schedule.contains("DOWN"),
         "{schedule}"
@@ -244,6 +253,16 @@ async fn commands_route_each_queue_to_its_shard_and_read_them_all() {
         "{}",
         text(&unknown)
     );
+    // pause: the queue on the shard that is up is paused, the other said
+    // not to be, and the list names the shard it could not read.
+    let out = fleet.one_down(&["pause", "reports", "video"]);
+    assert!(out.contains("reports: paused (shard b)"), "{out}");
+    assert!(out.contains("video: NOT paused: shard c"), "{out}");
+    assert!(
+        out.contains("paused now: mail (shard b), reports (shard b) (not read: shard c)"),
+        "{out}"
+    );
+    assert_eq!(members(&fleet.b, "paused").await, vec!["mail", "reports"]);
     fleet.c.restart();
     let stats = fleet.stats();
     assert_eq!(stats["fleet"]["up"], 3, "{stats:#}");
@@ -268,7 +287,29 @@ async fn bad_shard_maps_are_refused_with_the_reason() {
     let (b, b_twice) = (format!("b={}", fleet.b.url()), format!("d={}", fleet.b.url()));
     refused(
         &["stats", "--shard", &b, "--shard", &b_twice, "--route", "x=d"],
-        "like another shard",
+        "shards b and d are one Redis database",
+    );
+    // The same database written another way.
+    let b_again = format!("d={}/0", fleet.b.url());
+    refused(
+        &["stats", "--shard", &b, "--shard", &b_again, "--route", "x=d"],
+        "shards b and d are one Redis database",
+    );
+    // A URL without its name, its password holding '=': refused unshown.
+    let secret = refused(
+        &["stats", "--shard", "redis://:c2VjcmV0cGFzcw==@h:6379"],
+        "expected NAME=URL",
+    );
+    assert!(!secret.contains("c2Vj"), "the password is echoed: {secret}");
+    refused(&["stats", "--route", "a=b=c"], "cannot hold '='");
+    let mut no_default = fleet.wasmjobs(&["stats"]);
+    no_default.env_remove("REDIS_URL");
+    let output = no_default.output().expect("run wasmjobs");
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("need --redis"),
+        "{}",
+        text(&output)
     );
     refused(
         &["stats", "--route", "mail=b", "--route", "mail=c"],
