@@ -34,7 +34,7 @@ pub struct CancelArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
     /// Also take the jobs out of the PostgreSQL job store at URL.
-    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", hide_env_values = true, value_name = "URL")]
     pub jobs_source: Option<String>,
     /// Who is cancelling, recorded with each job (default: user@host).
     #[arg(long)]

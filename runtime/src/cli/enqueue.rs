@@ -53,7 +53,7 @@ pub struct EnqueueArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
     /// Enqueue into the PostgreSQL job store at URL instead of Redis.
-    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", hide_env_values = true, value_name = "URL")]
     pub jobs_source: Option<String>,
     /// The queue to push to.
     #[arg(long, short, default_value = crate::job::DEFAULT_QUEUE)]

@@ -14,7 +14,7 @@ use crate::pg::{Pg, schema};
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// The PostgreSQL server (postgres://user:password@host/db).
-    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", hide_env_values = true, value_name = "URL")]
     pub jobs_source: String,
 }
 

@@ -157,7 +157,7 @@ pub struct RedisArgs {
     /// Redis URL (`redis://host:6379/0`, `unix:///path/redis.sock`). Without
     /// it, wasmjobs uses (and if needed starts) its private redis-server in
     /// the data directory.
-    #[arg(long = "redis", env = "REDIS_URL")]
+    #[arg(long = "redis", env = "REDIS_URL", hide_env_values = true)]
     pub url: Option<String>,
     /// Another Redis server holding the queues routed to it (`--route`),
     /// each a complete Sidekiq keyspace; `--redis` is the shard named

@@ -34,6 +34,7 @@ pub struct RunArgs {
     #[arg(
         long = "source",
         env = "WASMJOBS_SOURCE",
+        hide_env_values = true,
         value_name = "URL",
         conflicts_with = "fetch"
     )]

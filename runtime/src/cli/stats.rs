@@ -42,7 +42,7 @@ pub struct StatsArgs {
     pub redis: RedisArgs,
     /// Also show the jobs of the PostgreSQL job store at URL (queues,
     /// scheduled, retries, running, dead).
-    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", hide_env_values = true, value_name = "URL")]
     pub jobs_source: Option<String>,
     /// Print the stats as JSON (one line per refresh with --watch).
     #[arg(long)]

@@ -23,7 +23,7 @@ pub struct WebArgs {
     pub redis: RedisArgs,
     /// Show the jobs of the PostgreSQL job store at URL (queues,
     /// scheduled, retries, dead) instead of those in Redis.
-    #[arg(long = "source", env = "WASMJOBS_SOURCE", value_name = "URL")]
+    #[arg(long = "source", env = "WASMJOBS_SOURCE", hide_env_values = true, value_name = "URL")]
     pub jobs_source: Option<String>,
     /// Where to serve it. Any address other than loopback needs
     /// credentials from the environment: WASMJOBS_WEB_TOKEN, or

@@ -500,3 +500,27 @@ async fn sidekiqs_ruby_api_sees_what_wasmjobs_enqueued() {
     );
     assert_eq!(seen.lines().last(), Some(r#"1|EchoJob|["hi", 2]|true|1|1"#), "{seen}");
 }
+
+/// `--help` shows the environment's values of the flags it documents,
+/// unless told not to: no password from the environment may show up
+/// there (a terminal, a CI log, a support ticket).
+#[test]
+fn help_never_shows_a_password_from_the_environment() {
+    let data = tempfile::tempdir().expect("tempdir");
+    for command in [
+        "run", "enqueue", "stats", "cancel", "pause", "resume", "schedule", "limits", "web", "env", "migrate",
+    ] {
+        let mut help = wasmjobs(data.path(), &[command, "--help"]);
+        help.env("REDIS_URL", "redis://:hunter2@cache:6379")
+            .env("WASMJOBS_SOURCE", "postgres://app:hunter2@db/app")
+            .env("WASMJOBS_SHARDS", "b=redis://:hunter2@cache2:6379")
+            .env("WASMJOBS_DB", "main=postgres://app:hunter2@db/app");
+        let output = help.output().expect("run wasmjobs --help");
+        assert!(output.status.success(), "{command} --help: {}", text(&output));
+        assert!(
+            !text(&output).contains("hunter2"),
+            "{command} --help shows a password: {}",
+            text(&output)
+        );
+    }
+}
