@@ -139,6 +139,16 @@ pub fn append_to_manifest(dir: &Path, toml: &str) {
     std::fs::write(&manifest, format!("{text}\n{toml}\n")).expect("write manifest");
 }
 
+/// A finished command's status, stdout and stderr, for assertion messages.
+pub fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "status {}\nstdout: {}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 /// Asserts that a finished command succeeded, showing what it printed if not.
 pub fn assert_success(output: &std::process::Output, what: &str) {
     assert!(

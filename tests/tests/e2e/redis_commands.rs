@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use wasmjobs_e2e::output_text as text;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::sidekiq::ruby;
 
@@ -46,15 +47,6 @@ fn fails(mut command: Command) -> String {
     let output = command.output().expect("run wasmjobs");
     assert_eq!(output.status.code(), Some(2), "{command:?}: {}", text(&output));
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 fn stdout(output: &Output) -> String {

@@ -4,12 +4,13 @@
 //! reported as down while the others go on; the Rust client's `Sharded`
 //! routes the same way. Three real `redis-server`s per test.
 
-use std::process::{Command, Output};
+use std::process::Command;
 
 use redis::AsyncCommands;
 use serde_json::Value;
 use wasmjobs_client::Job;
 use wasmjobs_client::shards::{Routes, Sharded};
+use wasmjobs_e2e::output_text as text;
 use wasmjobs_e2e::redis_server::TestRedis;
 
 const WASMJOBS: &str = env!("CARGO_BIN_EXE_wasmjobs-under-test");
@@ -66,15 +67,6 @@ impl Fleet {
         assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "status {}\nstdout: {}\nstderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// The jid `enqueue` printed: `... (jid JID)`.
