@@ -64,6 +64,13 @@ impl TestRedis {
         self.spawn();
     }
 
+    /// Starts a server stopped by [`TestRedis::stop`] again, on the same
+    /// port and directory (its AOF is read back).
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the test redis-server is still running");
+        self.spawn();
+    }
+
     /// Kills the server with SIGKILL (no flush) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

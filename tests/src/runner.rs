@@ -378,3 +378,43 @@ pub async fn identity_of(conn: &mut redis::aio::MultiplexedConnection, pid: u32,
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Jobs waiting in every `queue:*` list of `conn`'s Redis, by queue key
+/// (empty ones left out).
+pub async fn queued(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64)> {
+    let keys: Vec<String> = conn.keys("queue:*").await.expect("KEYS");
+    let mut sizes = Vec::new();
+    for key in keys {
+        let size: u64 = conn.llen(&key).await.expect("LLEN");
+        if size > 0 {
+            sizes.push((key, size));
+        }
+    }
+    sizes
+}
+
+/// A chaos run's file, checked: every id `0..n` is a line of `file` and
+/// every line is one of them (panics naming what is not). Returns the
+/// lines and how many were duplicates (a job run again after a crash).
+pub fn every_id_once_at_least(file: &Path, n: usize) -> (usize, usize) {
+    let all = lines(file);
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for line in &all {
+        *counts.entry(line.as_str()).or_insert(0) += 1;
+    }
+    let missing: Vec<usize> = (0..n)
+        .filter(|i| !counts.contains_key(i.to_string().as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} ids never ran: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(20)]
+    );
+    let strangers: Vec<&&str> = counts
+        .keys()
+        .filter(|line| line.parse::<usize>().map_or(true, |i| i >= n))
+        .collect();
+    assert!(strangers.is_empty(), "lines that are no job's id: {strangers:?}");
+    (all.len(), all.len() - counts.len())
+}

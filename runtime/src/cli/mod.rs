@@ -193,18 +193,6 @@ impl RedisArgs {
     pub fn shard_map(&self, data_dir: &std::path::Path) -> Result<crate::redis::shards::ShardMap> {
         crate::redis::shards::ShardMap::new(self.target(data_dir), &self.shards, &self.routes)
     }
-
-    /// The one Redis of a command that does not work across shards yet;
-    /// refused, with what to do instead, when shards are given.
-    pub fn single(&self, data_dir: &std::path::Path, command: &str) -> Result<crate::redis::Target> {
-        if !self.shards.is_empty() || !self.routes.is_empty() {
-            anyhow::bail!(
-                "wasmjobs {command} does not work across shards yet (--shard/--route, WASMJOBS_SHARDS/WASMJOBS_ROUTES): \
-                 run it once per shard with --redis URL and no --shard (docs/shards.md)"
-            );
-        }
-        Ok(self.target(data_dir))
-    }
 }
 
 /// The runner's SQL databases; shared by the commands that run jobs.

@@ -137,6 +137,10 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    let shards = args.redis.shard_map(&cli.data_dir)?;
+    if shards.is_sharded() && args.jobs_source.is_some() {
+        bail!("--shard is for jobs kept in Redis; with --source the jobs are in PostgreSQL");
+    }
     let tracing = crate::otel::Tracing::from_args(&args.otel)?;
     let store = match &args.jobs_source {
         None => Store::Redis,
@@ -152,7 +156,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         }
     };
     let options = RunOptions {
-        redis: args.redis.single(&cli.data_dir, "run")?,
+        shards,
         store,
         plugins: args.source.dir()?,
         data_dir: cli.data_dir.clone(),

@@ -13,9 +13,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Cli, RedisArgs};
 use crate::web::{self, Access, JobStore};
 
-/// This command's name, in messages.
-const COMMAND: &str = "web";
-
 /// Arguments of `wasmjobs web`.
 #[derive(Debug, Args)]
 pub struct WebArgs {
@@ -37,21 +34,25 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
     let access = Access::from_env()?;
     // Refuse before connecting anywhere.
     access.required_for(args.addr)?;
+    let map = args.redis.shard_map(&cli.data_dir)?;
+    if map.is_sharded() && args.jobs_source.is_some() {
+        anyhow::bail!("--shard is for jobs kept in Redis; with --source the jobs are in PostgreSQL");
+    }
     let store = match &args.jobs_source {
         Some(url) => JobStore::Postgres(Box::new(crate::pg::Pg::connect(url).await?), Default::default()),
         None => JobStore::Redis,
     };
-    let redis = crate::redis::connect(&args.redis.single(&cli.data_dir, COMMAND)?).await?;
+    let shards = crate::redis::shards::connect_long_lived(&map).await?;
+    let sites = shards
+        .iter()
+        .map(|(name, redis)| web::Site {
+            name: name.clone(),
+            conn: redis.conn(),
+            location: redis.location.clone(),
+        })
+        .collect();
     let stop = CancellationToken::new();
-    let dashboard = web::bind(
-        args.addr,
-        redis.conn(),
-        redis.location.clone(),
-        store,
-        access,
-        stop.clone(),
-    )
-    .await?;
+    let dashboard = web::bind(args.addr, sites, store, access, stop.clone()).await?;
     web::announce(dashboard.bound());
     let server = tokio::spawn(dashboard.serve());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -61,6 +62,8 @@ pub async fn run(cli: &Cli, args: &WebArgs) -> Result<ExitCode> {
     }
     stop.cancel();
     let _ = server.await;
-    redis.close().await?;
+    for (_, redis) in shards {
+        redis.close().await?;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -259,6 +259,23 @@ pub fn prometheus(metrics: &Metrics) -> String {
             escape(&plugin)
         );
     }
+    let shards = metrics.redis_shards.snapshot();
+    if !shards.is_empty() {
+        family(
+            &mut out,
+            "wasmjobs_shard_up",
+            "gauge",
+            "Whether each Redis shard answered this process's last heartbeat there (1) or not (0); a shard that does not answer stops only its queues.",
+        );
+        for (shard, up) in shards {
+            let _ = writeln!(
+                out,
+                "wasmjobs_shard_up{{shard=\"{}\"}} {}",
+                escape(&shard),
+                u8::from(up)
+            );
+        }
+    }
     family(
         &mut out,
         "wasmjobs_cron_ticks_total",

@@ -19,6 +19,7 @@ pub mod exposition;
 pub mod limited;
 pub mod process;
 pub mod published;
+pub mod redis_shards;
 pub mod server;
 pub mod tally;
 
@@ -155,6 +156,8 @@ pub struct Metrics {
     pub process: ProcessGauges,
     /// Jobs rescheduled by cluster limits, per plugin and reason.
     pub limited: limited::LimitedCounts,
+    /// Whether each Redis shard answers (several shards only).
+    pub redis_shards: redis_shards::RedisShards,
 }
 
 thread_local! {
@@ -174,6 +177,7 @@ impl Metrics {
             enabled,
             process: ProcessGauges::default(),
             limited: limited::LimitedCounts::default(),
+            redis_shards: redis_shards::RedisShards::default(),
         }
     }
 

@@ -155,6 +155,18 @@ impl Redis {
 
 /// Opens Redis at `target`, starting the embedded server if needed.
 pub(crate) async fn connect(target: &Target) -> Result<Redis> {
+    open(target, true).await
+}
+
+/// Like [`connect`], but a Redis given by URL is connected to on first
+/// use: a shard that is down when the runner starts is picked up when it
+/// comes, its connection retried with each call like any connection
+/// lost later.
+pub(crate) async fn connect_lazy(target: &Target) -> Result<Redis> {
+    open(target, false).await
+}
+
+async fn open(target: &Target, eager: bool) -> Result<Redis> {
     let (client, location, embedded) = match target {
         Target::Url(url) => {
             let location = redact(url);
@@ -174,9 +186,11 @@ pub(crate) async fn connect(target: &Target) -> Result<Redis> {
         .set_min_delay(Duration::from_millis(50))
         .set_max_delay(Duration::from_secs(2))
         .set_number_of_retries(3);
-    let conn = ConnectionManager::new_with_config(client.clone(), config)
-        .await
-        .with_context(|| format!("cannot connect to Redis at {location}"))?;
+    let conn = match eager || embedded.is_some() {
+        true => ConnectionManager::new_with_config(client.clone(), config).await,
+        false => ConnectionManager::new_lazy_with_config(client.clone(), config),
+    }
+    .with_context(|| format!("cannot connect to Redis at {location}"))?;
     Ok(Redis {
         client,
         conn,

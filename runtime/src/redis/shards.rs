@@ -270,6 +270,24 @@ pub(crate) async fn reopen(map: &ShardMap, opened: &mut [Opened]) {
     futures_util::future::join_all(again).await;
 }
 
+/// Connects to every shard of `map` for a long-running process (the
+/// runner, the dashboard): the default shard at once (it must answer),
+/// the others on first use, so one that is down at start is picked up
+/// when it answers. Each with its name, in `map`'s order.
+pub(crate) async fn connect_long_lived(map: &ShardMap) -> Result<Vec<(String, Redis)>> {
+    let mut shards = Vec::new();
+    for (index, name, target) in map.iter() {
+        let redis = match index {
+            0 => connect(target).await?,
+            _ => super::connect_lazy(target)
+                .await
+                .with_context(|| format!("shard {name}"))?,
+        };
+        shards.push((name.to_owned(), redis));
+    }
+    Ok(shards)
+}
+
 /// Closes what [`open_all`] opened.
 pub(crate) async fn close_all(opened: Vec<Opened>) -> Result<()> {
     for shard in opened {

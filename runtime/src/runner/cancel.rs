@@ -77,8 +77,9 @@ impl Via {
 
 /// The jobs running in this process, by jid, and the cancels heard.
 pub(crate) struct Cancels {
-    /// `None` only in unit tests of the runner core.
-    redis: Option<Redis>,
+    /// Each shard's Redis, by index (none only in unit tests of the
+    /// runner core): a job's cancel request is looked up on its shard.
+    redis: Vec<Redis>,
     /// Written into the record: `process <identity>`.
     from: String,
     inner: Mutex<Inner>,
@@ -96,6 +97,8 @@ struct Watch {
     token: CancellationToken,
     request: OnceLock<(CancelRequest, Via)>,
     started: Instant,
+    /// The shard the job came from.
+    shard: u16,
 }
 
 impl Watch {
@@ -115,8 +118,8 @@ pub(crate) struct Registration {
 }
 
 impl Cancels {
-    /// The registry of the process `identity`.
-    pub(crate) fn new(redis: Option<Redis>, identity: &str) -> Arc<Self> {
+    /// The registry of the process `identity`, whose shards are `redis`.
+    pub(crate) fn new(redis: Vec<Redis>, identity: &str) -> Arc<Self> {
         Arc::new(Self {
             redis,
             from: format!("process {identity}"),
@@ -129,13 +132,14 @@ impl Cancels {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers the job `jid` as running here.
-    pub(crate) fn register(self: &Arc<Self>, jid: &str) -> Registration {
+    /// Registers the job `jid`, fetched from `shard`, as running here.
+    pub(crate) fn register(self: &Arc<Self>, jid: &str, shard: u16) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let watch = Arc::new(Watch {
             token: CancellationToken::new(),
             request: OnceLock::new(),
             started: Instant::now(),
+            shard,
         });
         let mut inner = self.inner();
         if let Some((request, via, _)) = inner.recent.get(jid) {
@@ -198,16 +202,21 @@ impl Cancels {
         }
     }
 
-    /// Looks up the jobs running for longer than [`SWEEP_EVERY`].
+    /// Looks up the jobs running for longer than [`SWEEP_EVERY`], each on
+    /// its shard; every shard is looked at, the first failure returned.
     pub(crate) async fn sweep(&self) -> Result<()> {
-        match &self.redis {
-            Some(redis) => self.sweep_on(&mut redis.conn()).await,
-            None => Ok(()),
+        let mut result = Ok(());
+        for (shard, redis) in self.redis.iter().enumerate() {
+            let swept = self.sweep_on(&mut redis.conn(), shard as u16).await;
+            if result.is_ok() {
+                result = swept;
+            }
         }
+        result
     }
 
-    /// [`Cancels::sweep`], on `conn`.
-    pub(crate) async fn sweep_on<C: ConnectionLike + Send>(&self, conn: &mut C) -> Result<()> {
+    /// [`Cancels::sweep`] of the jobs from `shard`, on `conn`.
+    pub(crate) async fn sweep_on<C: ConnectionLike + Send>(&self, conn: &mut C, shard: u16) -> Result<()> {
         let jids: Vec<String> = {
             let mut inner = self.inner();
             let now = Instant::now();
@@ -218,9 +227,9 @@ impl Cancels {
                 .running
                 .iter()
                 .filter(|(_, watches)| {
-                    watches
-                        .iter()
-                        .any(|(_, w)| w.request.get().is_none() && now.duration_since(w.started) >= SWEEP_EVERY)
+                    watches.iter().any(|(_, w)| {
+                        w.shard == shard && w.request.get().is_none() && now.duration_since(w.started) >= SWEEP_EVERY
+                    })
                 })
                 .map(|(jid, _)| jid.clone())
                 .collect()
@@ -253,9 +262,9 @@ impl Cancels {
         }
     }
 
-    /// The cancel requests in Redis for `jids`.
-    async fn lookup(&self, jids: &[String]) -> Result<Vec<(String, CancelRequest)>> {
-        match &self.redis {
+    /// The cancel requests on `shard` for `jids`.
+    async fn lookup(&self, shard: u16, jids: &[String]) -> Result<Vec<(String, CancelRequest)>> {
+        match self.redis.get(usize::from(shard)) {
             Some(redis) => requests(&mut redis.conn(), jids).await,
             None => Ok(Vec::new()),
         }
@@ -301,7 +310,11 @@ impl Registration {
                 CancelFound::Key(value) => (CancelRequest::from_value(value, false), Via::Fetch),
                 CancelFound::Iteration(value) => (CancelRequest::from_value(value, true), Via::Fetch),
             }),
-            _ => match self.cancels.lookup(std::slice::from_ref(&self.jid)).await {
+            _ => match self
+                .cancels
+                .lookup(self.watch.shard, std::slice::from_ref(&self.jid))
+                .await
+            {
                 Ok(mut found) => found.pop().map(|(_, request)| (request, Via::Start)),
                 Err(err) => {
                     tracing::warn!(jid = %self.jid, "{err:#}; the job runs, and is checked again while it does");
@@ -362,8 +375,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancel_stops_every_job_with_that_jid_and_only_those() {
-        let cancels = Cancels::new(None, "p");
-        let (a, b, other) = (cancels.register("j"), cancels.register("j"), cancels.register("k"));
+        let cancels = Cancels::new(Vec::new(), "p");
+        let (a, b, other) = (
+            cancels.register("j", 0),
+            cancels.register("j", 0),
+            cancels.register("k", 0),
+        );
         assert!(cancels.cancel("j", request(), Via::Message));
         a.cancelled().await;
         b.cancelled().await;
@@ -375,17 +392,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancel_heard_before_the_job_starts_is_remembered() {
-        let cancels = Cancels::new(None, "p");
+        let cancels = Cancels::new(Vec::new(), "p");
         assert!(!cancels.cancel("later", request(), Via::Message));
-        let job = cancels.register("later");
+        let job = cancels.register("later", 0);
         assert_eq!(job.requested(), Some(&request()));
         assert_eq!(job.via(), Some(Via::Message));
     }
 
     #[tokio::test]
     async fn the_fetch_mark_counts_only_for_the_jid_the_runner_parsed() {
-        let cancels = Cancels::new(None, "p");
-        let job = cancels.register("real");
+        let cancels = Cancels::new(Vec::new(), "p");
+        let job = cancels.register("real", 0);
         let forged = CancelMark::Checked {
             jid: "other".into(),
             request: Some(CancelFound::Key("1".into())),

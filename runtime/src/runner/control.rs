@@ -52,7 +52,13 @@ const BATCH_MAX: usize = 1_000;
 /// own: the jobs' tasks, CPU-bound guests among them, get the runner's
 /// threads 10 ms at a time, and a message (and the lookup it needs)
 /// waiting its turn behind a hundred of them would wait seconds.
-pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paused>, stop: CancellationToken) {
+pub(crate) async fn listen(
+    redis: Redis,
+    shard: u16,
+    cancels: Arc<Cancels>,
+    paused: Arc<Paused>,
+    stop: CancellationToken,
+) {
     let (ended, done) = tokio::sync::oneshot::channel();
     let (thread_redis, thread_cancels, thread_paused, thread_stop) =
         (redis.clone(), cancels.clone(), paused.clone(), stop.clone());
@@ -65,6 +71,7 @@ pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paus
                 .map(|runtime| {
                     runtime.block_on(listen_pinging(
                         thread_redis,
+                        shard,
                         thread_cancels,
                         thread_paused,
                         thread_stop,
@@ -86,7 +93,7 @@ pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paus
         tracing::error!(
             "control channel: {err:#}; listening among the jobs instead (cancels and pauses may wait for them)"
         );
-        listen_pinging(redis, cancels, paused, stop, PING_EVERY).await;
+        listen_pinging(redis, shard, cancels, paused, stop, PING_EVERY).await;
     }
 }
 
@@ -94,6 +101,7 @@ pub(crate) async fn listen(redis: Redis, cancels: Arc<Cancels>, paused: Arc<Paus
 /// shorten it).
 async fn listen_pinging(
     redis: Redis,
+    shard: u16,
     cancels: Arc<Cancels>,
     paused: Arc<Paused>,
     stop: CancellationToken,
@@ -114,7 +122,7 @@ async fn listen_pinging(
                 failing = false;
                 backoff = FIRST_BACKOFF;
                 tokio::select! {
-                    ended = heed(subscription, &cancels, &paused, ping_every) => ended,
+                    ended = heed(subscription, shard, &cancels, &paused, ping_every) => ended,
                     () = stop.cancelled() => return,
                 }
             }
@@ -155,11 +163,17 @@ async fn subscribe(redis: &Redis) -> anyhow::Result<Subscription> {
 
 /// Acts on the messages of `pubsub` until its connection fails; returns
 /// why it did.
-async fn heed(subscription: Subscription, cancels: &Cancels, paused: &Paused, ping_every: Duration) -> anyhow::Error {
+async fn heed(
+    subscription: Subscription,
+    shard: u16,
+    cancels: &Cancels,
+    paused: &Paused,
+    ping_every: Duration,
+) -> anyhow::Error {
     let Subscription { pubsub, mut conn } = subscription;
     // Whatever was announced while not subscribed.
     paused.nudge();
-    if let Err(err) = cancels.sweep_on(&mut conn).await {
+    if let Err(err) = cancels.sweep_on(&mut conn, shard).await {
         tracing::debug!("{err:#}");
     }
     let (mut sink, mut messages) = pubsub.split();
@@ -305,11 +319,12 @@ mod tests {
             .await
             .expect("the embedded redis-server");
         let mut conn = redis.conn();
-        let cancels = Cancels::new(Some(redis.clone()), "test");
+        let cancels = Cancels::new(vec![redis.clone()], "test");
         let paused = Paused::new(vec!["default".into()], None);
         let stop = CancellationToken::new();
         let listener = tokio::spawn(listen_pinging(
             redis.clone(),
+            0,
             cancels.clone(),
             paused,
             stop.clone(),
@@ -337,7 +352,7 @@ mod tests {
         // A cancel sent now arrives through the subscription: no sweep
         // runs here, and the job started too recently for the one a
         // resubscription does.
-        let job = cancels.register("0123456789abcdef01234567");
+        let job = cancels.register("0123456789abcdef01234567", 0);
         crate::redis::control::cancel(&mut conn, "0123456789abcdef01234567", "me")
             .await
             .expect("cancel");
@@ -361,10 +376,11 @@ mod tests {
             .await
             .expect("the embedded redis-server");
         let mut conn = redis.conn();
-        let cancels = Cancels::new(Some(redis.clone()), "test");
+        let cancels = Cancels::new(vec![redis.clone()], "test");
         let stop = CancellationToken::new();
         let listener = tokio::spawn(listen(
             redis.clone(),
+            0,
             cancels.clone(),
             Paused::new(Vec::new(), None),
             stop.clone(),
@@ -375,7 +391,7 @@ mod tests {
         })
         .await;
         let jids: Vec<String> = (0..300).map(|n| format!("{n:024}")).collect();
-        let jobs: Vec<_> = jids.iter().map(|jid| cancels.register(jid)).collect();
+        let jobs: Vec<_> = jids.iter().map(|jid| cancels.register(jid, 0)).collect();
         // And one published by someone else, with no request behind it.
         let _: () = redis::cmd("PUBLISH")
             .arg(keys::CONTROL_CHANNEL)
@@ -383,7 +399,7 @@ mod tests {
             .query_async(&mut conn)
             .await
             .expect("PUBLISH");
-        let stray = cancels.register("999999999999999999999999");
+        let stray = cancels.register("999999999999999999999999", 0);
         let request = crate::redis::control::CancelRequest::now("me");
         let found = crate::redis::control::cancel_all(&mut conn, &jids, &request)
             .await

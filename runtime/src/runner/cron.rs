@@ -56,6 +56,9 @@ const BACKOFF: Duration = Duration::from_secs(1);
 /// Most ticks of one schedule claimed in one wake-up.
 const MAX_BURST: usize = 100;
 
+/// Whether a queue is on a poller's shard.
+pub(crate) type QueueFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// What a plugin (re)load means for its schedules.
 #[derive(Debug, Clone)]
 pub(crate) enum PluginSchedules {
@@ -85,6 +88,9 @@ struct Tracked {
 pub(crate) struct CronPoller {
     /// The PostgreSQL store, when jobs live there (`--source`).
     store: Option<crate::pg::Pg>,
+    /// With several shards: whether a schedule's queue is on this
+    /// poller's shard (only those are registered here).
+    ours: Option<QueueFilter>,
     redis: Redis,
     metrics: Arc<Metrics>,
     tracked: HashMap<String, Tracked>,
@@ -141,6 +147,7 @@ impl CronPoller {
     pub(crate) fn new(redis: Redis, metrics: Arc<Metrics>) -> Self {
         Self {
             store: None,
+            ours: None,
             redis,
             metrics,
             tracked: HashMap::new(),
@@ -157,6 +164,14 @@ impl CronPoller {
     /// instead of Redis's queues.
     pub(crate) fn with_store(mut self, pg: Option<crate::pg::Pg>) -> Self {
         self.store = pg;
+        self
+    }
+
+    /// Registers here only the schedules whose queue `ours` accepts: with
+    /// several shards, a schedule lives on the shard of its queue (and is
+    /// removed from the others), so its ticks are claimed there once.
+    pub(crate) fn with_queues(mut self, ours: QueueFilter) -> Self {
+        self.ours = Some(ours);
         self
     }
 
@@ -232,6 +247,10 @@ impl CronPoller {
             PluginSchedules::Loaded { plugin, schedules } => (plugin, schedules),
             PluginSchedules::Removed { plugin } => (plugin, &[]),
         };
+        let schedules: Vec<&Schedule> = schedules
+            .iter()
+            .filter(|schedule| self.ours.as_ref().is_none_or(|ours| ours(&schedule.queue)))
+            .collect();
         let now = now_f64();
         // Where the cluster keeps schedules: read once for all of them.
         let layout = if schedules.is_empty() {
@@ -245,7 +264,7 @@ impl CronPoller {
                 }
             }
         };
-        for schedule in schedules {
+        for &schedule in &schedules {
             match store::register(&mut conn, layout, plugin, schedule, now).await {
                 Ok(Registered::Written { moved_from: None }) => {
                     tracing::debug!(plugin, schedule = %schedule.name, cron = %schedule.cron.sidekiq_field(), "schedule registered");

@@ -18,6 +18,10 @@ pub(crate) struct Fetched {
     pub(crate) cancel: CancelMark,
     /// Its row and claim, when it came from the PostgreSQL store.
     pub(crate) receipt: Option<Receipt>,
+    /// The Redis shard it came from (its index in the shard map; 0, the
+    /// default shard, with one Redis): its outcome, cancel and unique lock
+    /// live there.
+    pub(crate) shard: u16,
 }
 
 impl Fetched {
@@ -28,6 +32,7 @@ impl Fetched {
             queue,
             cancel: CancelMark::Unchecked,
             receipt: None,
+            shard: 0,
         }
     }
 }

@@ -119,8 +119,10 @@ pub(crate) struct About {
 pub(crate) struct Parts {
     /// The jobs in flight (the `:work` hash, `busy`).
     pub(crate) inflight: Arc<InFlightTable>,
-    /// The job source, which registers the process with each beat.
-    pub(crate) source: Arc<dyn JobSource>,
+    /// The job source of the shard beaten on, which registers the
+    /// process with each beat (none on a default shard that holds none of
+    /// the process's queues).
+    pub(crate) source: Option<Arc<dyn JobSource>>,
     /// The plugins loaded (their versions, in `info`).
     pub(crate) catalog: LiveCatalog,
     /// Cancelled once the process is quiet.
@@ -135,12 +137,19 @@ pub struct Heartbeat {
     identity: Identity,
     info: serde_json::Value,
     inflight: Arc<InFlightTable>,
-    source: Arc<dyn JobSource>,
+    source: Option<Arc<dyn JobSource>>,
     catalog: LiveCatalog,
     quiet: CancellationToken,
     metrics: Option<Arc<Metrics>>,
     /// Whose concurrency leases each beat renews.
     limiter: Option<Arc<Limiter>>,
+    /// The shard written to, when there are several: its index (the jobs
+    /// taken from it make its `:work`) and name. What is the process's
+    /// rather than a shard's (latency and per-minute counts, leases,
+    /// `/metrics`' round trip) is written to the default shard only.
+    shard: Option<(u16, String)>,
+    /// Whether the last beat failed (said once per failure and recovery).
+    failing: std::sync::atomic::AtomicBool,
     /// The round trip of the previous beat's transaction, µs (Sidekiq's
     /// `rtt_us`), written with the next beat: one round trip per beat
     /// instead of a separate `PING`, since every wake-up of an idle
@@ -231,6 +240,8 @@ impl Heartbeat {
             quiet,
             metrics: None,
             limiter: None,
+            shard: None,
+            failing: std::sync::atomic::AtomicBool::new(false),
             rtt_us: AtomicU64::new(0),
             published: Published::default(),
             counters,
@@ -248,6 +259,37 @@ impl Heartbeat {
         self
     }
 
+    /// Writes to shard `index` named `name` of several (see the field).
+    pub(crate) fn on_shard(mut self, index: u16, name: &str) -> Self {
+        self.shard = Some((index, name.to_owned()));
+        self
+    }
+
+    fn shard_index(&self) -> u16 {
+        self.shard.as_ref().map_or(0, |(index, _)| *index)
+    }
+
+    /// Whether this beat writes the process's own figures (see the
+    /// `shard` field).
+    fn writes_process_figures(&self) -> bool {
+        self.shard_index() == 0
+    }
+
+    /// Notes whether the last beat worked: logs the change and sets the
+    /// shard's `wasmjobs_shard_up`.
+    fn answered(&self, up: bool) {
+        let was_failing = self.failing.swap(!up, Ordering::Relaxed);
+        let Some((_, name)) = &self.shard else { return };
+        if let Some(metrics) = &self.metrics {
+            metrics.redis_shards.set(name, up);
+        }
+        if up && was_failing {
+            tracing::info!(shard = %name, "shard {name} answers again: its queues are served");
+        } else if !up && !was_failing {
+            tracing::warn!(shard = %name, "shard {name} does not answer: its queues wait, the other shards' are served");
+        }
+    }
+
     /// Renews the concurrency leases `limiter` holds with each beat.
     pub(crate) fn with_limiter(mut self, limiter: Arc<Limiter>) -> Self {
         self.limiter = Some(limiter);
@@ -259,7 +301,9 @@ impl Heartbeat {
     pub(crate) async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>, stop: CancellationToken) {
         let mut written = Instant::now();
         loop {
-            match self.beat().await {
+            let beaten = self.beat().await;
+            self.answered(beaten.is_ok());
+            match beaten {
                 Ok(command) => {
                     written = Instant::now();
                     if let Some(command) = command
@@ -279,6 +323,8 @@ impl Heartbeat {
                             missing.as_secs(),
                             keys::HEARTBEAT_TTL_SECS
                         );
+                    } else if let Some((_, name)) = &self.shard {
+                        tracing::warn!(shard = %name, "heartbeat on shard {name}: {err:#}");
                     } else {
                         tracing::warn!("heartbeat: {err:#}");
                     }
@@ -322,7 +368,7 @@ impl Heartbeat {
         let rtt_us = self.rtt_us.load(Ordering::Relaxed);
 
         let id = &self.identity.identity;
-        let work = self.inflight.describe(|_| true, work_entry);
+        let work = self.inflight.describe(self.shard_index(), |_| true, work_entry);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for key in [keys::work(id), keys::workers(id)] {
@@ -351,7 +397,9 @@ impl Heartbeat {
             pipe.cmd("HSET").arg(id).arg("cpu").arg(format!("{cpu:.1}")).ignore();
         }
         pipe.cmd("EXPIRE").arg(id).arg(keys::HEARTBEAT_TTL_SECS).ignore();
-        self.source.register(&mut pipe);
+        if let Some(source) = &self.source {
+            source.register(&mut pipe);
+        }
         if let Some(limiter) = &self.limiter {
             limiter.renew(&mut pipe);
         }
@@ -370,7 +418,7 @@ impl Heartbeat {
         let signal = signal.map(|s| String::from_utf8_lossy(&s).into_owned());
         let rtt_us = started.elapsed().as_micros() as u64;
         self.rtt_us.store(rtt_us, Ordering::Relaxed);
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = self.metrics.as_ref().filter(|_| self.writes_process_figures()) {
             metrics.process.redis_rtt_us.store(rtt_us, Ordering::Relaxed);
             metrics
                 .process
@@ -396,7 +444,7 @@ impl Heartbeat {
         if !alive {
             return Ok(());
         }
-        let now = self.inflight.ids();
+        let now = self.inflight.ids(self.shard_index());
         let (started, ended): (HashSet<u64>, Vec<u64>) = {
             let shown = lock(&self.shown);
             (
@@ -407,7 +455,9 @@ impl Heartbeat {
         if started.is_empty() && ended.is_empty() {
             return Ok(());
         }
-        let added = self.inflight.describe(|id| started.contains(&id), work_entry);
+        let added = self
+            .inflight
+            .describe(self.shard_index(), |id| started.contains(&id), work_entry);
         let id = &self.identity.identity;
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -430,6 +480,9 @@ impl Heartbeat {
     /// `pipe`; returns the snapshot to commit once `pipe` succeeded (none
     /// without metrics).
     fn publish_latency(&self, pipe: &mut redis::Pipeline) -> Option<BTreeMap<String, crate::metrics::ClassStats>> {
+        if !self.writes_process_figures() {
+            return None;
+        }
         let metrics = self.metrics.as_ref().filter(|m| m.enabled())?;
         let (delta, snapshot) = self.published.delta(metrics);
         latency::publish(pipe, latency::minute_of(now_f64()), &delta);
@@ -440,6 +493,9 @@ impl Heartbeat {
     /// publication to the current minute's counters in `pipe`; returns the
     /// totals to remember once `pipe` succeeded.
     fn publish_counts(&self, pipe: &mut redis::Pipeline) -> (u64, u64) {
+        if !self.writes_process_figures() {
+            return *lock(&self.counted);
+        }
         let jobs = self.counters.jobs();
         let now = (jobs.processed, jobs.failed);
         let before = *lock(&self.counted);

@@ -136,23 +136,30 @@ impl InFlightTable {
         self.inner().entries.values().map(|e| e.info.job.raw.clone()).collect()
     }
 
-    /// The ids of the jobs in flight (what [`Self::describe`] keys on).
-    pub(crate) fn ids(&self) -> HashSet<u64> {
-        self.inner().entries.keys().copied().collect()
+    /// The ids of the jobs in flight from `shard` (what
+    /// [`Self::describe`] keys on).
+    pub(crate) fn ids(&self, shard: u16) -> HashSet<u64> {
+        self.inner()
+            .entries
+            .iter()
+            .filter(|(_, e)| e.info.job.shard == shard)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
-    /// `describe` of each job in flight whose id `pick` accepts, keyed by
-    /// that id (Sidekiq's "tid" is its hex form); nothing is cloned but
-    /// what `describe` makes.
+    /// `describe` of each job in flight from `shard` whose id `pick`
+    /// accepts, keyed by that id (Sidekiq's "tid" is its hex form);
+    /// nothing is cloned but what `describe` makes.
     pub(crate) fn describe<T>(
         &self,
+        shard: u16,
         pick: impl Fn(u64) -> bool,
         mut describe: impl FnMut(&InFlight) -> T,
     ) -> Vec<(u64, T)> {
         self.inner()
             .entries
             .iter()
-            .filter(|(id, _)| pick(**id))
+            .filter(|(id, e)| e.info.job.shard == shard && pick(**id))
             .map(|(id, e)| (*id, describe(&e.info)))
             .collect()
     }

@@ -29,24 +29,26 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
+use super::by_shard::ByShard;
 use super::cancel::Cancels;
-use super::cron::{CronPoller, PluginSchedules};
-use super::fetched::Fetched;
+use super::cron::{CronPoller, PluginSchedules, QueueFilter};
+use super::fetched::{CompletionSender, Fetched};
 use super::heartbeat::{About, Command, Heartbeat, Identity, Parts};
 use super::inflight::InFlightTable;
 use super::limiter::Limiter;
 use super::manager::Manager;
-use super::neighbours::Neighbours;
 use super::outcome::{self, Counters};
 use super::processor::Processor;
 use super::reloader::{self, Reloader};
 use super::scheduled::Poller;
-use super::source::paused::Paused;
+use super::shard::{self, Shard};
+use super::source::sharded::{Part, Sharded};
 use super::source::{self, JobSource, Settings};
 use super::summary::Clock;
 use super::supervise;
@@ -54,7 +56,7 @@ use super::{RunOptions, RunSummary, control, fetch, monitor, os_limits};
 use crate::host::sql::Databases;
 use crate::metrics::Metrics;
 use crate::plugin::Catalog;
-use crate::redis::connect;
+use crate::redis::Redis;
 use crate::sandbox::{EngineConfig, Executor};
 
 /// Runs until told to stop; returns what happened.
@@ -65,11 +67,15 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     // default action, death.
     let mut signals = Signals::install()?;
     os_limits::prepare_for(options.concurrency);
-    let redis = connect(&options.redis).await?;
+    let metrics = Arc::new(Metrics::new(options.metrics));
+    let shards = shard::open(&options.shards, &options.queues, &metrics).await?;
+    let sharded = options.shards.is_sharded();
+    // What is the process's rather than a queue's lives on the default shard.
+    let redis = shards[0].redis.clone();
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
     match &options.store {
         source::Store::Redis => {
-            tracing::info!(redis = %redis.location, fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
+            tracing::info!(redis = %redis.location, shards = shards.len(), fetch = ?options.fetch, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
         }
         source::Store::Postgres { pg, lease } => {
             tracing::info!(source = %pg.location, lease = ?lease, redis = %redis.location, queues = %options.queues, concurrency = options.concurrency, threads, "starting");
@@ -78,38 +84,56 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
 
     let (executor, catalog) = load_plugins(&options).await?;
     let catalog = reloader::live(catalog);
-    let metrics = Arc::new(Metrics::new(options.metrics));
     let identity = Identity::current();
-    let paused = Paused::new(options.queues.names(), Some(metrics.clone()));
-    if let Err(err) = paused.refresh(&redis).await {
-        tracing::warn!("{err:#}; fetching from every queue until the paused set can be read");
-    }
-    let neighbours = Neighbours::new(options.queues.names(), paused.clone(), metrics.clone());
-    if let Err(err) = neighbours.refresh(&redis).await {
-        tracing::warn!("{err:#}; cannot tell yet whether a Ruby Sidekiq process shares our queues");
-    }
-    let source = source::open(
-        &options.store,
-        redis.clone(),
-        Settings {
-            mode: options.fetch,
-            queues: options.queues.clone(),
-            identity: identity.identity.clone(),
-            max_recoveries: options.max_recoveries,
-            max_payload: options.max_payload,
-            dead: options.dead,
-        },
-        paused.clone(),
-    );
+    // A job source per shard holding some of our queues; several are
+    // composed into one for the fetch loop.
+    let parts: Vec<Part> = shards
+        .iter()
+        .filter_map(|shard| {
+            let queues = shard.queues.clone()?;
+            let settings = Settings {
+                mode: options.fetch,
+                queues,
+                identity: identity.identity.clone(),
+                max_recoveries: options.max_recoveries,
+                max_payload: options.max_payload,
+                dead: options.dead,
+            };
+            Some(Part {
+                shard: shard.index,
+                name: shard.name.clone(),
+                source: source::open(&options.store, shard.redis.clone(), settings, shard.paused.clone()),
+            })
+        })
+        .collect();
+    let part_sources: Vec<(u16, Arc<dyn JobSource>)> = parts.iter().map(|p| (p.shard, p.source.clone())).collect();
+    let source: Arc<dyn JobSource> = match (sharded, parts.first()) {
+        (false, Some(only)) => only.source.clone(),
+        _ => {
+            let routes = options.shards.routes.clone();
+            Arc::new(Sharded::new(parts, options.queues.clone(), move |queue| {
+                u16::try_from(routes.shard_of(queue)).unwrap_or(0)
+            }))
+        }
+    };
     let counters = Arc::new(Counters::default());
     let inflight = Arc::new(InFlightTable::default());
-    let (completions, writer) = outcome::spawn(
-        source.clone(),
-        counters.clone(),
-        inflight.clone(),
-        metrics.clone(),
-        options.concurrency as usize * 2,
-    );
+    // An outcome writer per shard with a source: a batch is one
+    // transaction, on one Redis.
+    let mut writers: Vec<Option<CompletionSender>> = vec![None; shards.len()];
+    let mut writer_tasks = Vec::new();
+    for (shard, part) in &part_sources {
+        let (completions, writer) = outcome::spawn(
+            part.clone(),
+            counters.clone(),
+            inflight.clone(),
+            metrics.clone(),
+            options.concurrency as usize * 2,
+        );
+        writers[usize::from(*shard)] = Some(completions);
+        writer_tasks.push(writer);
+    }
+    let by_shard = |f: &dyn Fn(&Shard) -> Redis| ByShard::new(f(&shards[0]), shards[1..].iter().map(f));
     let limiter = Limiter::new(redis.clone(), &identity.identity);
     let turns = limiter.turns();
     let processor = Processor {
@@ -117,15 +141,21 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         catalog: catalog.clone(),
         metrics: metrics.clone(),
         limiter: limiter.clone(),
-        redis: redis.clone(),
+        redis: by_shard(&|shard| shard.redis.clone()),
         tracing: options.tracing.clone(),
-        neighbours: neighbours.clone(),
+        neighbours: ByShard::new(
+            shards[0].neighbours.clone(),
+            shards[1..].iter().map(|shard| shard.neighbours.clone()),
+        ),
     };
-    let cancels = Cancels::new(Some(redis.clone()), &identity.identity);
+    let cancels = Cancels::new(
+        by_shard(&|shard| shard.redis.clone()).all().to_vec(),
+        &identity.identity,
+    );
     let manager = Manager::new(
         Arc::new(processor),
         options.concurrency,
-        completions,
+        writers,
         inflight.clone(),
         cancels.clone(),
     );
@@ -133,25 +163,42 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let done = CancellationToken::new();
     let stop = done.child_token();
     let quiet = stop.child_token();
-    let heartbeat = Heartbeat::new(
-        redis.clone(),
-        identity.clone(),
-        About {
-            queues: options.queues.names(),
-            tag: options.tag.clone(),
-            concurrency: options.concurrency,
-        },
-        Parts {
-            inflight: inflight.clone(),
-            source: source.clone(),
-            catalog: catalog.clone(),
-            quiet: quiet.clone(),
-            counters: counters.clone(),
-        },
-    )
-    .with_metrics(metrics.clone())
-    .with_limiter(limiter);
-    heartbeat.beat().await.context("writing the first heartbeat")?;
+    // A heartbeat in each shard served, and in the default shard, where
+    // the process's own figures and leases are written.
+    let mut heartbeats = Vec::new();
+    for shard in &shards {
+        let part = part_sources.iter().find(|(index, _)| *index == shard.index);
+        if part.is_none() && shard.index != 0 {
+            continue;
+        }
+        let mut heartbeat = Heartbeat::new(
+            shard.redis.clone(),
+            identity.clone(),
+            About {
+                queues: shard.queue_names(),
+                tag: options.tag.clone(),
+                concurrency: options.concurrency,
+            },
+            Parts {
+                inflight: inflight.clone(),
+                source: part.map(|(_, source)| source.clone()),
+                catalog: catalog.clone(),
+                quiet: quiet.clone(),
+                counters: counters.clone(),
+            },
+        )
+        .with_metrics(metrics.clone());
+        if sharded {
+            heartbeat = heartbeat.on_shard(shard.index, &shard.name);
+        }
+        if shard.index == 0 {
+            heartbeat = heartbeat.with_limiter(limiter.clone());
+            heartbeat.beat().await.context("writing the first heartbeat")?;
+        } else if let Err(err) = heartbeat.beat().await {
+            tracing::warn!(shard = %shard.name, "{err:#}; its queues wait until it answers");
+        }
+        heartbeats.push(Arc::new(heartbeat));
+    }
     match source.recover_orphans().await {
         Ok(0) => {}
         Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
@@ -164,95 +211,139 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let supervised = |name: &'static str, stop: &CancellationToken, make: supervise::Maker| {
         supervise::spawn(&tasks, name, metrics.clone(), stop.clone(), make);
     };
-    let poller = Arc::new(Poller::new(
-        redis.clone(),
-        options.poll_interval,
-        options.dead,
-        options.max_payload,
-        turns,
-    ));
-    supervised("scheduled poller", &stop, {
-        let (poller, stop) = (poller.clone(), stop.clone());
-        Box::new(move || Box::pin(poller.clone().run(stop.clone())))
-    });
-    // What the reloader tells the cron poller and the unserved release;
+    // A service of one shard: named after it when there are several.
+    let of_shard = |name: &'static str, shard: &Shard| -> &'static str {
+        match sharded {
+            true => Box::leak(format!("{name} ({})", shard.name).into_boxed_str()),
+            false => name,
+        }
+    };
+    // With several shards, what a shard's services log names the shard.
+    let span_of = |shard: &Shard| sharded.then(|| tracing::info_span!("shard", shard = %shard.name));
+    let mut pollers = Vec::new();
+    for shard in &shards {
+        let poller = Arc::new(Poller::new(
+            shard.redis.clone(),
+            options.poll_interval,
+            options.dead,
+            options.max_payload,
+            turns.clone(),
+        ));
+        supervised(of_shard("scheduled poller", shard), &stop, {
+            let (poller, stop, span) = (poller.clone(), stop.clone(), span_of(shard));
+            Box::new(move || in_span(&span, poller.clone().run(stop.clone())))
+        });
+        pollers.push(poller);
+    }
+    // What the reloader tells the cron pollers and the unserved release;
     // their receivers outlive a restart of either.
     let (served_tx, served) = mpsc::unbounded_channel();
     let served = Arc::new(tokio::sync::Mutex::new(served));
-    let (schedules_tx, schedules) = mpsc::unbounded_channel();
-    let schedules = Arc::new(tokio::sync::Mutex::new(schedules));
     let store = match &options.store {
         source::Store::Postgres { pg, .. } => Some((**pg).clone()),
         source::Store::Redis => None,
     };
-    supervised("cron", &stop, {
-        let (redis, metrics, catalog, stop) = (redis.clone(), metrics.clone(), catalog.clone(), stop.clone());
-        Box::new(move || {
-            // The schedules of the plugins loaded now; later changes come
-            // down the channel.
-            let loaded = catalog
-                .load()
-                .plugins()
-                .iter()
-                .map(|plugin| PluginSchedules::Loaded {
-                    plugin: plugin.name.clone(),
-                    schedules: plugin.manifest.schedules.clone(),
+    let mut schedule_senders = Vec::new();
+    for shard in &shards {
+        let (schedules_tx, schedules) = mpsc::unbounded_channel();
+        schedule_senders.push(schedules_tx);
+        let schedules = Arc::new(tokio::sync::Mutex::new(schedules));
+        let ours: Option<QueueFilter> = sharded.then(|| {
+            let (routes, index) = (options.shards.routes.clone(), usize::from(shard.index));
+            Arc::new(move |queue: &str| routes.shard_of(queue) == index) as QueueFilter
+        });
+        supervised(of_shard("cron", shard), &stop, {
+            let (redis, metrics, catalog, stop) = (shard.redis.clone(), metrics.clone(), catalog.clone(), stop.clone());
+            let (store, span) = (store.clone(), span_of(shard));
+            Box::new(move || {
+                // The schedules of the plugins loaded now; later changes come
+                // down the channel.
+                let loaded = catalog
+                    .load()
+                    .plugins()
+                    .iter()
+                    .map(|plugin| PluginSchedules::Loaded {
+                        plugin: plugin.name.clone(),
+                        schedules: plugin.manifest.schedules.clone(),
+                    })
+                    .collect();
+                let (schedules, stop, span) = (schedules.clone(), stop.clone(), span.clone());
+                let mut poller = CronPoller::new(redis.clone(), metrics.clone()).with_store(store.clone());
+                if let Some(ours) = &ours {
+                    poller = poller.with_queues(ours.clone());
+                }
+                in_span(&span, async move {
+                    poller.run(loaded, &mut *schedules.lock().await, stop).await
                 })
-                .collect();
-            let (schedules, stop) = (schedules.clone(), stop.clone());
-            let poller = CronPoller::new(redis.clone(), metrics.clone()).with_store(store.clone());
-            Box::pin(async move { poller.run(loaded, &mut *schedules.lock().await, stop).await })
-        })
-    });
-    let heartbeat = Arc::new(heartbeat);
+            })
+        });
+    }
     supervised("reloader", &stop, {
         let (dir, executor, cache) = (options.plugins.clone(), executor.clone(), options.cache.clone());
-        let (catalog, reloaded, metrics, stop) = (catalog.clone(), heartbeat.reloaded(), metrics.clone(), stop.clone());
+        let (catalog, metrics, stop) = (catalog.clone(), metrics.clone(), stop.clone());
+        let reloaded: Vec<Arc<Notify>> = heartbeats.iter().map(|heartbeat| heartbeat.reloaded()).collect();
         Box::new(move || {
-            let reloader = Reloader::new(dir.clone(), executor.clone(), cache.clone(), catalog.clone())
-                .on_change(reloaded.clone())
+            let mut reloader = Reloader::new(dir.clone(), executor.clone(), cache.clone(), catalog.clone())
                 .on_new_classes(served_tx.clone())
-                .on_schedules(schedules_tx.clone())
                 .with_metrics(metrics.clone());
+            for notify in &reloaded {
+                reloader = reloader.on_change(notify.clone());
+            }
+            for schedules in &schedule_senders {
+                reloader = reloader.on_schedules(schedules.clone());
+            }
             Box::pin(reloader.run(stop.clone()))
         })
     });
     supervised("unserved release", &stop, {
-        let poller = poller.clone();
-        Box::new(move || Box::pin(release_unserved(poller.clone(), served.clone())))
+        let pollers = pollers.clone();
+        Box::new(move || Box::pin(release_unserved(pollers.clone(), served.clone())))
     });
     supervised("orphan recovery", &stop, {
         let (source, stop) = (source.clone(), stop.clone());
         Box::new(move || Box::pin(source::recover_orphans_periodically(source.clone(), stop.clone())))
     });
-    supervised("paused poller", &stop, {
-        let (paused, redis, stop) = (paused.clone(), redis.clone(), stop.clone());
-        Box::new(move || Box::pin(paused.clone().run(redis.clone(), stop.clone())))
-    });
-    supervised("ruby neighbours", &stop, {
-        let (neighbours, redis, stop) = (neighbours.clone(), redis.clone(), stop.clone());
-        Box::new(move || Box::pin(neighbours.clone().run(redis.clone(), stop.clone())))
-    });
     supervised("cancel sweep", &stop, {
         let (cancels, stop) = (cancels.clone(), stop.clone());
         Box::new(move || Box::pin(cancels.clone().run(stop.clone())))
     });
-    supervised("control", &stop, {
-        let (redis, paused, stop) = (redis.clone(), paused.clone(), stop.clone());
-        Box::new(move || {
-            Box::pin(control::listen(
-                redis.clone(),
-                cancels.clone(),
-                paused.clone(),
+    for shard in shards.iter().filter(|shard| shard.queues.is_some()) {
+        supervised(of_shard("paused poller", shard), &stop, {
+            let (paused, redis, stop, span) = (shard.paused.clone(), shard.redis.clone(), stop.clone(), span_of(shard));
+            Box::new(move || in_span(&span, paused.clone().run(redis.clone(), stop.clone())))
+        });
+        supervised(of_shard("ruby neighbours", shard), &stop, {
+            let (neighbours, redis, stop, span) = (
+                shard.neighbours.clone(),
+                shard.redis.clone(),
                 stop.clone(),
-            ))
-        })
-    });
+                span_of(shard),
+            );
+            Box::new(move || in_span(&span, neighbours.clone().run(redis.clone(), stop.clone())))
+        });
+        supervised(of_shard("control", shard), &stop, {
+            let (redis, index, paused, stop) = (shard.redis.clone(), shard.index, shard.paused.clone(), stop.clone());
+            let (cancels, span) = (cancels.clone(), span_of(shard));
+            Box::new(move || {
+                in_span(
+                    &span,
+                    control::listen(redis.clone(), index, cancels.clone(), paused.clone(), stop.clone()),
+                )
+            })
+        });
+    }
     let (commands_tx, mut commands) = mpsc::channel(4);
-    supervised("heartbeat", &done, {
-        let (heartbeat, done) = (heartbeat.clone(), done.clone());
-        Box::new(move || Box::pin(heartbeat.clone().run(commands_tx.clone(), done.clone())))
-    });
+    for (heartbeat, shard) in heartbeats
+        .iter()
+        .zip(shards.iter().filter(|shard| shard.index == 0 || shard.queues.is_some()))
+    {
+        supervised(of_shard("heartbeat", shard), &done, {
+            let (heartbeat, done, commands_tx) = (heartbeat.clone(), done.clone(), commands_tx.clone());
+            let span = span_of(shard);
+            Box::new(move || in_span(&span, heartbeat.clone().run(commands_tx.clone(), done.clone())))
+        });
+    }
+    drop(commands_tx);
     monitor::start(
         metrics.clone(),
         executor,
@@ -267,8 +358,15 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             source::Store::Postgres { pg, .. } => crate::web::JobStore::Postgres(pg.clone(), Default::default()),
             source::Store::Redis => crate::web::JobStore::Redis,
         };
-        let dashboard =
-            crate::web::bind(addr, redis.conn(), redis.location.clone(), jobs, access, done.clone()).await?;
+        let sites = shards
+            .iter()
+            .map(|shard| crate::web::Site {
+                name: shard.name.clone(),
+                conn: shard.redis.conn(),
+                location: shard.redis.location.clone(),
+            })
+            .collect();
+        let dashboard = crate::web::bind(addr, sites, jobs, access, done.clone()).await?;
         crate::web::announce(dashboard.bound());
         supervised("dashboard", &done, Box::new(move || Box::pin(dashboard.serve())));
     }
@@ -277,7 +375,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);
     let drained = options
         .exit_when_empty
-        .then(|| monitor::drained(redis.clone(), source.clone(), inflight.clone()));
+        .then(|| monitor::drained(by_shard(&|shard| shard.redis.clone()), source.clone(), inflight.clone()));
     wait_for_stop(&mut signals, &mut commands, &mut fetching, drained).await?;
 
     // A second SIGINT or SIGTERM while jobs finish stops them at once.
@@ -294,7 +392,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             manager: &manager,
             fetching,
             stop: &stop,
-            writer,
+            writers: writer_tasks,
         },
         again,
     )
@@ -307,13 +405,17 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     {
         tracing::warn!("background tasks did not stop within 10 s");
     }
-    if let Err(err) = heartbeat.clear().await {
-        tracing::warn!("{err:#}");
+    for heartbeat in &heartbeats {
+        if let Err(err) = heartbeat.clear().await {
+            tracing::warn!("{err:#}");
+        }
     }
     if requeued.is_some() {
         source.unregister().await;
     }
-    redis.close().await?;
+    for shard in shards {
+        shard.redis.close().await?;
+    }
 
     let summary = RunSummary {
         jobs: counters.jobs(),
@@ -330,6 +432,14 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         "stopped"
     );
     Ok(summary)
+}
+
+/// `service` in `span` (a shard's), if any.
+fn in_span(span: &Option<tracing::Span>, service: impl Future<Output = ()> + Send + 'static) -> supervise::Loop {
+    match span {
+        Some(span) => Box::pin(service.instrument(span.clone())),
+        None => Box::pin(service),
+    }
 }
 
 /// The fetch loop and the jobs it took but did not start.
@@ -373,7 +483,8 @@ pub(crate) struct Running<'a> {
     pub(crate) manager: &'a Arc<Manager>,
     pub(crate) fetching: Fetching,
     pub(crate) stop: &'a CancellationToken,
-    pub(crate) writer: JoinHandle<()>,
+    /// The outcome writers, one per shard served.
+    pub(crate) writers: Vec<JoinHandle<()>>,
 }
 
 /// Quiet, drain, stop what is left, record, requeue. Returns how many jobs
@@ -389,7 +500,7 @@ pub(crate) async fn shut_down(
         manager,
         mut fetching,
         stop,
-        writer,
+        writers,
     } = running;
     fetching.quiet().await;
     stop.cancel();
@@ -417,9 +528,12 @@ pub(crate) async fn shut_down(
         leftovers.extend(manager.stop_all(Duration::from_secs(5)).await);
     }
     manager.close();
-    let recorded = tokio::time::timeout(timeout.max(Duration::from_secs(10)), writer)
-        .await
-        .is_ok();
+    let recorded = tokio::time::timeout(
+        timeout.max(Duration::from_secs(10)),
+        futures_util::future::join_all(writers),
+    )
+    .await
+    .is_ok();
     if !recorded {
         tracing::error!(
             "could not record every outcome (is Redis reachable?); unfinished jobs stay held for this process and are recovered when it is seen dead"
@@ -471,7 +585,11 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     databases.warm_up(options.concurrency as usize).await;
     let shared = databases.clone();
     let cache = options.cache.clone();
-    let protected = super::protected_env(Some(&options.redis), &options.databases);
+    let mut protected = super::protected_env(None, &options.databases);
+    protected.extend(options.shards.iter().filter_map(|(_, _, target)| match target {
+        crate::redis::Target::Url(url) => Some(url.clone()),
+        crate::redis::Target::Embedded(_) => None,
+    }));
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
@@ -518,19 +636,29 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     Ok((Arc::new(executor), catalog))
 }
 
-/// Enqueues the jobs waiting in `retry` for a plugin as soon as a reload
-/// brings one for their class.
-async fn release_unserved(poller: Arc<Poller>, served: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Vec<String>>>>) {
+/// Enqueues the jobs waiting in `retry` for a plugin (on every shard) as
+/// soon as a reload brings one for their class.
+async fn release_unserved(
+    pollers: Vec<Arc<Poller>>,
+    served: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Vec<String>>>>,
+) {
     let mut served = served.lock().await;
     while let Some(classes) = served.recv().await {
-        match poller.release_unserved(&classes).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(jobs = n, ?classes, "enqueued jobs that were waiting for a plugin"),
-            Err(err) => tracing::warn!(
-                ?classes,
-                "cannot release jobs waiting for a plugin (they run at their retry time): {err:#}"
-            ),
+        for poller in &pollers {
+            release_unserved_on(poller, &classes).await;
         }
+    }
+}
+
+/// [`release_unserved`] of `classes` on one shard.
+async fn release_unserved_on(poller: &Poller, classes: &[String]) {
+    match poller.release_unserved(classes).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, ?classes, "enqueued jobs that were waiting for a plugin"),
+        Err(err) => tracing::warn!(
+            ?classes,
+            "cannot release jobs waiting for a plugin (they run at their retry time): {err:#}"
+        ),
     }
 }
 

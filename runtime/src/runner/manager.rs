@@ -27,7 +27,8 @@ pub(crate) struct Manager {
     perform: Arc<dyn Perform>,
     slots: Arc<Semaphore>,
     concurrency: usize,
-    writer: Mutex<Option<CompletionSender>>,
+    /// The outcome writer of each shard, by [`Fetched::shard`].
+    writers: Mutex<Option<Arc<[Option<CompletionSender>]>>>,
     /// Room for jobs waiting on a plugin's own concurrency limit.
     parking: Arc<Semaphore>,
     inflight: Arc<InFlightTable>,
@@ -41,11 +42,12 @@ pub(crate) struct Manager {
 
 impl Manager {
     /// A pool of `concurrency` slots running jobs with `perform`, handing
-    /// their outcomes to `writer`.
+    /// each job's outcome to the writer of its shard in `writers` (by
+    /// shard index; none for a shard the runner takes no jobs from).
     pub(crate) fn new(
         perform: Arc<dyn Perform>,
         concurrency: u32,
-        writer: CompletionSender,
+        writers: Vec<Option<CompletionSender>>,
         inflight: Arc<InFlightTable>,
         cancels: Arc<Cancels>,
     ) -> Arc<Self> {
@@ -54,7 +56,7 @@ impl Manager {
             perform,
             slots: Arc::new(Semaphore::new(concurrency)),
             concurrency,
-            writer: Mutex::new(Some(writer)),
+            writers: Mutex::new(Some(writers.into())),
             parking: Arc::new(Semaphore::new(concurrency)),
             inflight,
             jobs: TaskTracker::new(),
@@ -116,20 +118,24 @@ impl Manager {
     /// Starts `job` in the slot `permit`. After [`Manager::close`] the job
     /// is not started and is returned, for requeueing.
     pub(crate) fn start(self: &Arc<Self>, job: Fetched, permit: OwnedSemaphorePermit) -> Option<Fetched> {
-        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let Some(writer) = writer else {
+        let writers = self.writers.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(writers) = writers else {
+            return Some(job);
+        };
+        let Some(writer) = writers.get(usize::from(job.shard)).cloned().flatten() else {
+            tracing::error!(shard = job.shard, queue = %job.queue, "no outcome writer for the job's shard: not started");
             return Some(job);
         };
         let unit = UnitOfWork::start(job, writer, self.inflight.clone());
         let manager = self.clone();
         self.jobs.spawn(async move {
             let unit = unit.parse();
-            let registration = unit
-                .job()
+            let typed = unit.job();
+            let registration = typed
                 .parsed
                 .as_ref()
                 .ok()
-                .map(|(job, _)| manager.cancels.register(&job.jid));
+                .map(|(job, _)| manager.cancels.register(&job.jid, typed.fetched.shard));
             let mut runner_slot = Some(permit);
             let slots = Slots {
                 runner: &mut runner_slot,
@@ -152,7 +158,7 @@ impl Manager {
     /// Stops accepting jobs and lets go of the outcome writer, which ends
     /// once the jobs still running have handed over their results.
     pub(crate) fn close(&self) {
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        self.writers.lock().unwrap_or_else(PoisonError::into_inner).take();
         self.jobs.close();
     }
 

@@ -28,6 +28,7 @@
 //! → `processor` → sandbox → `job_retry` → `unit` → `outcome` → `source`
 //! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
+pub(crate) mod by_shard;
 pub(crate) mod cancel;
 pub(crate) mod control;
 pub(crate) mod cron;
@@ -47,6 +48,7 @@ pub(crate) mod processor;
 pub(crate) mod queues;
 pub(crate) mod reloader;
 pub(crate) mod scheduled;
+pub(crate) mod shard;
 pub(crate) mod source;
 pub mod summary;
 pub(crate) mod supervise;
@@ -65,14 +67,14 @@ pub use source::{DeadCaps, FETCH_SCRIPT, FetchMode, Store};
 pub use summary::RunSummary;
 pub use supervise::set_fault_hook;
 
-use crate::redis::Target;
 use crate::sandbox::Limits;
 
 /// Everything `wasmjobs run` can be told.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Where Redis is.
-    pub redis: Target,
+    /// Where Redis is: the default shard and any others, and which
+    /// queues each holds (one shard, the default, without `--shard`).
+    pub shards: crate::redis::shards::ShardMap,
     /// Where jobs are kept: Redis (the default) or PostgreSQL.
     pub store: source::Store,
     /// The plugins directory.

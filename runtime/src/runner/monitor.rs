@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use tokio_util::sync::CancellationToken;
 
+use super::by_shard::ByShard;
 use super::inflight::InFlightTable;
 use super::limiter::policy::OVERRATED;
 use super::source::JobSource;
@@ -67,7 +68,7 @@ pub(crate) async fn start(
 /// no job kept back by a cluster limit waits in `schedule` for its turn,
 /// seen on two checks in a row (a job can be between the queue and the
 /// in-flight table during one check).
-pub(crate) async fn drained(redis: Redis, source: Arc<dyn JobSource>, inflight: Arc<InFlightTable>) {
+pub(crate) async fn drained(redis: ByShard<Redis>, source: Arc<dyn JobSource>, inflight: Arc<InFlightTable>) {
     let mut empty_checks = 0;
     loop {
         tokio::time::sleep(DRAIN_CHECK).await;
@@ -81,7 +82,7 @@ pub(crate) async fn drained(redis: Redis, source: Arc<dyn JobSource>, inflight: 
             }
         };
         let idle = busy_before == 0 && inflight.is_empty() && waiting == 0;
-        if idle && !limited_waiting(&redis).await {
+        if idle && !limited_waiting_on_any(&redis).await {
             empty_checks += 1;
             if empty_checks >= 2 {
                 return;
@@ -96,6 +97,15 @@ pub(crate) async fn drained(redis: Redis, source: Arc<dyn JobSource>, inflight: 
 /// turn (its payload counts `overrated`). Read with `ZSCAN`, so a large
 /// schedule costs rounds of this check, never a long command in Redis; a
 /// schedule that cannot be read (a key of another type) holds none.
+async fn limited_waiting_on_any(redis: &ByShard<Redis>) -> bool {
+    for shard in redis.all() {
+        if limited_waiting(shard).await {
+            return true;
+        }
+    }
+    false
+}
+
 async fn limited_waiting(redis: &Redis) -> bool {
     let mut cursor = 0u64;
     loop {

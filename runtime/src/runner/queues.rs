@@ -78,6 +78,16 @@ impl Queues {
         self.entries.iter().map(|(n, _)| n.clone()).collect()
     }
 
+    /// These queues, keeping their order and weights, without those
+    /// `keep` refuses; `None` if none is left.
+    pub fn only(&self, keep: impl Fn(&str) -> bool) -> Option<Queues> {
+        let entries: Vec<(String, u32)> = self.entries.iter().filter(|(name, _)| keep(name)).cloned().collect();
+        (!entries.is_empty()).then_some(Queues {
+            entries,
+            weighted: self.weighted,
+        })
+    }
+
     /// Whether the order is weighted-random rather than strict.
     pub fn is_weighted(&self) -> bool {
         self.weighted

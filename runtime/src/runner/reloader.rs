@@ -74,9 +74,11 @@ pub(crate) struct Reloader {
     cache: CompileCache,
     live: LiveCatalog,
     served: Option<mpsc::UnboundedSender<Vec<String>>>,
-    schedules: Option<mpsc::UnboundedSender<PluginSchedules>>,
+    /// One per shard's cron poller.
+    schedules: Vec<mpsc::UnboundedSender<PluginSchedules>>,
     metrics: Option<Arc<Metrics>>,
-    changed: Option<Arc<tokio::sync::Notify>>,
+    /// One per shard's heartbeat.
+    changed: Vec<Arc<tokio::sync::Notify>>,
 }
 
 impl Reloader {
@@ -92,9 +94,9 @@ impl Reloader {
             cache,
             live,
             served: None,
-            schedules: None,
+            schedules: Vec::new(),
             metrics: None,
-            changed: None,
+            changed: Vec::new(),
         }
     }
 
@@ -112,16 +114,17 @@ impl Reloader {
     }
 
     /// Notifies `changed` after every reload that changed something (the
-    /// heartbeat then publishes the new catalog at once).
+    /// heartbeat then publishes the new catalog at once); each call adds
+    /// one.
     pub(crate) fn on_change(mut self, changed: Arc<tokio::sync::Notify>) -> Self {
-        self.changed = Some(changed);
+        self.changed.push(changed);
         self
     }
 
     /// Sends each loaded or removed plugin's schedules to `schedules` (the
-    /// cron poller registers them in Redis).
+    /// cron poller registers them in Redis); each call adds one.
     pub(crate) fn on_schedules(mut self, schedules: mpsc::UnboundedSender<PluginSchedules>) -> Self {
-        self.schedules = Some(schedules);
+        self.schedules.push(schedules);
         self
     }
 
@@ -372,10 +375,10 @@ impl Reloader {
         }
         self.live.store(Arc::new(next));
         report(&change);
-        if !matches!(change, Change::Unchanged)
-            && let Some(changed) = &self.changed
-        {
-            changed.notify_one();
+        if !matches!(change, Change::Unchanged) {
+            for changed in &self.changed {
+                changed.notify_one();
+            }
         }
         if let Some(metrics) = &self.metrics {
             let gauges = &metrics.process;
@@ -406,7 +409,7 @@ impl Reloader {
         {
             let _ = served.send(new_classes);
         }
-        if let Some(schedules) = &self.schedules {
+        if !self.schedules.is_empty() {
             let event = match &change {
                 Change::Added(plugin) | Change::Replaced { new: plugin, .. } => Some(PluginSchedules::Loaded {
                     plugin: plugin.name.clone(),
@@ -418,7 +421,9 @@ impl Reloader {
                 Change::Unchanged | Change::Rejected { .. } => None,
             };
             if let Some(event) = event {
-                let _ = schedules.send(event);
+                for schedules in &self.schedules {
+                    let _ = schedules.send(event.clone());
+                }
             }
         }
         None

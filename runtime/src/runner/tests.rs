@@ -71,8 +71,14 @@ impl Core {
         let counters = Arc::new(Counters::default());
         let metrics = Arc::new(Metrics::new(false));
         let (completions, writer) = outcome::spawn(dyn_source.clone(), counters.clone(), inflight.clone(), metrics, 16);
-        let cancels = super::cancel::Cancels::new(None, "test");
-        let manager = Manager::new(Arc::new(Scripted), concurrency, completions, inflight.clone(), cancels);
+        let cancels = super::cancel::Cancels::new(Vec::new(), "test");
+        let manager = Manager::new(
+            Arc::new(Scripted),
+            concurrency,
+            vec![Some(completions)],
+            inflight.clone(),
+            cancels,
+        );
         let fetching = Fetching::start(dyn_source, manager.clone(), inflight.clone(), CancellationToken::new());
         Self {
             source,
@@ -93,7 +99,7 @@ impl Core {
             manager: &self.manager,
             fetching: self.fetching,
             stop: &CancellationToken::new(),
-            writer: self.writer,
+            writers: vec![self.writer],
         };
         shut_down(timeout, running, std::future::pending()).await
     }

@@ -64,12 +64,16 @@ pub(super) async fn enqueue(State(web): State<Arc<Web>>, body: String) -> Result
     let mut conn = web.conn();
     let listing = cron::list(&mut conn).await?;
     let Some(entry) = listing.entries.iter().find(|e| e.name == name) else {
-        return Ok(back("/cron", "That schedule no longer exists."));
+        return Ok(back(&web, "/cron", "That schedule no longer exists."));
     };
     let now = now_f64();
     let payload = entry.payload(now.floor() as i64, now);
     let jid = web.store.push(&mut conn, payload).await?;
-    Ok(back("/cron", &format!("{} enqueued now (job {jid}).", entry.name)))
+    Ok(back(
+        &web,
+        "/cron",
+        &format!("{} enqueued now (job {jid}).", entry.name),
+    ))
 }
 
 pub(super) async fn status(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {
@@ -87,10 +91,10 @@ pub(super) async fn status(State(web): State<Arc<Web>>, body: String) -> Result<
     let mut conn = web.conn();
     let listing = cron::list(&mut conn).await?;
     let Some(entry) = listing.entries.iter().find(|e| e.name == name) else {
-        return Ok(back("/cron", "That schedule no longer exists."));
+        return Ok(back(&web, "/cron", "That schedule no longer exists."));
     };
     if !cron::set_enabled(&mut conn, entry, enabled).await? {
-        return Ok(back("/cron", "That schedule no longer exists."));
+        return Ok(back(&web, "/cron", "That schedule no longer exists."));
     }
     let notice = if enabled {
         format!("{} enabled: its next tick is enqueued.", entry.name)
@@ -100,5 +104,5 @@ pub(super) async fn status(State(web): State<Arc<Web>>, body: String) -> Result<
             entry.name
         )
     };
-    Ok(back("/cron", &notice))
+    Ok(back(&web, "/cron", &notice))
 }

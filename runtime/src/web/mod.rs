@@ -29,6 +29,12 @@
 //! | [`view`] | the templates and the helpers they use |
 //! | [`pager`] | `?page=N` and the links to the pages around it |
 //! | [`store`] | where the job pages find the jobs: Redis or the PostgreSQL store |
+//! | [`shards`] | `/shards`: the fleet, with several Redis shards: each shard's health, counters and link |
+//!
+//! With several Redis shards (`--shard`), every shard has the whole set of
+//! pages: the default shard's at the root, each other's under
+//! `/shard/NAME`; every page links to the others and to `/shards`. The
+//! credentials, host and CSRF checks are made once, for every path.
 //!
 //! No page runs a Redis command the visitor names: every action is one of
 //! the fixed operations of [`crate::redis::admin`], [`crate::redis::control`]
@@ -48,6 +54,7 @@ mod queues;
 mod search;
 mod serve;
 mod sets;
+mod shards;
 mod store;
 mod view;
 
@@ -70,10 +77,24 @@ pub(crate) use store::JobStore;
 /// The default address of `wasmjobs web`.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9494";
 
-/// What every handler shares.
+/// One shard's Redis, as a dashboard serves it.
+pub(crate) struct Site {
+    /// The shard's name (`default` for the default shard).
+    pub(crate) name: String,
+    /// Its connection.
+    pub(crate) conn: ConnectionManager,
+    /// Where it is, for the header (no password).
+    pub(crate) location: String,
+}
+
+/// What every handler of one shard's pages shares.
 pub(crate) struct Web {
     redis: ConnectionManager,
     location: String,
+    /// The shard's name.
+    name: String,
+    /// The path its pages start with ([`view::Nav::base`]).
+    base: String,
     /// Where the jobs are.
     store: JobStore,
     access: Access,
@@ -85,6 +106,14 @@ pub(crate) struct Web {
 impl Web {
     fn conn(&self) -> ConnectionManager {
         self.redis.clone()
+    }
+
+    /// The path of this shard's overview.
+    fn nav_home(&self) -> String {
+        match self.base.as_str() {
+            "" => "/".to_owned(),
+            base => base.to_owned(),
+        }
     }
 }
 
@@ -111,32 +140,65 @@ impl IntoResponse for Failure {
 }
 
 /// Binds `addr` (refusing a non-loopback address without credentials)
-/// and returns the dashboard, ready to serve until `stop`.
+/// and returns the dashboard of `sites` (the default shard's first; one
+/// with one Redis), ready to serve until `stop`. `store` is where the
+/// default shard's jobs are; with several shards it must be Redis.
 pub(crate) async fn bind(
     addr: SocketAddr,
-    redis: ConnectionManager,
-    location: String,
+    sites: Vec<Site>,
     store: JobStore,
     access: Access,
     stop: CancellationToken,
 ) -> Result<Dashboard> {
     access.required_for(addr)?;
+    if sites.len() > 1 && store.location().is_some() {
+        anyhow::bail!("the dashboard reads shards in Redis only; with --source the jobs are in PostgreSQL");
+    }
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for the dashboard"))?;
     let bound = listener.local_addr().context("dashboard listener address")?;
-    let web = Arc::new(Web {
-        redis,
-        location,
-        hosts: access.allowed_hosts(bound),
-        access,
-        view: view::View::new(store.location())?,
-        store,
-    });
+    let sharded = sites.len() > 1;
+    let base_of = |index: usize, name: &str| match index {
+        0 => String::new(),
+        _ => format!("/shard/{name}"),
+    };
+    let shards: Vec<(String, String)> = match sharded {
+        true => sites
+            .iter()
+            .enumerate()
+            .map(|(index, site)| {
+                let base = base_of(index, &site.name);
+                let home = if base.is_empty() { "/".to_owned() } else { base };
+                (site.name.clone(), home)
+            })
+            .collect(),
+        false => Vec::new(),
+    };
+    let mut store = Some(store);
+    let mut webs = Vec::new();
+    for (index, site) in sites.into_iter().enumerate() {
+        let store = store.take().unwrap_or(JobStore::Redis);
+        let nav = view::Nav {
+            base: base_of(index, &site.name),
+            shard: sharded.then(|| site.name.clone()),
+            shards: shards.clone(),
+        };
+        webs.push(Arc::new(Web {
+            redis: site.conn,
+            location: site.location,
+            name: site.name,
+            base: nav.base.clone(),
+            hosts: access.allowed_hosts(bound),
+            access: access.clone(),
+            view: view::View::new(store.location(), &nav)?,
+            store,
+        }));
+    }
     Ok(Dashboard {
         listener: Arc::new(listener),
         bound,
-        app: router(web),
+        app: app(webs)?,
         stop,
     })
 }
@@ -170,7 +232,25 @@ pub(crate) fn announce(bound: SocketAddr) {
     }
 }
 
-fn router(web: Arc<Web>) -> Router {
+/// Every shard's pages (the default shard's at the root), the fleet
+/// page with several, and the checks every request goes through.
+fn app(webs: Vec<Arc<Web>>) -> Result<Router> {
+    let default = webs.first().cloned().context("a dashboard needs a Redis")?;
+    let mut app = pages(default.clone());
+    if webs.len() > 1 {
+        for web in &webs[1..] {
+            app = app.nest(&web.base, pages(web.clone()));
+        }
+        let fleet = Arc::new(shards::Fleet { sites: webs });
+        app = app.merge(Router::new().route("/shards", get(shards::page)).with_state(fleet));
+    }
+    Ok(app
+        .layer(axum::middleware::from_fn_with_state(default, auth::guard))
+        .layer(DefaultBodyLimit::max(64 << 10)))
+}
+
+/// One shard's pages.
+fn pages(web: Arc<Web>) -> Router {
     Router::new()
         .route("/", get(overview::page))
         .route("/api/overview", get(overview::api))
@@ -190,8 +270,6 @@ fn router(web: Arc<Web>) -> Router {
         .route("/{set}", get(sets::list))
         .route("/{set}/job", get(sets::job))
         .route("/{set}/act", post(sets::act))
-        .layer(axum::middleware::from_fn_with_state(web.clone(), auth::guard))
-        .layer(DefaultBodyLimit::max(64 << 10))
         .with_state(web)
 }
 

@@ -48,10 +48,11 @@ pub(super) async fn signal(State(web): State<Arc<Web>>, body: String) -> Result<
     // Only a live process, as listed: not a key the visitor names.
     let live = api::processes(&mut conn).await?;
     if !live.iter().any(|p| p.identity == identity) {
-        return Ok(back("/processes", "That process is no longer alive."));
+        return Ok(back(&web, "/processes", "That process is no longer alive."));
     }
     admin::signal(&mut conn, &identity, signal).await?;
     Ok(back(
+        &web,
         "/processes",
         &format!("Asked {identity} {what}; it acts on its next heartbeat (within 10 s)."),
     ))
@@ -68,5 +69,5 @@ pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<
         control::Found::Running(processes) => format!("running in {}, which stops it", processes.join(", ")),
         control::Found::Unknown => "not found waiting or running; the request stays for a day".to_owned(),
     };
-    Ok(back("/processes", &format!("Job {jid} cancelled: {what}.")))
+    Ok(back(&web, "/processes", &format!("Job {jid} cancelled: {what}.")))
 }

@@ -43,7 +43,7 @@ pub(super) async fn page(
     let (paused, paused_unreadable) = api::is_paused(&mut conn, &name).await?;
     let unreadable: Vec<_> = unreadable.into_iter().chain(paused_unreadable).collect();
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
-    let path = format!("/queues/{}", encode(&name));
+    let path = format!("{}/queues/{}", web.base, encode(&name));
     let pager = pager::pager(page, size, admin::PAGE, |n| format!("{path}?page={n}"));
     web.view.render(
         "queue.html",
@@ -95,7 +95,7 @@ pub(super) async fn act(
     };
     // Back to the page the form was on (page 1 for the queue's own actions).
     let page = pager::asked(Some(&body));
-    Ok(back(&format!("/queues/{}?page={page}", encode(&name)), &notice))
+    Ok(back(&web, &format!("/queues/{}?page={page}", encode(&name)), &notice))
 }
 
 /// Percent-encodes a path segment or query value.
@@ -103,8 +103,8 @@ pub(super) fn encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-/// A redirect to `path` that shows `notice` there.
-pub(super) fn back(path: &str, notice: &str) -> Response {
+/// A redirect to `path` of `web`'s shard that shows `notice` there.
+pub(super) fn back(web: &Web, path: &str, notice: &str) -> Response {
     let separator = if path.contains('?') { '&' } else { '?' };
-    Redirect::to(&format!("{path}{separator}notice={}", encode(notice))).into_response()
+    Redirect::to(&format!("{}{path}{separator}notice={}", web.base, encode(notice))).into_response()
 }

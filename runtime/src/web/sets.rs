@@ -65,7 +65,9 @@ pub(super) async fn list(
         .as_deref()
         .map(|class| format!("class={}&", encode(class)))
         .unwrap_or_default();
-    let pager = pager::pager(page, size, per_page, |n| format!("/{}?{filter}page={n}", set.name()));
+    let pager = pager::pager(page, size, per_page, |n| {
+        format!("{}/{}?{filter}page={n}", web.base, set.name())
+    });
     let (title, when_label, enqueue_label) = labels(set);
     web.view.render(
         "set.html",
@@ -158,5 +160,5 @@ pub(super) async fn act(
         }
         _ => return Err(Failure::not_found("no such action")),
     };
-    Ok(back(&path, &notice))
+    Ok(back(&web, &path, &notice))
 }

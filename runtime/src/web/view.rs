@@ -10,12 +10,36 @@ use minijinja::{Environment, Value};
 
 use super::Failure;
 
+/// Where a dashboard's pages are: with several shards, each shard's
+/// pages are under a path of their own, and every page links to the
+/// others and to the fleet page.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Nav {
+    /// The path this shard's pages start with (`""` for the default
+    /// shard's, at the root; `/shard/NAME` for the others').
+    pub(crate) base: String,
+    /// This shard's name, with several.
+    pub(crate) shard: Option<String>,
+    /// Every shard's name and overview link, with several.
+    pub(crate) shards: Vec<(String, String)>,
+}
+
+impl Nav {
+    /// The overview's path.
+    pub(crate) fn home(&self) -> String {
+        match self.base.as_str() {
+            "" => "/".to_owned(),
+            base => base.to_owned(),
+        }
+    }
+}
+
 /// The compiled templates.
 pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 13] = [
+const TEMPLATES: [(&str, &str); 14] = [
     ("base.html", include_str!("templates/base.html")),
     ("pager.html", include_str!("templates/pager.html")),
     ("unreadable.html", include_str!("templates/unreadable.html")),
@@ -29,14 +53,25 @@ const TEMPLATES: [(&str, &str); 13] = [
     ("search.html", include_str!("templates/search.html")),
     ("plugins.html", include_str!("templates/plugins.html")),
     ("login.html", include_str!("templates/login.html")),
+    ("shards.html", include_str!("templates/shards.html")),
 ];
 
 impl View {
     /// `jobs_in`: where the jobs are when not in Redis (the PostgreSQL
-    /// store's location), shown in every page's header.
-    pub(crate) fn new(jobs_in: Option<String>) -> Result<Self> {
+    /// store's location), shown in every page's header; `nav`: where this
+    /// shard's pages are, and the other shards'.
+    pub(crate) fn new(jobs_in: Option<String>, nav: &Nav) -> Result<Self> {
         let mut env = Environment::new();
         env.add_global("jobs_in", Value::from(jobs_in));
+        env.add_global("base", Value::from(nav.base.clone()));
+        env.add_global("home", Value::from(nav.home()));
+        env.add_global("shard", Value::from(nav.shard.clone()));
+        let shards: Vec<Value> = nav
+            .shards
+            .iter()
+            .map(|(name, href)| minijinja::context! { name, href })
+            .collect();
+        env.add_global("shards", Value::from(shards));
         for (name, source) in TEMPLATES {
             env.add_template(name, source)
                 .with_context(|| format!("dashboard template {name}"))?;
@@ -98,7 +133,7 @@ mod tests {
 
     #[test]
     fn every_template_compiles_and_escapes() {
-        let view = View::new(None).expect("templates");
+        let view = View::new(None, &Nav::default()).expect("templates");
         let env = &view.env;
         let template = env.template_from_named_str("probe.html", "{{ x }}").expect("probe");
         let out = template

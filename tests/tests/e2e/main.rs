@@ -29,6 +29,7 @@ mod protocol;
 mod redis_commands;
 mod reload;
 mod run;
+mod sharded_runs;
 mod shards;
 mod sidekiq_interop;
 mod sql;

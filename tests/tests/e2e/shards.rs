@@ -310,12 +310,16 @@ async fn bad_shard_maps_are_refused_with_the_reason() {
     refused(&["stats", "--shard", "default=redis://127.0.0.1:1"], "is --redis's");
     let secret = refused(&["stats", "--shard", "d=redis://:hunter2@"], "invalid --shard");
     assert!(!secret.contains("hunter2"), "the password is echoed: {secret}");
-    // Commands that do not work across shards yet say so instead of
-    // serving one shard silently.
+    // Jobs kept in PostgreSQL do not use shards: refused before anything
+    // connects.
     let plugins = tempfile::tempdir().expect("plugins dir");
     let plugins = plugins.path().to_string_lossy().into_owned();
-    for args in [vec!["run", "--plugins", plugins.as_str()], vec!["web"]] {
-        refused(&args, "does not work across shards yet");
+    let pg = "postgres://nobody@127.0.0.1:1/none";
+    for args in [
+        vec!["run", "--plugins", plugins.as_str(), "--source", pg],
+        vec!["web", "--source", pg],
+    ] {
+        refused(&args, "--shard is for jobs kept in Redis");
     }
 }
 

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
+use super::by_shard::ByShard;
 use super::cancel::{Registration, Via};
 use super::job_retry::Write;
 use super::limiter::Limiter;
@@ -68,13 +69,14 @@ pub(crate) struct Processor {
     pub(crate) metrics: Arc<Metrics>,
     /// Cluster-wide limits, for plugins that have some.
     pub(crate) limiter: Arc<Limiter>,
-    /// For releasing `unique_until: "start"` locks as jobs start.
-    pub(crate) redis: Redis,
+    /// Each shard's Redis, for releasing `unique_until: "start"` locks as
+    /// jobs start (a job's lock is on its shard).
+    pub(crate) redis: ByShard<Redis>,
     /// OpenTelemetry traces, when on: a span per job (`crate::otel`).
     pub(crate) tracing: Option<Arc<Tracing>>,
-    /// The Ruby Sidekiq processes sharing our queues, to hand their jobs
-    /// back to.
-    pub(crate) neighbours: Arc<Neighbours>,
+    /// The Ruby Sidekiq processes sharing our queues on each shard, to
+    /// hand their jobs back to.
+    pub(crate) neighbours: ByShard<Arc<Neighbours>>,
 }
 
 impl Perform for Processor {
@@ -178,12 +180,13 @@ async fn process(
             neighbours,
             ..
         } = processor;
+        let shard = typed.fetched.shard;
         let mut job = dispatch::parse(metrics, typed, span)?;
-        let plugin = dispatch::plugin(metrics, neighbours, catalog, &job)?;
+        let plugin = dispatch::plugin(metrics, neighbours.get(shard), catalog, &job)?;
         dispatch::refuse_activejob(metrics, &job, &plugin)?;
         let _plugin_slot = admit::plugin_slot(&job, &plugin, &mut slots).await?;
         let admitted = admit::cluster_limits(metrics, limiter, &mut job, &plugin, &mut slots).await?;
-        admit::release_unique_lock(metrics, redis, &job).await;
+        admit::release_unique_lock(metrics, redis.get(shard), &job).await;
         let execution = execute(executor, &job, &plugin).await;
         drop(admitted);
         Ok(finish::decide(metrics, &job, &plugin, execution))

@@ -97,6 +97,7 @@ impl JobSource for Basic {
                 queue,
                 cancel,
                 receipt: None,
+                shard: 0,
             }),
                         Err(err) => {
                             let bytes = err.as_bytes();

@@ -40,6 +40,10 @@ pub(crate) struct MemorySource {
     pub(crate) lose_next_reply: AtomicBool,
     /// This many record calls fail before one succeeds.
     pub(crate) refuse_records: AtomicU32,
+    /// Every fetch fails (its Redis is down), moving nothing.
+    pub(crate) fail_fetches: AtomicBool,
+    /// The queue's name (`q` when not given).
+    name: Option<String>,
 }
 
 impl MemorySource {
@@ -48,6 +52,14 @@ impl MemorySource {
         let source = Self::default();
         source.state().queue.extend(jobs.iter().map(|j| (*j).to_owned()));
         source
+    }
+
+    /// An empty source whose queue is named `queue`.
+    pub(crate) fn named(queue: &str) -> Self {
+        Self {
+            name: Some(queue.to_owned()),
+            ..Self::default()
+        }
     }
 
     /// The state, to look at or change.
@@ -67,7 +79,7 @@ impl MemorySource {
         while jobs.len() < max {
             let Some(raw) = state.queue.pop_front() else { break };
             state.held.push(raw.clone());
-            jobs.push(Fetched::new(raw, "q".into()));
+            jobs.push(Fetched::new(raw, self.name.clone().unwrap_or_else(|| "q".into())));
         }
         jobs
     }
@@ -76,6 +88,9 @@ impl MemorySource {
 impl JobSource for MemorySource {
     fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
         async move {
+            if self.fail_fetches.load(Ordering::Acquire) {
+                return Err(anyhow!("Connection refused (os error 111)"));
+            }
             let jobs = self.take(max);
             if self.lose_next_reply.swap(false, Ordering::AcqRel) {
                 self.doubt.raise();

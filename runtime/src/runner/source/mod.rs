@@ -33,6 +33,7 @@ mod record;
 pub(crate) mod reliable;
 mod requeue;
 mod scripts;
+pub(crate) mod sharded;
 mod take;
 pub(crate) mod unique;
 mod waiters;

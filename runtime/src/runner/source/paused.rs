@@ -47,6 +47,8 @@ pub(crate) struct Paused {
     nudge: Notify,
     /// Where `/metrics` reads how many of them are paused.
     metrics: Option<Arc<Metrics>>,
+    /// This copy's paused queues in the metrics' gauge.
+    counted: std::sync::atomic::AtomicU64,
 }
 
 impl Paused {
@@ -59,6 +61,7 @@ impl Paused {
             parts: Mutex::new((HashSet::new(), HashMap::new())),
             nudge: Notify::new(),
             metrics,
+            counted: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -98,9 +101,14 @@ impl Paused {
         let count = paused.len() as u64;
         let changed = self.settle(paused);
         // After the copy is published: whoever reads the gauge (a test,
-        // an operator) may count on the fetch leaving the queues out.
+        // an operator) may count on the fetch leaving the queues out. The
+        // gauge is the process's, summed over its shards' copies: it moves
+        // by this copy's change.
+        let before = self.counted.swap(count, Ordering::Relaxed);
         if let Some(metrics) = &self.metrics {
-            metrics.process.paused_queues.store(count, Ordering::Relaxed);
+            let gauge = &metrics.process.paused_queues;
+            gauge.fetch_add(count, Ordering::Relaxed);
+            gauge.fetch_sub(before, Ordering::Relaxed);
         }
         Ok(changed)
     }

@@ -105,6 +105,7 @@ impl Reliable {
                 queue,
                 cancel,
                 receipt: None,
+                shard: 0,
             }),
             Err(err) => {
                 let place = Place::List {

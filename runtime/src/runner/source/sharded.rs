@@ -1,0 +1,444 @@
+//! Several Redis shards as one job source (`--shard`, `docs/shards.md`).
+//!
+//! Each shard holding some of the runner's queues has a part: the job
+//! source of those queues on that shard, exactly as with one Redis. This
+//! composes them for the fetch loop, which still sees one [`JobSource`]
+//! and one set of slots:
+//!
+//! - **fetch**: the parts are asked in the order of the queues' fetch
+//!   order (strict: the shard of the first queue first; weighted: a shard
+//!   comes first as often as its queues' weights say), each for what the
+//!   earlier ones left unfilled, so queue weights hold across shards. A
+//!   part whose call fails is skipped for a backoff of its own (50 ms
+//!   doubling to 5 s), said once when it starts failing and once when it
+//!   answers again: a shard that is down stops only its queues.
+//! - **wait**: every part's waiters at once; the first job found wins,
+//!   the others stay with their part for its next fetch.
+//! - every job is tagged with its shard ([`Fetched::shard`]), so its
+//!   outcome goes to that shard's writer, and requeues go to its part.
+//! - the heartbeat and the outcome writer of each shard use its part
+//!   directly: a Redis pipeline or transaction is for one shard.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, join_all, select_all};
+
+use super::JobSource;
+use crate::runner::fetched::{Completion, Fetched};
+use crate::runner::queues::Queues;
+
+/// First pause after a part failed; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// Longest pause before a failing part is tried again.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// One shard's source.
+pub(crate) struct Part {
+    /// The shard's index in the shard map ([`Fetched::shard`]).
+    pub(crate) shard: u16,
+    /// Its name, for logs.
+    pub(crate) name: String,
+    /// The source of the runner's queues on it.
+    pub(crate) source: Arc<dyn JobSource>,
+}
+
+/// Whether a part answers, and when to try a failing one again.
+#[derive(Debug, Default)]
+struct Health {
+    /// Set while the part fails: the pause after the last failure, and
+    /// when it is over.
+    failing: Option<(Duration, Instant)>,
+    /// A reconcile of the part is due (its doubt was taken).
+    doubted: bool,
+}
+
+/// The parts, as one source.
+pub(crate) struct Sharded {
+    parts: Vec<Part>,
+    health: Vec<Mutex<Health>>,
+    /// The runner's queues, in their configured order and weights.
+    queues: Queues,
+    names: Vec<String>,
+    /// Which part holds each queue.
+    part_of: HashMap<String, usize>,
+}
+
+impl Sharded {
+    /// `parts` (one per shard holding some of `queues`) as one source;
+    /// `shard_of` names each queue's shard index.
+    pub(crate) fn new(parts: Vec<Part>, queues: Queues, shard_of: impl Fn(&str) -> u16) -> Self {
+        let names = queues.names();
+        let part_of = names
+            .iter()
+            .filter_map(|queue| {
+                let shard = shard_of(queue);
+                let index = parts.iter().position(|part| part.shard == shard)?;
+                Some((queue.clone(), index))
+            })
+            .collect();
+        Self {
+            health: parts.iter().map(|_| Mutex::default()).collect(),
+            parts,
+            queues,
+            names,
+            part_of,
+        }
+    }
+
+    fn health(&self, index: usize) -> std::sync::MutexGuard<'_, Health> {
+        self.health[index].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The parts in the order of one fetch: that of the first of their
+    /// queues in the queues' fetch order.
+    fn order(&self) -> Vec<usize> {
+        let mut order = Vec::with_capacity(self.parts.len());
+        for queue in self.queues.fetch_order() {
+            if let Some(&part) = self.part_of.get(&self.names[queue])
+                && !order.contains(&part)
+            {
+                order.push(part);
+            }
+        }
+        order
+    }
+
+    /// Whether the part may be asked now (it is not resting after a
+    /// failure).
+    fn may_ask(&self, index: usize, now: Instant) -> bool {
+        self.health(index).failing.is_none_or(|(_, until)| until <= now)
+    }
+
+    fn failed(&self, index: usize, err: &anyhow::Error) {
+        let mut health = self.health(index);
+        let pause = match health.failing {
+            None => {
+                tracing::warn!(
+                    shard = %self.parts[index].name,
+                    "{err:#}; the queues of shard {} wait until it answers again, the other shards' keep running",
+                    self.parts[index].name
+                );
+                FIRST_BACKOFF
+            }
+            Some((last, _)) => {
+                tracing::debug!(shard = %self.parts[index].name, "{err:#}");
+                (last * 2).min(MAX_BACKOFF)
+            }
+        };
+        health.failing = Some((pause, Instant::now() + pause));
+    }
+
+    fn answered(&self, index: usize) {
+        if self.health(index).failing.take().is_some() {
+            tracing::info!(shard = %self.parts[index].name, "shard {} answers again: fetching from its queues", self.parts[index].name);
+        }
+    }
+
+    fn tag(&self, index: usize, mut jobs: Vec<Fetched>) -> Vec<Fetched> {
+        for job in &mut jobs {
+            job.shard = self.parts[index].shard;
+        }
+        jobs
+    }
+
+    /// The part of shard `shard`, if this runner has one.
+    fn part_for(&self, shard: u16) -> Option<usize> {
+        self.parts.iter().position(|part| part.shard == shard)
+    }
+}
+
+impl JobSource for Sharded {
+    fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
+        async move {
+            let mut jobs = Vec::new();
+            let mut first_error = None;
+            let mut answered = false;
+            let now = Instant::now();
+            for index in self.order() {
+                if jobs.len() >= max {
+                    break;
+                }
+                if !self.may_ask(index, now) {
+                    continue;
+                }
+                match self.parts[index].source.fetch(max - jobs.len()).await {
+                    Ok(found) => {
+                        self.answered(index);
+                        answered = true;
+                        jobs.extend(self.tag(index, found));
+                    }
+                    Err(err) => {
+                        self.failed(index, &err);
+                        first_error.get_or_insert(err);
+                    }
+                }
+            }
+            match first_error {
+                Some(err) if !answered => Err(err),
+                _ => Ok(jobs),
+            }
+        }
+        .boxed()
+    }
+
+    fn wait(&self) -> BoxFuture<'_, Option<Fetched>> {
+        async move {
+            if self.parts.is_empty() {
+                return std::future::pending().await;
+            }
+            let waits = self
+                .parts
+                .iter()
+                .enumerate()
+                .map(|(index, part)| part.source.wait().map(move |job| (index, job)).boxed());
+            let ((index, job), _, _) = select_all(waits).await;
+            job.map(|job| {
+                let mut tagged = self.tag(index, vec![job]);
+                tagged.remove(0)
+            })
+        }
+        .boxed()
+    }
+
+    fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>> {
+        async move {
+            let stopped = join_all(self.parts.iter().map(|part| part.source.stop_waiting())).await;
+            stopped
+                .into_iter()
+                .enumerate()
+                .flat_map(|(index, jobs)| self.tag(index, jobs))
+                .collect()
+        }
+        .boxed()
+    }
+
+    fn doubt(&self) {
+        for part in &self.parts {
+            part.source.doubt();
+        }
+    }
+
+    fn take_doubt(&self) -> bool {
+        let mut any = false;
+        for (index, part) in self.parts.iter().enumerate() {
+            if part.source.take_doubt() {
+                self.health(index).doubted = true;
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+        async move {
+            let mut requeued = 0;
+            for (index, part) in self.parts.iter().enumerate() {
+                if !std::mem::take(&mut self.health(index).doubted) {
+                    continue;
+                }
+                match part.source.reconcile(known).await {
+                    Ok(n) => requeued += n,
+                    Err(err) => {
+                        tracing::warn!(shard = %part.name, "{err:#}; will check again");
+                        part.source.doubt();
+                    }
+                }
+            }
+            Ok(requeued)
+        }
+        .boxed()
+    }
+
+    /// Registers nothing: a pipeline is for one Redis, and each shard's
+    /// heartbeat registers through its own part.
+    fn register(&self, _pipe: &mut redis::Pipeline) {}
+
+    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+        async move {
+            for (index, part) in self.parts.iter().enumerate() {
+                let ours: Vec<&Completion> = batch.iter().filter(|c| c.job.shard == part.shard).collect();
+                if ours.is_empty() {
+                    continue;
+                }
+                if ours.len() == batch.len() {
+                    return self.parts[index].source.record(batch).await;
+                }
+                Err(anyhow!(
+                    "a batch of outcomes spans shards; each shard's writer records its own"
+                ))?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64> {
+        async move {
+            let mut by_part: Vec<Vec<Fetched>> = self.parts.iter().map(|_| Vec::new()).collect();
+            for job in jobs {
+                match self.part_for(job.shard) {
+                    Some(index) => by_part[index].push(job),
+                    None => tracing::error!(
+                        shard = job.shard,
+                        queue = %job.queue,
+                        "a job of a shard this runner does not serve cannot be requeued; it stays held for recovery"
+                    ),
+                }
+            }
+            let requeued = join_all(
+                self.parts
+                    .iter()
+                    .zip(by_part)
+                    .map(|(part, jobs)| part.source.requeue_all(jobs)),
+            )
+            .await;
+            requeued.into_iter().sum()
+        }
+        .boxed()
+    }
+
+    fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
+        async move {
+            let mut recovered = 0;
+            let mut failed = 0;
+            for part in &self.parts {
+                match part.source.recover_orphans().await {
+                    Ok(n) => recovered += n,
+                    Err(err) => {
+                        failed += 1;
+                        tracing::warn!(shard = %part.name, "orphan recovery on shard {}: {err:#}", part.name);
+                    }
+                }
+            }
+            match failed > 0 && failed == self.parts.len() {
+                true => Err(anyhow!("no shard could be swept for orphans")),
+                false => Ok(recovered),
+            }
+        }
+        .boxed()
+    }
+
+    fn waiting(&self) -> BoxFuture<'_, Result<u64>> {
+        async move {
+            let mut waiting = 0;
+            for part in &self.parts {
+                waiting += part
+                    .source
+                    .waiting()
+                    .await
+                    .map_err(|err| err.context(format!("shard {}", part.name)))?;
+            }
+            Ok(waiting)
+        }
+        .boxed()
+    }
+
+    fn unregister(&self) -> BoxFuture<'_, ()> {
+        async move {
+            join_all(self.parts.iter().map(|part| part.source.unregister())).await;
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::runner::source::memory::MemorySource;
+
+    /// A source over one in-memory queue per shard: `(queue, shard)`.
+    fn sharded(queues: &str, shards: &[(&str, u16)]) -> (Sharded, Vec<Arc<MemorySource>>) {
+        let queues: Queues = queues.parse().unwrap();
+        let memories: Vec<Arc<MemorySource>> = shards
+            .iter()
+            .map(|(queue, _)| Arc::new(MemorySource::named(queue)))
+            .collect();
+        let parts = shards
+            .iter()
+            .zip(&memories)
+            .map(|((_, shard), memory)| Part {
+                shard: *shard,
+                name: format!("s{shard}"),
+                source: memory.clone(),
+            })
+            .collect();
+        let routes: Vec<(String, u16)> = shards.iter().map(|(q, s)| ((*q).to_owned(), *s)).collect();
+        let shard_of = move |queue: &str| routes.iter().find(|(q, _)| q == queue).map_or(0, |(_, s)| *s);
+        (Sharded::new(parts, queues, shard_of), memories)
+    }
+
+    fn taken(jobs: &[Fetched]) -> Vec<(&str, u16)> {
+        jobs.iter().map(|j| (j.raw.as_str(), j.shard)).collect()
+    }
+
+    #[tokio::test]
+    async fn strict_order_holds_across_shards_and_jobs_carry_their_shard() {
+        let (source, memories) = sharded("high,low", &[("low", 0), ("high", 2)]);
+        memories[0].push("l1");
+        memories[1].push("h1");
+        memories[1].push("h2");
+        assert_eq!(taken(&source.fetch(2).await.unwrap()), [("h1", 2), ("h2", 2)]);
+        memories[1].push("h3");
+        assert_eq!(taken(&source.fetch(5).await.unwrap()), [("h3", 2), ("l1", 0)]);
+    }
+
+    #[tokio::test]
+    async fn weights_hold_across_shards() {
+        let (source, memories) = sharded("a:3,b:1", &[("a", 0), ("b", 1)]);
+        let mut first_a = 0u32;
+        for _ in 0..4000 {
+            memories[0].push("ja");
+            memories[1].push("jb");
+            let jobs = source.fetch(1).await.unwrap();
+            first_a += u32::from(jobs[0].queue == "a");
+            assert_eq!(source.fetch(1).await.unwrap().len(), 1);
+        }
+        let share = f64::from(first_a) / 4000.0;
+        assert!(
+            (0.70..0.80).contains(&share),
+            "queue a came first {share} of the time, not ~0.75"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_shard_stops_only_its_queues_and_is_tried_again() {
+        let (source, memories) = sharded("a,b", &[("a", 0), ("b", 1)]);
+        memories[0].push("ja");
+        memories[1].push("jb");
+        memories[0].fail_fetches.store(true, Ordering::Release);
+        assert_eq!(taken(&source.fetch(5).await.unwrap()), [("jb", 1)]);
+        // Every shard failing: the error is the fetch's.
+        memories[1].fail_fetches.store(true, Ordering::Release);
+        assert!(source.fetch(5).await.is_err());
+        memories[0].fail_fetches.store(false, Ordering::Release);
+        memories[1].fail_fetches.store(false, Ordering::Release);
+        // Each is asked again once its pause is over.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.is_empty() && Instant::now() < deadline {
+            got = source.fetch(5).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(taken(&got), [("ja", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_wait_takes_from_any_shard_and_requeues_go_home() {
+        let (source, memories) = sharded("a,b", &[("a", 0), ("b", 1)]);
+        memories[1].push("jb");
+        let job = tokio::time::timeout(Duration::from_secs(5), source.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((job.raw.as_str(), job.shard), ("jb", 1));
+        assert_eq!(source.requeue_all(vec![job]).await, 1);
+        assert_eq!(memories[1].state().queue.len(), 1);
+        assert!(memories[0].state().queue.is_empty());
+    }
+}
