@@ -100,12 +100,16 @@ impl ProcessGauges {
         *restarts.entry(name).or_default() += 1;
     }
 
-    /// Sets the queues shared with Ruby Sidekiq processes.
-    pub fn set_shared_queues(&self, shared: BTreeMap<String, u64>) {
-        *self
+    /// Sets, among `queues`, those shared with Ruby Sidekiq processes
+    /// (`shared`); the other queues' entries stay, so each shard's copy
+    /// sets its own queues.
+    pub fn set_shared_queues(&self, queues: &[String], shared: BTreeMap<String, u64>) {
+        let mut all = self
             .shared_queues
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = shared;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        all.retain(|queue, _| !queues.contains(queue));
+        all.extend(shared);
     }
 }
 
@@ -359,6 +363,21 @@ fn cpu_ticks_at(path: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_shards_shared_queues_leave_the_others_alone() {
+        let gauges = ProcessGauges::default();
+        let queues = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        gauges.set_shared_queues(&queues(&["a", "b"]), BTreeMap::from([("a".to_owned(), 1)]));
+        gauges.set_shared_queues(&queues(&["c"]), BTreeMap::from([("c".to_owned(), 2)]));
+        assert_eq!(
+            gauges.snapshot().shared_queues,
+            BTreeMap::from([("a".to_owned(), 1), ("c".to_owned(), 2)])
+        );
+        // A queue no longer shared leaves; the other shard's stays.
+        gauges.set_shared_queues(&queues(&["a", "b"]), BTreeMap::new());
+        assert_eq!(gauges.snapshot().shared_queues, BTreeMap::from([("c".to_owned(), 2)]));
+    }
 
     #[test]
     fn memory_and_cpu_are_read_from_proc() {

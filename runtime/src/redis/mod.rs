@@ -74,13 +74,23 @@ use self::embedded::EmbeddedRedis;
 pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where Redis is: a URL, or the embedded private server in a data directory.
-#[derive(Debug, Clone)]
+/// Its `Debug` leaves a URL's password out.
+#[derive(Clone)]
 pub enum Target {
     /// `redis://host:port/db`, `rediss://…`, `unix:///path/to/sock`.
     Url(String),
     /// The private `redis-server` under this data directory (started on
     /// demand, shared by every wasmjobs command using the same directory).
     Embedded(std::path::PathBuf),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Url(url) => f.debug_tuple("Url").field(&redact(url)).finish(),
+            Target::Embedded(dir) => f.debug_tuple("Embedded").field(dir).finish(),
+        }
+    }
 }
 
 impl Target {
@@ -236,6 +246,13 @@ mod tests {
         assert_eq!(utc_date(951_782_400.0), "2000-02-29");
         assert_eq!(utc_date(1_796_083_199.0), "2026-11-30");
         assert_eq!(utc_date(1_796_083_200.0), "2026-12-01");
+    }
+
+    #[test]
+    fn a_target_debugs_without_its_password() {
+        let target = Target::Url("redis://:hunter2@10.0.0.1:6379/0".into());
+        let shown = format!("{target:?}");
+        assert!(!shown.contains("hunter2") && shown.contains("10.0.0.1"), "{shown}");
     }
 
     #[test]

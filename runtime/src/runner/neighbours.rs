@@ -136,6 +136,7 @@ impl Neighbours {
             tracing::info!(queue = %queue, "no Ruby Sidekiq process fetches queue {queue:?} any more");
         }
         self.metrics.process.set_shared_queues(
+            &self.queues,
             sharing
                 .iter()
                 .map(|(queue, sharers)| (queue.clone(), sharers.len() as u64))
