@@ -64,6 +64,28 @@ fn main() -> Result<()> {
             );
         }
     }
+    // The same drain over 1, 2 and 3 shards: six queues spread evenly.
+    let others = [TestRedis::start(), TestRedis::start()];
+    let servers = [&redis, &others[0], &others[1]];
+    for server in &servers[1..] {
+        rt.block_on(pin(server))?;
+    }
+    for count in 1..=3 {
+        let run = rt.block_on(sharded_drain(&servers[..count], plugin_dir.path(), jobs, pinned))?;
+        let per_job: Vec<String> = run
+            .cpu_us
+            .iter()
+            .map(|us| format!("{:.2}", us / (jobs as f64 / count as f64)))
+            .collect();
+        report.row(
+            &format!("reliable, C=100, {jobs} jobs over {count} shard(s): jobs/s / each shard's Redis CPU per job it held (µs)"),
+            format!("{:.0} / {}", jobs as f64 / run.wall.as_secs_f64(), per_job.join(", ")),
+            "",
+        );
+    }
+    report.note(
+        "Shards: the queues q0..q5 routed round-robin over the shards (--shard, --route), every redis-server on the same pinned core, one runner; a shard's CPU per job is its CPU over the jobs its queues held.".into(),
+    );
     report.note(format!(
         "redis-server with appendonly yes, appendfsync everysec; {}.",
         match pinned {
@@ -166,6 +188,89 @@ async fn drain(redis: &TestRedis, plugins: &Path, mode: &str, jobs: u64, pinned:
         cpu_us: (cpu_after - cpu_before) * 1e6,
         commands,
     })
+}
+
+/// A drain over shards: its wall time and each shard's CPU, µs.
+struct ShardRun {
+    wall: Duration,
+    cpu_us: Vec<f64>,
+}
+
+/// Drains `jobs` NoopJobs spread evenly over the queues `q0`..`q5`, the
+/// queues routed round-robin over `servers` (the first is the default
+/// shard), with one reliable runner at C=100.
+async fn sharded_drain(servers: &[&TestRedis], plugins: &Path, jobs: u64, pinned: Option<usize>) -> Result<ShardRun> {
+    let mut conns = Vec::new();
+    for server in servers {
+        let mut conn = server.conn().await;
+        redis::cmd("FLUSHALL").query_async::<()>(&mut conn).await?;
+        conns.push(conn);
+    }
+    let now = wasmjobs::redis::now_f64();
+    for (index, conn) in conns.iter_mut().enumerate() {
+        let queues: Vec<String> = (0..6)
+            .filter(|q| q % servers.len() == index)
+            .map(|q| format!("q{q}"))
+            .collect();
+        let held = (0..jobs).filter(|i| queues.contains(&format!("q{}", i % 6)));
+        let mut payloads: Vec<_> = held
+            .map(|i| {
+                wasmjobs_client::Job::new("NoopJob")
+                    .queue(format!("q{}", i % 6))
+                    .to_payload(now)
+                    .map(|(p, _)| p)
+            })
+            .collect::<Result<_, _>>()?;
+        for chunk in payloads.chunks_mut(10_000) {
+            wasmjobs_client::push::push_bulk(conn, chunk)
+                .await
+                .context("pushing jobs")?;
+        }
+    }
+    let mut args: Vec<String> = ["--concurrency", "100", "--queues", "q0,q1,q2,q3,q4,q5"]
+        .map(String::from)
+        .to_vec();
+    for (index, server) in servers.iter().enumerate().skip(1) {
+        args.push("--shard".into());
+        args.push(format!("s{index}={}", server.url()));
+        let routed: Vec<String> = (0..6)
+            .filter(|q| q % servers.len() == index)
+            .map(|q| format!("q{q}"))
+            .collect();
+        args.push("--route".into());
+        args.push(format!("{}=s{index}", routed.join(",")));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut runner = RunnerProcess::start(BIN.as_ref(), &servers[0].url(), plugins, &args, "info")?;
+    if let Some(core) = pinned {
+        taskset(&runner.pid().to_string(), &format!("0-{}", core.saturating_sub(1)));
+    }
+    runner.wait_for_log(" running")?;
+    let mut before = Vec::new();
+    for conn in &mut conns {
+        before.push(cpu_seconds(conn).await?);
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let mut processed = 0;
+        for conn in &mut conns {
+            processed += conn.get::<_, Option<u64>>("stat:processed").await?.unwrap_or(0);
+        }
+        if processed >= jobs {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("only {processed} of {jobs} jobs processed: {}", runner.log());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let wall = started.elapsed();
+    let mut cpu_us = Vec::new();
+    for (conn, before) in conns.iter_mut().zip(before) {
+        cpu_us.push((cpu_seconds(conn).await? - before) * 1e6);
+    }
+    runner.stop()?;
+    Ok(ShardRun { wall, cpu_us })
 }
 
 /// The server's CPU time so far (user + system), in seconds.
