@@ -38,6 +38,11 @@ struct Row {
     processes: usize,
     busy: u64,
     capacity: u64,
+    /// Its live processes' identities and concurrency: a process serving
+    /// several shards is registered in each, and counted once in the
+    /// fleet's capacity.
+    #[serde(skip)]
+    slots: Vec<(String, u64)>,
 }
 
 pub(super) async fn page(State(fleet): State<Arc<Fleet>>) -> Result<Html<String>, Failure> {
@@ -61,6 +66,11 @@ pub(super) async fn page(State(fleet): State<Arc<Fleet>>) -> Result<Html<String>
                 row.processes = stats.processes.len();
                 row.busy = stats.processes.iter().map(|p| p.busy).sum();
                 row.capacity = stats.processes.iter().map(|p| p.concurrency).sum();
+                row.slots = stats
+                    .processes
+                    .iter()
+                    .map(|p| (p.identity.clone(), p.concurrency))
+                    .collect();
             }
             Ok(Err(err)) => row.error = Some(format!("{err:#}")),
             Err(_) => row.error = Some(format!("no answer within {RESPONSE_TIMEOUT:?}")),
@@ -70,6 +80,12 @@ pub(super) async fn page(State(fleet): State<Arc<Fleet>>) -> Result<Html<String>
     .await;
     let up: Vec<&Row> = rows.iter().filter(|row| row.up).collect();
     let total = |f: fn(&Row) -> u64| -> u64 { up.iter().map(|row| f(row)).sum() };
+    let capacity: u64 = up
+        .iter()
+        .flat_map(|row| row.slots.iter().cloned())
+        .collect::<std::collections::HashMap<String, u64>>()
+        .values()
+        .sum();
     let totals = context! {
         processed => total(|r| r.processed),
         failed => total(|r| r.failed),
@@ -78,7 +94,7 @@ pub(super) async fn page(State(fleet): State<Arc<Fleet>>) -> Result<Html<String>
         retries => total(|r| r.retries),
         dead => total(|r| r.dead),
         busy => total(|r| r.busy),
-        capacity => total(|r| r.capacity),
+        capacity => capacity,
     };
     let default = fleet.sites.first().ok_or_else(|| Failure::not_found("no shard"))?;
     default.view.render(

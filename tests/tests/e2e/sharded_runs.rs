@@ -409,7 +409,14 @@ async fn the_dashboard_shows_the_fleet_and_each_shards_own_pages() {
     let mut runner = fleet.runner(
         "mail,reports=b video=c",
         dir.path(),
-        &["--queues", "default,mail,video", "--web", "127.0.0.1:0"],
+        &[
+            "--queues",
+            "default,mail,video",
+            "--concurrency",
+            "10",
+            "--web",
+            "127.0.0.1:0",
+        ],
     );
     runner.wait_running();
     let base = format!("http://{}", wait_listening(|| runner.log(), || None));
@@ -439,6 +446,8 @@ async fn the_dashboard_shows_the_fleet_and_each_shards_own_pages() {
     }
     assert_eq!(browser.text("tr.shard[data-shard=\"b\"] .enqueued").await.trim(), "3");
     assert_eq!(browser.text("#fleet-enqueued").await.trim(), "3");
+    // One runner registered on three shards: its 10 slots count once.
+    assert_eq!(browser.text("#fleet-capacity").await.trim(), "10");
 
     // Shard b's own pages.
     browser.click_to_navigate("tr.shard[data-shard=\"b\"] a").await;
