@@ -146,6 +146,11 @@ fn check_name(name: &str) -> Result<()> {
     if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)) {
         bail!("shard name {name:?} may only hold letters, digits, '_', '.' and '-'");
     }
+    // A path segment of dots is no name: the dashboard serves a shard
+    // under /shard/NAME, and a browser reads /shard/.. as /.
+    if name.bytes().all(|b| b == b'.') {
+        bail!("shard name {name:?} must hold something other than dots");
+    }
     Ok(())
 }
 

@@ -49,10 +49,11 @@ impl FromStr for ShardSpec {
         // one: a name that is not one is refused without being shown.
         let name_ok = !name.is_empty()
             && name.len() <= wasmjobs_client::shards::MAX_NAME_LEN
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+            && !name.bytes().all(|b| b == b'.');
         if !name_ok {
             bail!(
-                "{EXPECTED}; a shard's name is 1 to {} letters, digits, '_', '.' or '-'",
+                "{EXPECTED}; a shard's name is 1 to {} letters, digits, '_', '.' or '-', not only dots",
                 wasmjobs_client::shards::MAX_NAME_LEN
             );
         }
@@ -332,6 +333,14 @@ mod tests {
             ("b", "redis://:pw=x@cache:6379")
         );
         assert!(!format!("{spec:?}").contains("pw=x"), "{spec:?}");
+        // A name of dots would be a path the dashboard cannot serve.
+        for dots in ["..", "."] {
+            let err = format!("{dots}=redis://cache:6379")
+                .parse::<ShardSpec>()
+                .expect_err(dots);
+            assert!(err.to_string().contains("not only dots"), "{err}");
+        }
+        assert!("a.b=redis://cache:6379".parse::<ShardSpec>().is_ok());
     }
 
     #[test]

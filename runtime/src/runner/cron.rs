@@ -184,8 +184,11 @@ impl CronPoller {
         stop: CancellationToken,
     ) {
         self.started = now_f64();
+        // Plugin changes Redis did not take (it was down): written again
+        // after each refresh that works.
+        let mut unsynced: Vec<PluginSchedules> = Vec::new();
         for change in initial {
-            self.sync(&change).await;
+            self.sync_or_keep(change, &mut unsynced).await;
         }
         let mut refresh_in = Duration::ZERO;
         let mut open = true;
@@ -195,6 +198,9 @@ impl CronPoller {
                     Ok(()) => {
                         self.reading.worked("reading the schedules");
                         refresh_in = REFRESH;
+                        for change in std::mem::take(&mut unsynced) {
+                            self.sync_or_keep(change, &mut unsynced).await;
+                        }
                         self.claim_due().await
                     }
                     Err(err) => {
@@ -227,7 +233,7 @@ impl CronPoller {
                 () = tokio::time::sleep(wait) => {}
                 change = changes.recv(), if open => match change {
                     Some(change) => {
-                        self.sync(&change).await;
+                        self.sync_or_keep(change, &mut unsynced).await;
                         refresh_in = Duration::ZERO;
                         continue;
                     }
@@ -239,9 +245,24 @@ impl CronPoller {
         }
     }
 
+    /// [`CronPoller::sync`]; a change Redis did not take is kept in
+    /// `unsynced` (replacing an older one of the same plugin) to be
+    /// written again.
+    async fn sync_or_keep(&self, change: PluginSchedules, unsynced: &mut Vec<PluginSchedules>) {
+        let plugin = |change: &PluginSchedules| match change {
+            PluginSchedules::Loaded { plugin, .. } | PluginSchedules::Removed { plugin } => plugin.clone(),
+        };
+        let name = plugin(&change);
+        unsynced.retain(|kept| plugin(kept) != name);
+        if !self.sync(&change).await {
+            unsynced.push(change);
+        }
+    }
+
     /// Writes a plugin's schedules to Redis and removes those it no longer
-    /// declares.
-    async fn sync(&self, change: &PluginSchedules) {
+    /// declares; whether Redis took every write (a schedule refused for
+    /// its name is not retried).
+    async fn sync(&self, change: &PluginSchedules) -> bool {
         let mut conn = self.redis.conn();
         let (plugin, schedules): (&str, &[Schedule]) = match change {
             PluginSchedules::Loaded { plugin, schedules } => (plugin, schedules),
@@ -259,11 +280,15 @@ impl CronPoller {
             match store::Layout::of_cluster(&mut conn).await {
                 Ok(layout) => layout,
                 Err(err) => {
-                    tracing::error!(plugin, "cron: {err:#}; schedules not registered");
-                    return;
+                    tracing::error!(
+                        plugin,
+                        "cron: {err:#}; schedules not registered (tried again once Redis answers)"
+                    );
+                    return false;
                 }
             }
         };
+        let mut taken = true;
         for &schedule in &schedules {
             match store::register(&mut conn, layout, plugin, schedule, now).await {
                 Ok(Registered::Written { moved_from: None }) => {
@@ -282,21 +307,28 @@ impl CronPoller {
                     schedule = %schedule.name,
                     "schedule not registered: a schedule of that name that wasmjobs did not write (sidekiq-cron's) exists; give ours another `name`"
                 ),
-                Err(err) => tracing::error!(plugin, "cron: {err:#}"),
+                Err(err) => {
+                    taken = false;
+                    tracing::error!(plugin, "cron: {err:#}");
+                }
             }
         }
         let keep: Vec<String> = schedules.iter().map(|s| s.name.clone()).collect();
         match store::remove_stale(&mut conn, plugin, &keep).await {
             Ok(removed) if removed.is_empty() => {}
             Ok(removed) => tracing::info!(plugin, ?removed, "schedules the plugin no longer declares removed"),
-            Err(err) => tracing::error!(
-                plugin,
-                "cron: cannot remove the schedules it no longer declares: {err:#}"
-            ),
+            Err(err) => {
+                taken = false;
+                tracing::error!(
+                    plugin,
+                    "cron: cannot remove the schedules it no longer declares: {err:#}"
+                );
+            }
         }
-        if !schedules.is_empty() {
+        if !schedules.is_empty() && taken {
             tracing::info!(plugin, schedules = schedules.len(), "schedules registered");
         }
+        taken
     }
 
     /// Re-reads the schedule list; starts following new schedules (a

@@ -131,7 +131,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             options.concurrency as usize * 2,
         );
         writers[usize::from(*shard)] = Some(completions);
-        writer_tasks.push(writer);
+        writer_tasks.push((*shard, writer));
     }
     let by_shard = |f: &dyn Fn(&Shard) -> Redis| ByShard::new(f(&shards[0]), shards[1..].iter().map(f));
     let limiter = Limiter::new(redis.clone(), &identity.identity);
@@ -385,7 +385,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             _ = signals.term.recv() => "a second SIGTERM",
         }
     };
-    let requeued = shut_down(
+    let stopped = shut_down(
         options.shutdown_timeout,
         Running {
             source: source.as_ref(),
@@ -410,8 +410,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             tracing::warn!("{err:#}");
         }
     }
-    if requeued.is_some() {
-        source.unregister().await;
+    if stopped.requeued.is_some() {
+        source.unregister_except(&stopped.stuck).await;
     }
     for shard in shards {
         shard.redis.close().await?;
@@ -419,7 +419,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
 
     let summary = RunSummary {
         jobs: counters.jobs(),
-        requeued: requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
+        requeued: stopped.requeued.unwrap_or(0) + counters.requeued.load(Ordering::Relaxed),
         rescheduled: counters.rescheduled.load(Ordering::Relaxed),
         ..RunSummary::default()
     }
@@ -483,18 +483,29 @@ pub(crate) struct Running<'a> {
     pub(crate) manager: &'a Arc<Manager>,
     pub(crate) fetching: Fetching,
     pub(crate) stop: &'a CancellationToken,
-    /// The outcome writers, one per shard served.
-    pub(crate) writers: Vec<JoinHandle<()>>,
+    /// The outcome writers, one per shard served, with its shard.
+    pub(crate) writers: Vec<(u16, JoinHandle<()>)>,
 }
 
-/// Quiet, drain, stop what is left, record, requeue. Returns how many jobs
-/// the source requeued, or `None` if not every outcome could be recorded
-/// (then unfinished jobs stay held for recovery).
+/// How a shutdown ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Stopped {
+    /// Jobs the source requeued; `None` if no shard's outcomes could all
+    /// be recorded (then unfinished jobs stay held for recovery).
+    pub(crate) requeued: Option<u64>,
+    /// The shards whose outcomes could not all be recorded: their jobs
+    /// stay held for recovery, and the process stays registered there.
+    pub(crate) stuck: Vec<u16>,
+}
+
+/// Quiet, drain, stop what is left, record, requeue (on every shard whose
+/// outcomes could all be recorded: one shard that is down does not leave
+/// the others' jobs held).
 pub(crate) async fn shut_down(
     timeout: Duration,
     running: Running<'_>,
     again: impl Future<Output = &'static str>,
-) -> Option<u64> {
+) -> Stopped {
     let Running {
         source,
         manager,
@@ -528,23 +539,34 @@ pub(crate) async fn shut_down(
         leftovers.extend(manager.stop_all(Duration::from_secs(5)).await);
     }
     manager.close();
-    let recorded = tokio::time::timeout(
+    let mut writers = writers;
+    let _ = tokio::time::timeout(
         timeout.max(Duration::from_secs(10)),
-        futures_util::future::join_all(writers),
+        futures_util::future::join_all(writers.iter_mut().map(|(_, writer)| writer)),
     )
-    .await
-    .is_ok();
-    if !recorded {
+    .await;
+    let stuck: Vec<u16> = writers
+        .iter()
+        .filter(|(_, writer)| !writer.is_finished())
+        .map(|(shard, _)| *shard)
+        .collect();
+    if !stuck.is_empty() {
         tracing::error!(
+            ?stuck,
             "could not record every outcome (is Redis reachable?); unfinished jobs stay held for this process and are recovered when it is seen dead"
         );
-        return None;
+        if stuck.len() == writers.len() {
+            return Stopped { requeued: None, stuck };
+        }
     }
-    let requeued = source.requeue_all(leftovers).await;
+    let requeued = source.requeue_all_except(leftovers, &stuck).await;
     if requeued > 0 {
         tracing::info!(jobs = requeued, "pushed unfinished jobs back to their queues");
     }
-    Some(requeued)
+    Stopped {
+        requeued: Some(requeued),
+        stuck,
+    }
 }
 
 /// Waits up to `timeout` for the jobs in flight to end, saying every

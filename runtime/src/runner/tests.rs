@@ -99,9 +99,9 @@ impl Core {
             manager: &self.manager,
             fetching: self.fetching,
             stop: &CancellationToken::new(),
-            writers: vec![self.writer],
+            writers: vec![(0, self.writer)],
         };
-        shut_down(timeout, running, std::future::pending()).await
+        shut_down(timeout, running, std::future::pending()).await.requeued
     }
 }
 
@@ -240,4 +240,67 @@ async fn payloads_that_are_not_jobs_are_parsed_once_and_finish_dead_with_their_r
         );
     }
     assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+}
+
+/// With several shards, one whose outcomes cannot be written (its Redis
+/// is down) keeps its own jobs held for recovery, and every other shard
+/// is still requeued and left at shutdown (until `392aee5`, nothing was).
+#[tokio::test]
+async fn a_shard_whose_outcomes_cannot_be_written_does_not_keep_the_others_held() {
+    use super::source::sharded::{Part, Sharded};
+
+    let a = Arc::new(MemorySource::named("a"));
+    let b = Arc::new(MemorySource::named("b"));
+    b.refuse_records.store(u32::MAX, Ordering::Release);
+    let part = |shard: u16, source: &Arc<MemorySource>| Part {
+        shard,
+        name: format!("s{shard}"),
+        source: source.clone(),
+    };
+    let queues = "a,b".parse().expect("queues");
+    let sharded: Arc<dyn JobSource> = Arc::new(Sharded::new(vec![part(0, &a), part(1, &b)], queues, |queue| {
+        u16::from(queue == "b")
+    }));
+    let inflight = Arc::new(InFlightTable::default());
+    let counters = Arc::new(Counters::default());
+    let metrics = Arc::new(Metrics::new(false));
+    let writer = |source: &Arc<MemorySource>| {
+        let source: Arc<dyn JobSource> = source.clone();
+        outcome::spawn(source, counters.clone(), inflight.clone(), metrics.clone(), 16)
+    };
+    let ((to_a, writer_a), (to_b, writer_b)) = (writer(&a), writer(&b));
+    let cancels = super::cancel::Cancels::new(Vec::new(), "test");
+    let manager = Manager::new(
+        Arc::new(Scripted),
+        4,
+        vec![Some(to_a), Some(to_b)],
+        inflight.clone(),
+        cancels,
+    );
+    let fetching = Fetching::start(
+        sharded.clone(),
+        manager.clone(),
+        inflight.clone(),
+        CancellationToken::new(),
+    );
+    a.push(&job("Quick", 1));
+    b.push(&job("Quick", 2));
+    until("a's job is recorded", || a.state().recorded.len() == 1).await;
+    until("b's job is taken", || b.state().held.len() == 1).await;
+    // A job held for this process on a that nobody runs (a waiter took
+    // it): shutdown puts it back.
+    a.state().held.push("held".into());
+    let running = Running {
+        source: sharded.as_ref(),
+        manager: &manager,
+        fetching,
+        stop: &CancellationToken::new(),
+        writers: vec![(0, writer_a), (1, writer_b)],
+    };
+    let stopped = shut_down(Duration::from_millis(50), running, std::future::pending()).await;
+    assert_eq!(stopped.stuck, [1], "b's writer could not finish");
+    assert_eq!(stopped.requeued, Some(1), "a was requeued");
+    assert!(a.state().held.is_empty(), "nothing left held on a");
+    assert_eq!(a.state().queue.front().map(String::as_str), Some("held"));
+    assert_eq!(b.state().held.len(), 1, "b's job stays held for recovery");
 }

@@ -489,3 +489,128 @@ async fn the_dashboard_shows_the_fleet_and_each_shards_own_pages() {
     drop(browser);
     assert!(runner.stop().success(), "{}", runner.log());
 }
+
+/// A runner waiting on two shards whose wait one shard's job ends does
+/// not keep blocking on the other: with its one slot busy, a job pushed
+/// to the other shard stays in its queue, for any runner to take, instead
+/// of being moved into this runner's in-progress list (until `392aee5`
+/// the other shard's `BLMOVE` stayed blocked up to 15 s and took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_won_on_one_shard_stops_waiting_on_the_others() {
+    let fleet = Fleet::start();
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = fleet.runner(
+        "mail=b",
+        dir.path(),
+        &["--queues", "default,mail", "--concurrency", "1"],
+    );
+    runner.wait_running();
+    let (mut a, mut b) = (fleet.a.conn().await, fleet.b.conn().await);
+    // Idle: the runner blocks on both shards.
+    let blocked_on = |conn: MultiplexedConnection| async move {
+        let mut conn = conn;
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT LIST");
+        // Blocked now: flag `b` (`cmd` is only the last command run).
+        clients
+            .lines()
+            .filter(|line| {
+                line.contains("cmd=blmove")
+                    && line
+                        .split(' ')
+                        .any(|field| field.strip_prefix("flags=").is_some_and(|flags| flags.contains('b')))
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while blocked_on(b.clone()).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the runner never blocked on shard b:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A long job on the default shard takes the one slot...
+    let busy = Job::new("ChaosJob")
+        .args(json!(["sleep", 8_000]))
+        .to_payload(wasmjobs::redis::now_f64())
+        .expect("payload")
+        .0;
+    wasmjobs_client::push::push_bulk(&mut a, &mut [busy])
+        .await
+        .expect("push");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while jobs_in_progress(&mut a).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the long job never started:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and the wait on b ends.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while blocked_on(b.clone()).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the runner still blocks on shard b with no free slot:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mail = Job::new("ChaosJob")
+        .queue("mail")
+        .args(json!(["ok"]))
+        .to_payload(wasmjobs::redis::now_f64())
+        .expect("payload")
+        .0;
+    wasmjobs_client::push::push_bulk(&mut b, &mut [mail])
+        .await
+        .expect("push");
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(2) {
+        assert_eq!(jobs_in_progress(&mut b).await, 0, "a busy runner took b's job");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+/// A schedule whose queue is on a shard that is down when the runner
+/// starts is registered there once the shard answers, and its ticks run
+/// (until `392aee5` the registration was tried once, at start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_reaches_its_shard_when_the_shard_comes_back() {
+    let mut fleet = Fleet::start();
+    let dir = plugins(&["noop"], &[]);
+    let manifest = dir.path().join("noop/wasmjobs.toml");
+    let mut text = std::fs::read_to_string(&manifest).expect("manifest");
+    text.push_str(
+        "\n[[schedule]]\nname = \"tick-c\"\ncron = \"*/1 * * * * *\"\nclass = \"NoopJob\"\nqueue = \"cron-c\"\n",
+    );
+    std::fs::write(&manifest, text).expect("write manifest");
+    fleet.c.stop();
+    let mut runner = fleet.runner("cron-c,work-c=c", dir.path(), &["--queues", "default,work-c"]);
+    runner.wait_running();
+    runner.wait_for_log("schedules not registered", Duration::from_secs(60));
+    fleet.c.start_again();
+    let mut c = fleet.c.conn().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let schedules: Vec<String> = c.smembers("cron_jobs:default").await.expect("SMEMBERS");
+        let ticks = ticks(&mut c, "cron-c").await;
+        if schedules == ["cron_job:default:tick-c"] && !ticks.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard c has schedules {schedules:?} and ticks {ticks:?}:\n{}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+}

@@ -30,6 +30,10 @@ impl Turns {
     pub(crate) fn sent_back(&self, at: f64) {
         if at.is_finite() && at > 0.0 {
             self.latest_ms.fetch_max((at * 1000.0) as u64, Ordering::Relaxed);
+            // Every shard's poller shares these turns, and the job's may
+            // be any of them: wake them all, and keep a wake-up for one
+            // not waiting yet.
+            self.sent.notify_waiters();
             self.sent.notify_one();
         }
     }
@@ -60,6 +64,22 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_job_sent_back_wakes_every_shards_poller() {
+        let turns = std::sync::Arc::new(Turns::default());
+        let pollers: Vec<_> = (0..3)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.sent().await })
+            })
+            .collect();
+        // Each poller is waiting before the job is sent back.
+        tokio::task::yield_now().await;
+        turns.sent_back(100.0);
+        let woken = tokio::time::timeout(Duration::from_secs(5), futures_util::future::join_all(pollers)).await;
+        assert!(woken.is_ok(), "a poller was left asleep");
+    }
 
     #[test]
     fn the_poller_hurries_only_while_sent_back_jobs_are_due() {

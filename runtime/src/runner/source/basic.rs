@@ -122,6 +122,10 @@ impl JobSource for Basic {
         self.waiting.stop().boxed()
     }
 
+    fn take_found(&self, max: usize) -> Vec<Fetched> {
+        self.waiting.take_found(max)
+    }
+
     fn doubt(&self) {}
 
     fn take_doubt(&self) -> bool {

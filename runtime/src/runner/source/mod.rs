@@ -135,6 +135,33 @@ pub(crate) trait JobSource: Send + Sync {
     /// at the front of their queues. Returns how many.
     fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64>;
 
+    /// [`requeue_all`](JobSource::requeue_all), leaving alone the shards
+    /// in `stuck`, whose outcomes could not all be recorded (their jobs
+    /// stay held, for recovery). A source of one Redis is shard 0: with
+    /// it stuck, nothing is requeued.
+    fn requeue_all_except<'a>(&'a self, jobs: Vec<Fetched>, stuck: &'a [u16]) -> BoxFuture<'a, u64> {
+        match stuck.is_empty() {
+            true => self.requeue_all(jobs),
+            false => Box::pin(async { 0 }),
+        }
+    }
+
+    /// [`unregister`](JobSource::unregister), leaving alone the shards in
+    /// `stuck` (see [`requeue_all_except`](JobSource::requeue_all_except)).
+    fn unregister_except<'a>(&'a self, stuck: &'a [u16]) -> BoxFuture<'a, ()> {
+        match stuck.is_empty() {
+            true => self.unregister(),
+            false => Box::pin(async {}),
+        }
+    }
+
+    /// Jobs the source's waiters already took and hold for the next
+    /// fetch, up to `max`, without a round trip (none for a source
+    /// without waiters).
+    fn take_found(&self, _max: usize) -> Vec<Fetched> {
+        Vec::new()
+    }
+
     /// Takes over the jobs of processes that died. Returns how many jobs
     /// were handled (requeued or buried).
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>>;

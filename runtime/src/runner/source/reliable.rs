@@ -214,6 +214,10 @@ impl JobSource for Reliable {
         self.waiting.stop().boxed()
     }
 
+    fn take_found(&self, max: usize) -> Vec<Fetched> {
+        self.waiting.take_found(max)
+    }
+
     fn doubt(&self) {
         self.doubt.raise();
     }

@@ -18,8 +18,10 @@
 //!   part whose call fails is skipped for a backoff of its own (50 ms
 //!   doubling to 5 s), said once when it starts failing and once when it
 //!   answers again: a shard that is down stops only its queues.
-//! - **wait**: every part's waiters at once; the first job found wins,
-//!   the others stay with their part for its next fetch.
+//! - **wait**: every part's waiters at once; the first job found wins.
+//!   The others' waits end (`CLIENT UNBLOCK`), and a job one of them took
+//!   meanwhile is handed out first by the next fetch, whichever shards it
+//!   asks.
 //! - every job is tagged with its shard ([`Fetched::shard`]), so its
 //!   outcome goes to that shard's writer, and requeues go to its part.
 //! - the heartbeat and the outcome writer of each shard use its part
@@ -175,7 +177,10 @@ impl Sharded {
 impl JobSource for Sharded {
     fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
         async move {
-            let mut jobs = Vec::new();
+            // What any shard's waiters already took comes first, whether
+            // or not that shard is asked below: it is held for this
+            // process and must not wait for its shard's turn.
+            let mut jobs = self.take_found(max);
             let mut first_error = None;
             let mut answered = false;
             let now = Instant::now();
@@ -300,6 +305,10 @@ impl JobSource for Sharded {
     }
 
     fn requeue_all(&self, jobs: Vec<Fetched>) -> BoxFuture<'_, u64> {
+        self.requeue_all_except(jobs, &[])
+    }
+
+    fn requeue_all_except<'a>(&'a self, jobs: Vec<Fetched>, stuck: &'a [u16]) -> BoxFuture<'a, u64> {
         async move {
             let mut by_part: Vec<Vec<Fetched>> = self.parts.iter().map(|_| Vec::new()).collect();
             for job in jobs {
@@ -316,12 +325,24 @@ impl JobSource for Sharded {
                 self.parts
                     .iter()
                     .zip(by_part)
+                    .filter(|(part, _)| !stuck.contains(&part.shard))
                     .map(|(part, jobs)| part.source.requeue_all(jobs)),
             )
             .await;
             requeued.into_iter().sum()
         }
         .boxed()
+    }
+
+    fn take_found(&self, max: usize) -> Vec<Fetched> {
+        let mut jobs = Vec::new();
+        for (index, part) in self.parts.iter().enumerate() {
+            if jobs.len() >= max {
+                break;
+            }
+            jobs.extend(self.tag(index, part.source.take_found(max - jobs.len())));
+        }
+        jobs
     }
 
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
@@ -361,8 +382,13 @@ impl JobSource for Sharded {
     }
 
     fn unregister(&self) -> BoxFuture<'_, ()> {
+        self.unregister_except(&[])
+    }
+
+    fn unregister_except<'a>(&'a self, stuck: &'a [u16]) -> BoxFuture<'a, ()> {
         async move {
-            join_all(self.parts.iter().map(|part| part.source.unregister())).await;
+            let parts = self.parts.iter().filter(|part| !stuck.contains(&part.shard));
+            join_all(parts.map(|part| part.source.unregister())).await;
         }
         .boxed()
     }

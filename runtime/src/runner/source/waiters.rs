@@ -64,12 +64,27 @@ pub(super) struct Waiting {
     tasks: std::sync::Mutex<Vec<(JoinHandle<()>, Arc<AtomicI64>)>>,
 }
 
-/// Disarms the waiters when a wait ends, however it ends.
-struct Armed<'a>(&'a watch::Sender<bool>);
+/// Disarms the waiters when a wait ends, however it ends, and ends the
+/// waits still blocked in Redis: after a find, the other waiters' (they
+/// would take jobs the runner has no slot for, and a recovered job could
+/// be pulled straight back into a busy process); after a wait given up
+/// (another shard's wait found a job first), every one's. A job a waiter
+/// took meanwhile stays in `found` for the next fetch.
+struct Armed<'a> {
+    waiting: &'a Waiting,
+    found: bool,
+}
 
 impl Drop for Armed<'_> {
     fn drop(&mut self) {
-        self.0.send_replace(false);
+        self.waiting.armed.send_replace(false);
+        let ids = self.waiting.client_ids();
+        // The waiter that found the job disarmed itself.
+        if ids.len() > usize::from(self.found)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(unblock(self.waiting.redis.clone(), ids));
+        }
     }
 }
 
@@ -137,18 +152,14 @@ impl Waiting {
             return Some(job);
         }
         self.armed.send_replace(true);
-        let _armed = Armed(&self.armed);
+        let mut armed = Armed {
+            waiting: self,
+            found: false,
+        };
         let job = found.recv().await;
-        // The runner has work now: waiters still blocked on other queues
-        // would take jobs it has no slot for (and a recovered job could be
-        // pulled straight back into a busy process). End their waits, in
-        // the background so the job starts at once. (The waiter that found
-        // the job disarmed itself; with one queue there is no other.)
-        self.armed.send_replace(false);
-        let ids = self.client_ids();
-        if ids.len() > 1 {
-            tokio::spawn(unblock(self.redis.clone(), ids));
-        }
+        // The runner has work now: the guard ends the other waits, in the
+        // background so the job starts at once.
+        armed.found = true;
         job
     }
 
