@@ -165,7 +165,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     let quiet = stop.child_token();
     // A heartbeat in each shard served, and in the default shard, where
     // the process's own figures and leases are written.
-    let mut heartbeats = Vec::new();
+    let mut heartbeats: Vec<(Arc<Heartbeat>, &Shard)> = Vec::new();
     for shard in &shards {
         let part = part_sources.iter().find(|(index, _)| *index == shard.index);
         if part.is_none() && shard.index != 0 {
@@ -197,7 +197,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         } else if let Err(err) = heartbeat.beat().await {
             tracing::warn!(shard = %shard.name, "{err:#}; its queues wait until it answers");
         }
-        heartbeats.push(Arc::new(heartbeat));
+        heartbeats.push((Arc::new(heartbeat), shard));
     }
     match source.recover_orphans().await {
         Ok(0) => {}
@@ -281,7 +281,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     supervised("reloader", &stop, {
         let (dir, executor, cache) = (options.plugins.clone(), executor.clone(), options.cache.clone());
         let (catalog, metrics, stop) = (catalog.clone(), metrics.clone(), stop.clone());
-        let reloaded: Vec<Arc<Notify>> = heartbeats.iter().map(|heartbeat| heartbeat.reloaded()).collect();
+        let reloaded: Vec<Arc<Notify>> = heartbeats.iter().map(|(heartbeat, _)| heartbeat.reloaded()).collect();
         Box::new(move || {
             let mut reloader = Reloader::new(dir.clone(), executor.clone(), cache.clone(), catalog.clone())
                 .on_new_classes(served_tx.clone())
@@ -333,10 +333,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         });
     }
     let (commands_tx, mut commands) = mpsc::channel(4);
-    for (heartbeat, shard) in heartbeats
-        .iter()
-        .zip(shards.iter().filter(|shard| shard.index == 0 || shard.queues.is_some()))
-    {
+    for (heartbeat, shard) in &heartbeats {
         supervised(of_shard("heartbeat", shard), &done, {
             let (heartbeat, done, commands_tx) = (heartbeat.clone(), done.clone(), commands_tx.clone());
             let span = span_of(shard);
@@ -405,7 +402,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     {
         tracing::warn!("background tasks did not stop within 10 s");
     }
-    for heartbeat in &heartbeats {
+    for (heartbeat, _) in &heartbeats {
         if let Err(err) = heartbeat.clear().await {
             tracing::warn!("{err:#}");
         }

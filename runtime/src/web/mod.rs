@@ -110,10 +110,7 @@ impl Web {
 
     /// The path of this shard's overview.
     fn nav_home(&self) -> String {
-        match self.base.as_str() {
-            "" => "/".to_owned(),
-            base => base.to_owned(),
-        }
+        view::home_of(&self.base)
     }
 }
 
@@ -167,11 +164,7 @@ pub(crate) async fn bind(
         true => sites
             .iter()
             .enumerate()
-            .map(|(index, site)| {
-                let base = base_of(index, &site.name);
-                let home = if base.is_empty() { "/".to_owned() } else { base };
-                (site.name.clone(), home)
-            })
+            .map(|(index, site)| (site.name.clone(), view::home_of(&base_of(index, &site.name))))
             .collect(),
         false => Vec::new(),
     };

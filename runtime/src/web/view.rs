@@ -27,10 +27,16 @@ pub(crate) struct Nav {
 impl Nav {
     /// The overview's path.
     pub(crate) fn home(&self) -> String {
-        match self.base.as_str() {
-            "" => "/".to_owned(),
-            base => base.to_owned(),
-        }
+        home_of(&self.base)
+    }
+}
+
+/// The overview's path for pages starting with `base` (the root's is `/`;
+/// a nested router serves its `/` at `base` itself, not `base/`).
+pub(crate) fn home_of(base: &str) -> String {
+    match base {
+        "" => "/".to_owned(),
+        base => base.to_owned(),
     }
 }
 

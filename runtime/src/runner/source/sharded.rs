@@ -224,9 +224,9 @@ impl JobSource for Sharded {
                 .enumerate()
                 .map(|(index, part)| part.source.wait().map(move |job| (index, job)).boxed());
             let ((index, job), _, _) = select_all(waits).await;
-            job.map(|job| {
-                let mut tagged = self.tag(index, vec![job]);
-                tagged.remove(0)
+            job.map(|mut job| {
+                job.shard = self.parts[index].shard;
+                job
             })
         }
         .boxed()
