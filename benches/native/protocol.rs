@@ -14,12 +14,14 @@ pub const MAX_FETCH: usize = 500;
 pub const MAX_ACK_BATCH: usize = 1_000;
 
 const QUEUE: &str = "queue:default";
+/// The open `wasmjobs cancel` requests (the runner's `keys::CANCELS_OPEN`).
+const CANCELS_OPEN: &str = "wasmjobs:cancels:open";
 const STAT_PROCESSED: &str = "stat:processed";
 const STAT_FAILED: &str = "stat:failed";
 /// Sidekiq's five-year expiry of the daily stat keys.
 const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 
-/// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[2..]
+/// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[3..]
 /// (in order) to KEYS[1] (reliable), or pops them (basic, ARGV[2] == "0").
 pub const FETCH: &str = wasmjobs::runner::FETCH_SCRIPT;
 
@@ -41,14 +43,18 @@ pub async fn fetch(
 ) -> Result<Vec<Vec<u8>>> {
     let flat: Vec<Vec<u8>> = script
         .key(held_in.unwrap_or("wasmjobs:unused"))
+        .key(CANCELS_OPEN)
         .key(QUEUE)
         .arg(max.min(MAX_FETCH))
         .arg(if held_in.is_some() { "1" } else { "0" })
+        // As the runner fetches by default (no `--sidekiq-cancels`).
+        .arg("0")
+        .arg(wasmjobs::redis::now_f64())
         .invoke_async(conn)
         .await
         .context("fetching jobs")?;
     // [queue index, job, cancel mark, …]: one queue, so keep the jobs (the
-    // script looked the cancel requests up either way, as for wasmjobs).
+    // script looks the cancel requests up when the runner's would).
     Ok(flat.into_iter().skip(1).step_by(3).collect())
 }
 

@@ -89,7 +89,12 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
         }
     });
     let results = futures_util::future::join_all(per_shard).await;
+    close_resolved(&shards, &args.jids, &results).await;
     close_all(shards).await?;
+    let results = results
+        .into_iter()
+        .map(|result| result.map(|said| said.into_iter().map(|s| (s.line, s.found)).collect()))
+        .collect();
     let result = merge(map.routes.names(), results);
     let mut unknown = 0;
     for (line, found) in result? {
@@ -101,6 +106,49 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What one shard says of one jid.
+struct Said {
+    /// The line printed.
+    line: String,
+    /// The job was found (or was cancelled before).
+    found: bool,
+    /// Its cancel is still to be done there: the job runs on this shard,
+    /// and its process has not confirmed yet.
+    open: bool,
+}
+
+/// Closes the requests that are done with on each shard (see
+/// `control::close_requests`): every jid found somewhere, except on the
+/// shard whose process has yet to confirm it. A jid found nowhere stays
+/// open on every shard for its day (a job with that jid may be pushed to
+/// any of them). A failure only costs fetches a lookup for that day, so
+/// it is said and not fatal.
+async fn close_resolved(shards: &[crate::redis::shards::Opened], jids: &[String], results: &[Result<Vec<Said>>]) {
+    let said: Vec<&Vec<Said>> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let Some(first) = said.first() else {
+        return;
+    };
+    let found_somewhere: Vec<bool> = (0..first.len())
+        .map(|i| said.iter().any(|s| s.get(i).is_some_and(|s| s.found)))
+        .collect();
+    for (shard, result) in shards.iter().zip(results) {
+        let (Ok(redis), Ok(lines)) = (&shard.redis, result) else {
+            continue;
+        };
+        // The lines are in the order of the jids given, each once.
+        let mut seen = std::collections::HashSet::new();
+        let order = jids.iter().filter(|jid| seen.insert(jid.as_str()));
+        let done: Vec<&str> = order
+            .zip(lines.iter().zip(&found_somewhere))
+            .filter(|(_, (said, found))| **found && !said.open)
+            .map(|(jid, _)| jid.as_str())
+            .collect();
+        if let Err(err) = control::close_requests(&mut redis.conn(), &done).await {
+            eprintln!("{err:#}; fetches look cancel requests up until they expire (a day)");
+        }
+    }
 }
 
 /// One line per jid from each shard's lines: the first shard that found
@@ -146,15 +194,14 @@ fn merge(names: &[String], mut results: Vec<Result<Vec<(String, bool)>>>) -> Res
 }
 
 /// Cancels `jids` with `request`, waiting up to `wait` for the running
-/// ones; a line for each jid (in the order given, each once), and whether
-/// the job was found.
+/// ones; what is said of each jid (in the order given, each once).
 async fn cancel(
     conn: &mut redis::aio::ConnectionManager,
     store: Option<&crate::pg::Pg>,
     jids: &[String],
     request: &CancelRequest,
     wait: Duration,
-) -> Result<Vec<(String, bool)>> {
+) -> Result<Vec<Said>> {
     let sent = Instant::now();
     let mut found = control::cancel_all(conn, jids, request).await?;
     if let Some(pg) = store {
@@ -191,10 +238,16 @@ async fn cancel(
     Ok(found
         .into_iter()
         .map(|(jid, found)| match earlier.remove(&jid) {
-            Some((at, from)) if matches!(found, Found::Unknown) => (already(&jid, at, &from), true),
+            Some((at, from)) if matches!(found, Found::Unknown) => Said {
+                line: already(&jid, at, &from),
+                found: true,
+                open: false,
+            },
             _ => {
                 let stopped = confirmed.remove(&jid);
-                line(&jid, found, stopped, wait)
+                let open = matches!(found, Found::Running(_)) && stopped.is_none();
+                let (line, found) = line(&jid, found, stopped, wait);
+                Said { line, found, open }
             }
         })
         .collect())

@@ -92,6 +92,13 @@ pub struct RunArgs {
     /// huge payload never reaches this process.
     #[arg(long, value_name = "SIZE", default_value = "16MiB", value_parser = parse_size)]
     pub max_payload: usize,
+    /// Ruby apps cancel jobs the Sidekiq way (`Sidekiq::Client#cancel!`,
+    /// or `SETEX cancelled-<jid>`): look those requests up at every fetch,
+    /// so a job fetched after one never starts (costs Redis ~1.5 µs a job).
+    /// Without it such a request stops a job once it has run for a second;
+    /// `wasmjobs cancel` works on every path either way.
+    #[arg(long)]
+    pub sidekiq_cancels: bool,
     /// Recoveries from dead processes after which a job is a poison pill (sent to dead).
     #[arg(long, default_value_t = 3)]
     pub max_recoveries: u64,
@@ -176,6 +183,7 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
         poll_interval: seconds(args.poll_interval, "--poll-interval")?.max(Duration::from_millis(10)),
         max_recoveries: args.max_recoveries,
         max_payload: args.max_payload,
+        sidekiq_cancels: args.sidekiq_cancels,
         dead: DeadCaps {
             max_jobs: args.dead_max_jobs,
             timeout: seconds(args.dead_days * 86_400.0, "--dead-days")?,

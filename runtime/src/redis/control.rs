@@ -17,7 +17,11 @@
 //!   cancelled together ([`cancel_all`]): every request is written and
 //!   announced first, then each queue and set is read once for all of
 //!   them (`find`), and [`recorded_since`] confirms the running ones
-//!   together.
+//!   together. Each request is also *open* ([`keys::CANCELS_OPEN`]) until
+//!   its job is recorded as cancelled or found elsewhere
+//!   ([`close_requests`]): while one is, the runners' fetch looks up the
+//!   request of every job it takes, so a job fetched after the request
+//!   never starts even in a process that missed the announcement.
 //!
 //! The cancelled set ([`keys::CANCELLED`]) keeps each cancelled payload
 //! with `cancelled_at`, `cancelled_by` and `cancelled_from` (a queue, a
@@ -258,7 +262,27 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
 /// Writes the request of each of `jids` and announces it.
 async fn send<C: ConnectionLike + Send>(conn: &mut C, jids: &[&str], request: &CancelRequest) -> Result<()> {
     let value = serde_json::to_string(request).context("cannot encode the cancel request")?;
+    let expires = request.at + keys::CANCEL_TTL_SECS as f64;
     for chunk in jids.chunks(SEND_CHUNK) {
+        let mut open = redis::pipe();
+        open.cmd("ZREMRANGEBYSCORE")
+            .arg(keys::CANCELS_OPEN)
+            .arg("-inf")
+            .arg(request.at)
+            .ignore();
+        open.cmd("ZADD").arg(keys::CANCELS_OPEN);
+        for jid in chunk {
+            open.arg(expires).arg(*jid);
+        }
+        // Before the requests: a fetch that sees a request sees it open.
+        // A key of another type there (someone else's) turns every
+        // fetch's lookups on, which is what an open request asks for.
+        if let Err(err) = open.ignore().exec_async(conn).await {
+            tracing::warn!(
+                "cannot note the cancel requests as open in {}: {err}; fetches look every job's request up while that key is not a sorted set",
+                keys::CANCELS_OPEN
+            );
+        }
         let mut pipe = redis::pipe();
         for jid in chunk {
             pipe.cmd("SET")
@@ -278,6 +302,37 @@ async fn send<C: ConnectionLike + Send>(conn: &mut C, jids: &[&str], request: &C
             [jid] => format!("cannot write the cancel request for {jid}"),
             _ => format!("cannot write the cancel requests of {} jobs", chunk.len()),
         })?;
+    }
+    Ok(())
+}
+
+/// Adds to `pipe` (a transaction recording the jobs `jids` as cancelled)
+/// the close of their requests ([`keys::CANCELS_OPEN`]). In Lua with
+/// `pcall`: that key of another type (someone else's) must not fail the
+/// transaction that records the jobs.
+pub fn stage_close(pipe: &mut redis::Pipeline, jids: &[&str]) {
+    if jids.is_empty() {
+        return;
+    }
+    pipe.cmd("EVAL")
+        .arg("redis.pcall('ZREM', KEYS[1], unpack(ARGV)) return 0")
+        .arg(1)
+        .arg(keys::CANCELS_OPEN)
+        .arg(jids)
+        .ignore();
+}
+
+/// Closes the requests of `jids`: each job is recorded as cancelled, or
+/// was found on another shard. Once no request is open, fetches stop
+/// looking cancel requests up.
+pub async fn close_requests<C: ConnectionLike + Send>(conn: &mut C, jids: &[&str]) -> Result<()> {
+    for chunk in jids.chunks(SEND_CHUNK) {
+        redis::cmd("ZREM")
+            .arg(keys::CANCELS_OPEN)
+            .arg(chunk)
+            .exec_async(conn)
+            .await
+            .context("cannot close the cancel requests")?;
     }
     Ok(())
 }
@@ -348,6 +403,8 @@ async fn record<C: ConnectionLike + Send>(
                 lock.stage_release(&mut pipe);
             }
         }
+        let jids: Vec<&str> = chunk.iter().map(|(jid, _)| *jid).collect();
+        stage_close(&mut pipe, &jids);
         pipe.exec_async(conn)
             .await
             .context("cannot record the cancelled jobs")?;

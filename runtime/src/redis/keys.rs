@@ -106,6 +106,12 @@ pub(crate) const CANCELLED: &str = "wasmjobs:cancelled";
 pub(crate) const STAT_CANCELLED: &str = "wasmjobs:stat:cancelled";
 /// Seconds a cancel request (`cancelled-<jid>`) is kept: the Sidekiq wiki's day.
 pub(crate) const CANCEL_TTL_SECS: i64 = 86_400;
+/// ZSET of the jids `wasmjobs cancel` asked for and did not see end
+/// (score: when the request expires). While it holds one that has not
+/// expired, every fetch looks up the cancel requests of the jobs it takes
+/// (the fetch script's marks): a job pushed or fetched after the request
+/// never starts, even in a process that missed the message.
+pub(crate) const CANCELS_OPEN: &str = "wasmjobs:cancels:open";
 
 /// A cancel request for `jid`, as the Sidekiq wiki's FAQ writes it (any
 /// value; wasmjobs writes who and when as JSON).

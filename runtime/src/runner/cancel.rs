@@ -5,10 +5,13 @@
 //! `cancelled` field of `it-<jid>`, Sidekiq 7.3.3+'s `cancel!`). This
 //! process finds it four ways, so every path to a running job is covered:
 //!
-//! - **at fetch**: the fetch script marks each job it takes with the
-//!   request it found, at no extra round trip ([`CancelMark`]); a job taken
-//!   by a blocking wait, or whose payload the script read differently than
-//!   the runner, is looked up on its own before it starts;
+//! - **at fetch**: while a request may exist that this process would not
+//!   hear of (`run --sidekiq-cancels`, or a `wasmjobs cancel` still open),
+//!   the fetch script marks each job it takes with the request it found,
+//!   at no extra round trip ([`CancelMark`]); otherwise it looks nothing
+//!   up ([`CancelMark::Unneeded`]). A job taken by a blocking wait, or
+//!   whose payload the script read differently than the runner, is looked
+//!   up on its own before it starts;
 //! - **by message**: `wasmjobs cancel` publishes the jid on the control
 //!   channel ([`super::control`]); every process stops the job at once if it
 //!   runs it, and remembers the request for [`RECENT_FOR`] in case it is
@@ -302,7 +305,8 @@ async fn requests<C: ConnectionLike + Send>(conn: &mut C, jids: &[String]) -> Re
 
 impl Registration {
     /// Before the job starts: the request found at fetch, if the fetch
-    /// looked at this very jid; else looked up now. A lookup that fails
+    /// looked at this very jid; nothing if the fetch found no need to
+    /// look; else looked up now. A lookup that fails
     /// lets the job run (the sweep looks again while it runs).
     pub(crate) async fn check_at_start(&self, mark: &CancelMark) {
         let request = match mark {
@@ -310,6 +314,9 @@ impl Registration {
                 CancelFound::Key(value) => (CancelRequest::from_value(value, false), Via::Fetch),
                 CancelFound::Iteration(value) => (CancelRequest::from_value(value, true), Via::Fetch),
             }),
+            // Any request would have come as a message (remembered when
+            // the job was registered).
+            CancelMark::Unneeded => None,
             _ => match self
                 .cancels
                 .lookup(self.watch.shard, std::slice::from_ref(&self.jid))
@@ -345,6 +352,7 @@ impl Registration {
     /// The write for the job `raw`, cancelled by `request`.
     pub(crate) fn write(&self, raw: &str, request: &CancelRequest) -> Write {
         Write::Cancelled {
+            jid: self.jid.clone(),
             payload: control::cancelled_payload(raw, request, &self.cancels.from),
         }
     }

@@ -55,6 +55,10 @@ pub(crate) struct Receipt {
 pub(crate) enum CancelMark {
     /// Not looked at (taken by a blocking wait, or no jid found).
     Unchecked,
+    /// Not looked for, as no request could exist that this process would
+    /// not hear of on the control channel: no Ruby client cancels (no
+    /// `run --sidekiq-cancels`) and no `wasmjobs cancel` is unresolved.
+    Unneeded,
     /// Looked at for `jid` (which the runner compares with the jid it
     /// parses): `request` is the cancel request found, if any.
     Checked { jid: String, request: Option<CancelFound> },
@@ -70,9 +74,12 @@ pub(crate) enum CancelFound {
 }
 
 impl CancelMark {
-    /// Reads the fetch script's mark for the payload `raw`: `""`, `-`,
-    /// `k<value>` or `i<value>`, about the jid [`script_jid`] finds.
+    /// Reads the fetch script's mark for the payload `raw`: `n`, or `""`,
+    /// `-`, `k<value>` or `i<value>` about the jid [`script_jid`] finds.
     pub(crate) fn from_script(raw: &[u8], mark: &[u8]) -> Self {
+        if mark == b"n" {
+            return CancelMark::Unneeded;
+        }
         let Some(jid) = script_jid(raw) else {
             return CancelMark::Unchecked;
         };
@@ -160,6 +167,7 @@ mod tests {
         );
         let raw = br#"{"class":"A","args":[],"jid":"abc"}"#;
         assert_eq!(CancelMark::from_script(raw, b""), CancelMark::Unchecked);
+        assert_eq!(CancelMark::from_script(raw, b"n"), CancelMark::Unneeded);
         assert_eq!(
             CancelMark::from_script(raw, b"k{\"by\":\"me\"}"),
             CancelMark::Checked {

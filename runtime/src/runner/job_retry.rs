@@ -65,6 +65,8 @@ pub(crate) enum Write {
     /// Cancelled (`wasmjobs cancel`): not retried; into the cancelled set
     /// with who cancelled it and when.
     Cancelled {
+        /// The job's jid (its request is resolved).
+        jid: String,
         /// The payload with `cancelled_at`, `cancelled_by`, `cancelled_from`.
         payload: String,
     },

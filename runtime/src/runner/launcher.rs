@@ -98,6 +98,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
                 max_recoveries: options.max_recoveries,
                 max_payload: options.max_payload,
                 dead: options.dead,
+                sidekiq_cancels: options.sidekiq_cancels,
             };
             Some(Part {
                 shard: shard.index,

@@ -111,6 +111,11 @@ pub struct RunOptions {
     /// Bytes a job's payload may have (0: no limit); larger jobs go to the
     /// dead set unrun (`--max-payload`).
     pub max_payload: usize,
+    /// Ruby clients cancel jobs by writing Sidekiq's keys
+    /// (`cancelled-<jid>`, `it-<jid>`): every fetch looks them up
+    /// (`--sidekiq-cancels`). Off, such a request stops a job that runs
+    /// for longer than a second (the sweep).
+    pub sidekiq_cancels: bool,
     /// What the dead set keeps (Sidekiq's `dead_max_jobs`, `dead_timeout_in_seconds`).
     pub dead: DeadCaps,
     /// The SQL databases plugins may use (`--db NAME=URL`), opened once and

@@ -67,14 +67,15 @@ async fn cancelled_entry(conn: &mut redis::aio::MultiplexedConnection, jid: &str
     }
 }
 
-/// Whether the process that stopped `jid` heard the cancel as a message on
-/// the control channel (its "job cancelled" line says `via=message`).
-fn assert_heard_by_message(logs: &str, jid: &str) {
+/// Checks how the process that stopped `jid` learnt of the cancel: its
+/// "job cancelled" line says `via=HOW` (`message`: on the control
+/// channel; `fetch`: from the fetch script's mark).
+fn assert_learnt(logs: &str, jid: &str, how: &str) {
     let line = logs
         .lines()
         .find(|line| line.contains("job cancelled") && line.contains(jid))
         .unwrap_or_else(|| panic!("no \"job cancelled\" line for {jid}:\n{logs}"));
-    assert!(line.contains("via=message"), "{line}");
+    assert!(line.contains(&format!("via={how}")), "{line}");
 }
 
 /// Checks a job stopped while running: recorded by a process, with who
@@ -96,7 +97,7 @@ async fn assert_stopped_running(
     let requested = payload.time("cancelled_at").expect("cancelled_at");
     let took = recorded - requested;
     eprintln!("cancel took {:.1} ms from the request to the record", took * 1000.0);
-    assert_heard_by_message(logs, payload.jid());
+    assert_learnt(logs, payload.jid(), "message");
     assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0, "not retried");
     assert_eq!(conn.zcard::<_, u64>("dead").await.expect("ZCARD"), 0, "not dead");
     assert_eq!(int(conn, "stat:failed").await, 0, "not a failure");
@@ -269,6 +270,9 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
     ];
     expected.sort();
     assert_eq!(from, expected);
+    // Each request is done with: no fetch looks requests up for them.
+    let open: u64 = conn.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
+    assert_eq!(open, 0, "requests left open");
 
     // Issue 35: cancelling again says it was done, and when, and where
     // the job was; it is not "no such job" (nor "stopped while running").
@@ -291,6 +295,16 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
     let unknown = wasmjobs(&redis, "cancel", &["ffffffffffffffffffffffff"]);
     assert_eq!(unknown.status.code(), Some(1), "{}", printed(&unknown));
     assert!(printed(&unknown).contains("no such job is queued, scheduled, retrying or running"));
+    // Kept open for the day its request lives.
+    let expires: Option<f64> = conn
+        .zscore("wasmjobs:cancels:open", "ffffffffffffffffffffffff")
+        .await
+        .expect("ZSCORE");
+    let day_from_now = wasmjobs::redis::now_f64() + 86_400.0;
+    assert!(
+        expires.is_some_and(|at| (day_from_now - 60.0..=day_from_now).contains(&at)),
+        "{expires:?}"
+    );
     let bad = wasmjobs(&redis, "cancel", &["not a jid"]);
     assert_eq!(bad.status.code(), Some(2), "{}", printed(&bad));
     assert!(printed(&bad).contains("is not a job id"), "{}", printed(&bad));
@@ -314,14 +328,15 @@ async fn cancels_written_the_sidekiq_ways_are_honoured() {
     let dir = plugins(&[], &["chaos"]);
     let now = wasmjobs::redis::now_f64();
 
-    // The wiki's key, written before the job is fetched (the fetch sees it).
+    // The wiki's key, written before the job is fetched: with
+    // --sidekiq-cancels the fetch sees it.
     let mut early = Payload::new("ChaosJob", vec![json!("loop")], "default", now);
     let _: () = conn
         .set_ex(format!("cancelled-{}", early.jid()), "1", 86_400)
         .await
         .expect("SETEX");
     client::push(&mut conn, &mut early).await.expect("push");
-    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4", "--sidekiq-cancels"]);
     runner.wait_running();
     let (entry, _) = cancelled_entry(&mut conn, early.jid(), Duration::from_secs(30)).await;
     assert!(
@@ -341,9 +356,12 @@ async fn cancels_written_the_sidekiq_ways_are_honoured() {
         .expect("SETEX");
     client::push(&mut conn, &mut idle).await.expect("push");
     cancelled_entry(&mut conn, idle.jid(), Duration::from_secs(30)).await;
+    assert!(runner.stop().success());
 
     // Sidekiq 7.3.3+'s `cancel!` on a job already running: found by the
-    // sweep, without a message.
+    // sweep, without a message, and without --sidekiq-cancels.
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4"]);
+    runner.wait_running();
     let running_jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
         .await
         .remove(0);
@@ -401,7 +419,7 @@ async fn cancelling_a_job_of_a_concurrent_instance_stops_it_and_retries_its_neig
     let (entry, recorded) = cancelled_entry(&mut conn, &jids[0], Duration::from_secs(5)).await;
     let took = recorded - entry.time("cancelled_at").expect("cancelled_at");
     eprintln!("cancel took {:.1} ms from the request to the record", took * 1000.0);
-    assert_heard_by_message(&runner.log(), &jids[0]);
+    assert_learnt(&runner.log(), &jids[0], "message");
     // Its neighbour shared the instance: retried, naming why.
     let deadline = Instant::now() + Duration::from_secs(10);
     let retried = loop {
@@ -737,8 +755,8 @@ async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u
     calls.get(command).copied().unwrap_or(0)
 }
 
-/// Issue 33: the fetch's cancel marks cost no Redis call per job, however
-/// the payload's JSON is spaced. 2,000 jobs, half written as Python
+/// Issue 33: the fetch's cancel marks (`--sidekiq-cancels`) cost no Redis
+/// call per job, however the payload's JSON is spaced. 2,000 jobs, half written as Python
 /// writes JSON, one of those cancelled before it is fetched: the cancelled
 /// one is learnt from the fetch's mark (`via=fetch`), and
 /// the whole drain looks cancel requests up with a handful of `EXISTS`
@@ -773,7 +791,7 @@ async fn cancel_marks_cost_no_lookup_per_job_whatever_the_json_spacing() {
         calls(&mut conn, "hget").await,
     );
 
-    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "50"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "50", "--sidekiq-cancels"]);
     runner.wait_running();
     cancelled_entry(&mut conn, doomed, Duration::from_secs(60)).await;
     wait_processed(&mut conn, JOBS as u64 - 1, Duration::from_secs(120), || runner.log()).await;
@@ -781,16 +799,90 @@ async fn cancel_marks_cost_no_lookup_per_job_whatever_the_json_spacing() {
     let lookups = calls(&mut conn, "get").await - before.1 + calls(&mut conn, "hget").await - before.2;
     assert!(runner.stop().success(), "{}", runner.log());
 
-    let log = runner.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("job cancelled") && l.contains(doomed))
-        .unwrap_or_else(|| panic!("no cancel logged for {doomed}:\n{log}"));
-    assert!(line.contains("via=fetch"), "learnt otherwise: {line}");
+    assert_learnt(&runner.log(), doomed, "fetch");
     // Each fetch takes up to 50 jobs: ~40 fetches, one EXISTS each, and
     // one more per job of the batch that held the request.
     assert!(exists < 200, "{exists} EXISTS for {JOBS} jobs");
     // The heartbeat, the pollers and the writer read a little; a lookup
     // per job would be 2,000.
     assert!(lookups < 100, "{lookups} GET/HGET for {JOBS} jobs");
+}
+
+/// Issue 33: a fetch looks cancel requests up only while one may exist
+/// that the process would not hear of. A `wasmjobs cancel` of a job found
+/// nowhere stays open; a runner started after it (so it never heard the
+/// message) takes the job pushed later and stops it at fetch
+/// (`via=fetch`), and the request is closed once the job is recorded.
+/// From then on its fetches look nothing up: no `EXISTS` per fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_cancel_is_looked_for_at_fetch_and_then_nothing_is() {
+    const JOBS: usize = 1_000;
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &["chaos"]);
+    let doomed = "00000000000000000000d00d";
+    let output = wasmjobs(&redis, "cancel", &[doomed]);
+    assert_eq!(output.status.code(), Some(1), "{}", printed(&output));
+
+    let push_noops = |conn: &mut redis::aio::MultiplexedConnection, doomed: Option<&str>| {
+        let mut pipe = redis::pipe();
+        for i in 0..JOBS {
+            let job = match doomed {
+                Some(jid) if i == JOBS / 2 => spaced_payload("ChaosJob", r#"["loop"]"#, jid),
+                _ => Payload::new("NoopJob", vec![], "default", wasmjobs::redis::now_f64()).to_json(),
+            };
+            pipe.lpush("queue:default", job).ignore();
+        }
+        pipe.sadd("queues", "default").ignore();
+        let mut conn = conn.clone();
+        async move {
+            let _: () = pipe.query_async(&mut conn).await.expect("push");
+        }
+    };
+    push_noops(&mut conn, Some(doomed)).await;
+    // -c 10: a hundred fetches or more for a thousand jobs.
+    let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "10"]);
+    runner.wait_running();
+    cancelled_entry(&mut conn, doomed, Duration::from_secs(60)).await;
+    wait_processed(&mut conn, JOBS as u64 - 1, Duration::from_secs(120), || runner.log()).await;
+    assert_learnt(&runner.log(), doomed, "fetch");
+    let open: u64 = conn.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
+    assert_eq!(open, 0, "the request is still open");
+
+    let before = calls(&mut conn, "exists").await;
+    let fetches = calls(&mut conn, "evalsha").await;
+    push_noops(&mut conn, None).await;
+    wait_processed(&mut conn, 2 * JOBS as u64 - 1, Duration::from_secs(120), || {
+        runner.log()
+    })
+    .await;
+    let exists = calls(&mut conn, "exists").await - before;
+    let fetches = calls(&mut conn, "evalsha").await - fetches;
+    assert!(fetches >= 100, "{fetches} scripts run for {JOBS} jobs at -c 10");
+    // Orphan recovery may ask whether a process is alive; the marks would
+    // be one per fetch.
+    assert!(exists < 10, "{exists} EXISTS over {fetches} fetches");
+
+    // Someone else's key of another type where the open requests are: a
+    // cancel still stops a running job, and its record still lands.
+    let _: () = conn.set("wasmjobs:cancels:open", "junk").await.expect("SET");
+    let spinning = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
+        .await
+        .remove(0);
+    eventually(
+        Duration::from_secs(30),
+        || "the job to run".into(),
+        || {
+            let mut conn = conn.clone();
+            let jid = spinning.clone();
+            async move { running(&mut conn, &jid).await }
+        },
+    )
+    .await;
+    let output = wasmjobs(&redis, "cancel", &[&spinning]);
+    assert!(output.status.success(), "{}", printed(&output));
+    cancelled_entry(&mut conn, &spinning, Duration::from_secs(30)).await;
+    push(&mut conn, "NoopJob", "default", vec![json!([])]).await;
+    wait_processed(&mut conn, 2 * JOBS as u64, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success(), "{}", runner.log());
 }

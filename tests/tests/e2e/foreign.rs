@@ -313,6 +313,8 @@ async fn write_foreign_keys(conn: &mut Conn) {
     let _: () = conn.rpush("paused", "a list").await.expect("RPUSH");
     let _: () = conn.set("wasmjobs:cancelled", "x").await.expect("SET");
     let _: () = conn.hset("wasmjobs:stat:cancelled", "a", "1").await.expect("HSET");
+    // The open cancels as a list: the fetch looks requests up, and runs on.
+    let _: () = conn.rpush("wasmjobs:cancels:open", "x").await.expect("RPUSH");
     // Processes: one whose key is a string, one whose work is a string.
     let _: () = conn.sadd("processes", "ghost:1:x").await.expect("SADD");
     let _: () = conn.set("ghost:1:x", "x").await.expect("SET");

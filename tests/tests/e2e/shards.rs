@@ -172,6 +172,12 @@ async fn commands_route_each_queue_to_its_shard_and_read_them_all() {
     assert!(out.contains("(shard b)"), "{out}");
     assert_eq!(llen(&fleet.b, "queue:mail").await, 0);
     assert_eq!(fleet.stats()["fleet"]["enqueued"], 7);
+    // The request was written on every shard and is done with on every
+    // one (found on b): no fetch anywhere goes on looking requests up.
+    for shard in [&fleet.a, &fleet.b, &fleet.c] {
+        let open: u64 = shard.conn().await.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
+        assert_eq!(open, 0, "a request left open");
+    }
 
     // schedule and limits: a section per shard.
     let schedules: Value = serde_json::from_str(&fleet.ok(&["schedule", "--json"])).expect("JSON");

@@ -80,6 +80,7 @@ impl JobSource for Basic {
                     None,
                     &paused,
                     &oversized,
+                    self.settings.sidekiq_cancels,
                     max - jobs.len(),
                 );
                 let taken = match taken.await {

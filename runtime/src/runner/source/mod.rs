@@ -91,6 +91,10 @@ pub(crate) struct Settings {
     /// Bytes a job's payload may have (0: no limit); a larger one goes to
     /// the dead set unrun, from inside Redis when it can.
     pub(crate) max_payload: usize,
+    /// Ruby clients may cancel jobs by writing `cancelled-<jid>` or
+    /// `it-<jid>` without a message: every fetch looks them up
+    /// (`run --sidekiq-cancels`).
+    pub(crate) sidekiq_cancels: bool,
 }
 
 /// The work protocol, as the runner sees it. Futures are boxed so the

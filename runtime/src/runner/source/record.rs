@@ -4,7 +4,8 @@
 //! together with its outcome — the `retry` entry, the dead-set entry (the
 //! one bury, which trims), its `schedule` entry when a cluster limit
 //! rescheduled it, or its return to the front of its queue — and the
-//! cancelled-set entry, the `stat:*` counters with their daily keys (a
+//! cancelled-set entry (and the close of its cancel request), the
+//! `stat:*` counters with their daily keys (a
 //! reschedule counts in neither), and the release of the job's unique lock
 //! when it ended for good ([`unique`]). All land or none does, so a failed
 //! write can simply be retried.
@@ -30,6 +31,7 @@ pub(super) fn transaction(
     pipe.atomic();
     let mut stats = Stats::default();
     let mut buried = Vec::new();
+    let mut closed = Vec::new();
     let mut requeue_loaded = false;
     for completion in batch {
         let job = &completion.job;
@@ -68,11 +70,15 @@ pub(super) fn transaction(
             Write::Reschedule { at, payload } => {
                 pipe.cmd("ZADD").arg(keys::SCHEDULE).arg(*at).arg(payload).ignore();
             }
-            Write::Cancelled { payload } => crate::redis::control::stage_cancelled(&mut pipe, payload, now),
+            Write::Cancelled { jid, payload } => {
+                crate::redis::control::stage_cancelled(&mut pipe, payload, now);
+                closed.push(jid.as_str());
+            }
         }
         unique::stage(&mut pipe, completion.unique.as_ref(), write);
     }
     dead.stage(&mut pipe, buried, now);
+    crate::redis::control::stage_close(&mut pipe, &closed);
     stats.stage(&mut pipe, now);
     pipe
 }
@@ -85,19 +91,22 @@ pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline
     let mut pipe = redis::pipe();
     let mut stats = Stats::default();
     let mut cancelled = 0u64;
+    let mut closed = Vec::new();
     let mut any = false;
     for completion in batch {
         let Finish::Outcome(write) = &completion.finish else {
             continue;
         };
         stats.add(write);
-        if matches!(write, Write::Cancelled { .. }) {
+        if let Write::Cancelled { jid, .. } = write {
             cancelled += 1;
+            closed.push(jid.as_str());
         }
         any |= unique::stage(&mut pipe, completion.unique.as_ref(), write);
     }
     if cancelled > 0 {
         pipe.cmd("INCRBY").arg(keys::STAT_CANCELLED).arg(cancelled).ignore();
+        crate::redis::control::stage_close(&mut pipe, &closed);
     }
     any |= stats.stage(&mut pipe, now) || cancelled > 0;
     any.then_some(pipe)

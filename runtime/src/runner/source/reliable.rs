@@ -181,6 +181,7 @@ impl JobSource for Reliable {
                     Some(&self.list),
                     &paused,
                     &oversized,
+                    self.settings.sidekiq_cancels,
                     max - jobs.len(),
                 )
                 .await;

@@ -96,19 +96,25 @@ end
     };
 }
 
-/// Moves up to ARGV[1] jobs from KEYS[2..] (in order) to KEYS[1] (reliable),
+/// Moves up to ARGV[1] jobs from KEYS[3..] (in order) to KEYS[1] (reliable),
 /// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job,
 /// cancel mark, …].
 ///
-/// A job larger than ARGV[3] bytes (0 or absent: no limit) is not taken:
+/// A job larger than ARGV[5] bytes (0 or absent: no limit) is not taken:
 /// it goes to the dead set KEYS[#KEYS] from inside Redis
-/// (`bury_oversized`, settings from ARGV[3]), and its entry in the
+/// (`bury_oversized`, settings from ARGV[5]), and its entry in the
 /// reply is an empty job with the mark `o<size> <jid>`. A huge payload
 /// never crosses the network, so it cannot swell the runner's memory, and
 /// is never written into the heartbeat's `work` hash.
 ///
-/// The cancel mark saves a round trip per job. It is about the jid
-/// `jid_of` finds (`"jid":"…"` with or without spaces around the colon;
+/// The cancel mark saves a round trip per job, and is only looked for
+/// when a request may exist that this process would not hear of: when
+/// ARGV[3] == "1" (`run --sidekiq-cancels`: Ruby clients write requests
+/// and announce nothing), or when the ZSET KEYS[2] holds a request of
+/// `wasmjobs cancel` that is not resolved yet (score: when it expires,
+/// against the time ARGV[4]). Otherwise every mark is `n` (none to look
+/// for) and the script does no work per job for cancels. A mark is about the jid `jid_of`
+/// finds (`"jid":"…"` with or without spaces around the colon;
 /// [`crate::runner::fetched::script_jid`] finds the same one): empty when
 /// there is none (the runner looks the job up itself), `-` when no cancel
 /// is requested, `k…` with the value of `cancelled-<jid>` (the Sidekiq
@@ -118,13 +124,18 @@ end
 /// of every job taken (up to 1,000 keys a call) answers the common case,
 /// no request for any of them; only when one exists is each job looked at
 /// alone. `redis.pcall`: a key of another type is someone else's, not a
-/// reason to fail a fetch.
+/// reason to fail a fetch (a KEYS[2] of another type turns the marks on).
 pub const FETCH: &str = concat!(
     bury_oversized_lua!(),
     r#"
 local max = tonumber(ARGV[1])
 local keep = ARGV[2] == "1"
-local most = tonumber(ARGV[3]) or 0
+local marks = ARGV[3] == "1"
+if not marks then
+  local open = redis.pcall('ZCOUNT', KEYS[2], ARGV[4], '+inf')
+  marks = type(open) ~= 'number' or open > 0
+end
+local most = tonumber(ARGV[5]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
 local function request_of(jid)
@@ -140,7 +151,7 @@ local out = {}
 local jids = {}
 local keys = {}
 local got = 0
-for i = 2, queues do
+for i = 3, queues do
   local need = max - got
   if need <= 0 then break end
   local jobs = redis.call('RPOP', KEYS[i], need)
@@ -154,10 +165,13 @@ for i = 2, queues do
     end
     if keep and #held > 0 then redis.call('LPUSH', KEYS[1], unpack(held)) end
     for _, job in ipairs(jobs) do
-      out[#out + 1] = tostring(i - 2)
+      out[#out + 1] = tostring(i - 3)
       if most > 0 and #job > most then
         out[#out + 1] = ''
-        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 3)
+        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
+      elseif not marks then
+        out[#out + 1] = job
+        out[#out + 1] = 'n'
       else
         out[#out + 1] = job
         out[#out + 1] = ''

@@ -27,7 +27,9 @@ pub(super) struct Oversized<'a> {
 
 /// Takes up to `max` jobs from `queues` (in this fetch's order), into
 /// `held_in` when given, leaving out the queues in `paused`. A job over
-/// the payload limit is buried instead, logged, and not returned.
+/// the payload limit is buried instead, logged, and not returned. Cancel
+/// requests are looked up at fetch when Ruby clients may write them
+/// (`sidekiq_cancels`) or a `wasmjobs cancel` is open (the script's marks).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn take(
     redis: &Redis,
@@ -37,6 +39,7 @@ pub(super) async fn take(
     held_in: Option<&str>,
     paused: &HashSet<String>,
     oversized: &Oversized<'_>,
+    sidekiq_cancels: bool,
     max: usize,
 ) -> Result<Vec<Taken>> {
     let mut order = queues.fetch_order();
@@ -49,17 +52,19 @@ pub(super) async fn take(
     let mut invocation = script.prepare_invoke();
     // Basic mode names no list; the script ignores KEYS[1] then.
     invocation.key(held_in.unwrap_or("wasmjobs:unused"));
+    invocation.key(keys::CANCELS_OPEN);
     for &i in &order {
         invocation.key(keys::queue(&names[i]));
     }
+    let now = now_f64();
     invocation
         .arg(max.min(MAX_BATCH))
-        .arg(if held_in.is_some() { "1" } else { "0" });
+        .arg(if held_in.is_some() { "1" } else { "0" })
+        .arg(if sidekiq_cancels { "1" } else { "0" })
+        .arg(now);
     if oversized.max_payload > 0 {
         invocation.key(keys::DEAD);
-        oversized
-            .dead
-            .cap_args(&mut invocation, oversized.max_payload, now_f64());
+        oversized.dead.cap_args(&mut invocation, oversized.max_payload, now);
     }
     let flat: Vec<Vec<u8>> = invocation
         .invoke_async(&mut redis.conn())
@@ -81,4 +86,98 @@ pub(super) async fn take(
         jobs.push((raw, queue.to_owned(), mark));
     }
     Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redis::Target;
+    use crate::runner::source::dead::DeadCaps;
+
+    /// Issue 33: the fetch looks cancel requests up only when one could
+    /// exist that the process would not hear of (`--sidekiq-cancels`, or
+    /// an open `wasmjobs cancel`); otherwise each job's mark is `n` and
+    /// the script does no work per job for cancels. Run on a real Redis.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancel_requests_are_looked_up_only_when_one_may_be_unheard() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
+            .await
+            .expect("the embedded redis-server");
+        let mut conn = redis.conn();
+        let script = Script::new(super::super::scripts::FETCH);
+        let queues: Queues = "default".parse().expect("queues");
+        let names = queues.names();
+        let dead = DeadSet::new(DeadCaps::default());
+        let oversized = Oversized {
+            dead: &dead,
+            max_payload: 0,
+        };
+        let paused = HashSet::new();
+        let job = r#"{"class":"A","args":[],"jid":"abc","queue":"default"}"#;
+        let _: () = redis::cmd("SET")
+            .arg(keys::cancel_request("abc"))
+            .arg("1")
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        let asked = CancelMark::Checked {
+            jid: "abc".into(),
+            request: Some(crate::runner::fetched::CancelFound::Key("1".into())),
+        };
+        let now = now_f64();
+        // (open requests, --sidekiq-cancels, the mark the job gets)
+        let open_later = vec![(now + 60.0, "zzz")];
+        let expired = vec![(now - 1.0, "zzz")];
+        type Open<'a> = &'a [(f64, &'a str)];
+        let cases: [(Open<'_>, bool, CancelMark); 4] = [
+            (&[], false, CancelMark::Unneeded),
+            (expired.as_slice(), false, CancelMark::Unneeded),
+            (open_later.as_slice(), false, asked.clone()),
+            (&[], true, asked.clone()),
+        ];
+        for (open, sidekiq_cancels, mark) in cases {
+            let _: () = redis::pipe()
+                .del(keys::CANCELS_OPEN)
+                .rpush(keys::queue("default"), job)
+                .query_async(&mut conn)
+                .await
+                .expect("setup");
+            for (score, jid) in open {
+                let _: () = redis::cmd("ZADD")
+                    .arg(keys::CANCELS_OPEN)
+                    .arg(score)
+                    .arg(jid)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ZADD");
+            }
+            let taken = take(
+                &redis,
+                &script,
+                &queues,
+                &names,
+                None,
+                &paused,
+                &oversized,
+                sidekiq_cancels,
+                10,
+            )
+            .await
+            .expect("take");
+            assert_eq!(taken.len(), 1);
+            assert_eq!(taken[0].2, mark, "open {open:?}, --sidekiq-cancels {sidekiq_cancels}");
+        }
+        // Someone else's key of another type there: looked up, to be safe.
+        let _: () = redis::pipe()
+            .set(keys::CANCELS_OPEN, "junk")
+            .rpush(keys::queue("default"), job)
+            .query_async(&mut conn)
+            .await
+            .expect("setup");
+        let taken = take(&redis, &script, &queues, &names, None, &paused, &oversized, false, 10)
+            .await
+            .expect("take");
+        assert_eq!(taken[0].2, asked);
+    }
 }

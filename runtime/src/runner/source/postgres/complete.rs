@@ -75,7 +75,7 @@ impl Plan {
                     let payload = storable(payload).unwrap_or_else(|| unreadable(payload));
                     plan.bury(receipt, "dead", payload);
                 }
-                Finish::Outcome(Write::Cancelled { payload }) => {
+                Finish::Outcome(Write::Cancelled { payload, .. }) => {
                     let payload = storable(payload).unwrap_or_else(|| unreadable(payload));
                     plan.bury(receipt, "cancelled", payload);
                 }
