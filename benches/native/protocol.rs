@@ -49,7 +49,6 @@ pub async fn fetch(
         .arg(if held_in.is_some() { "1" } else { "0" })
         // As the runner fetches by default (no `--sidekiq-cancels`).
         .arg("0")
-        .arg(wasmjobs::redis::now_f64())
         .invoke_async(conn)
         .await
         .context("fetching jobs")?;

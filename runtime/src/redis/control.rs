@@ -77,16 +77,27 @@ impl CancelRequest {
     pub fn from_value(value: &str, iteration: bool) -> Self {
         if iteration {
             return Self {
-                by: "Sidekiq::Client#cancel! (it-<jid>)".into(),
+                by: BY_CANCEL_BANG.into(),
                 at: value.trim().parse().unwrap_or_else(|_| now_f64()),
             };
         }
         serde_json::from_str::<Self>(value).unwrap_or_else(|_| Self {
-            by: "a cancelled-<jid> key (Sidekiq wiki)".into(),
+            by: BY_WIKI_KEY.into(),
             at: now_f64(),
         })
     }
+
+    /// Written the Sidekiq way (`cancel!` or the wiki's key), not by
+    /// `wasmjobs cancel`: nothing announced it.
+    pub fn is_sidekiqs(&self) -> bool {
+        self.by == BY_CANCEL_BANG || self.by == BY_WIKI_KEY
+    }
 }
+
+/// Who a request written by `Sidekiq::Client#cancel!` is said to be by.
+const BY_CANCEL_BANG: &str = "Sidekiq::Client#cancel! (it-<jid>)";
+/// Who a request written as the Sidekiq wiki's key is said to be by.
+const BY_WIKI_KEY: &str = "a cancelled-<jid> key (Sidekiq wiki)";
 
 /// A message on the control channel.
 #[derive(Debug, Clone, PartialEq)]
@@ -259,29 +270,36 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
         .collect())
 }
 
+/// Adds ARGV[2..] to the open requests KEYS[1], each expiring ARGV[1]
+/// seconds from now, and drops those expired; by Redis's clock, the one
+/// the fetch script reads them with.
+const OPEN: &str = r#"
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local expires = now + tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], expires, ARGV[i])
+end
+"#;
+
 /// Writes the request of each of `jids` and announces it.
 async fn send<C: ConnectionLike + Send>(conn: &mut C, jids: &[&str], request: &CancelRequest) -> Result<()> {
     let value = serde_json::to_string(request).context("cannot encode the cancel request")?;
-    let expires = request.at + keys::CANCEL_TTL_SECS as f64;
+    let open = redis::Script::new(OPEN);
     for chunk in jids.chunks(SEND_CHUNK) {
-        let mut open = redis::pipe();
-        open.cmd("ZREMRANGEBYSCORE")
-            .arg(keys::CANCELS_OPEN)
-            .arg("-inf")
-            .arg(request.at)
-            .ignore();
-        open.cmd("ZADD").arg(keys::CANCELS_OPEN);
-        for jid in chunk {
-            open.arg(expires).arg(*jid);
-        }
         // Before the requests: a fetch that sees a request sees it open.
-        // A key of another type there (someone else's) turns every
-        // fetch's lookups on, which is what an open request asks for.
-        if let Err(err) = open.ignore().exec_async(conn).await {
-            tracing::warn!(
+        // Someone else's key of another type there turns every fetch's
+        // lookups on, which is what an open request asks for; any other
+        // failure stops the cancel before anything is written.
+        let mut invocation = open.key(keys::CANCELS_OPEN);
+        invocation.arg(keys::CANCEL_TTL_SECS).arg(chunk);
+        match invocation.invoke_async::<()>(conn).await {
+            Ok(()) => {}
+            Err(err) if err.code() == Some("WRONGTYPE") => tracing::warn!(
                 "cannot note the cancel requests as open in {}: {err}; fetches look every job's request up while that key is not a sorted set",
                 keys::CANCELS_OPEN
-            );
+            ),
+            Err(err) => return Err(err).context("cannot note the cancel requests as open"),
         }
         let mut pipe = redis::pipe();
         for jid in chunk {

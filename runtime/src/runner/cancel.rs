@@ -30,7 +30,7 @@
 //! Its log line says which of these ways stopped it ([`Via`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,10 @@ pub(crate) struct Cancels {
     from: String,
     inner: Mutex<Inner>,
     next: AtomicU64,
+    /// Whether to say, once, that a request written the Sidekiq way
+    /// stopped a job only because it ran long enough for the sweep (off
+    /// with `run --sidekiq-cancels`, where the fetch finds them).
+    sidekiq_hint: AtomicBool,
 }
 
 #[derive(Default)]
@@ -128,7 +132,14 @@ impl Cancels {
             from: format!("process {identity}"),
             inner: Mutex::default(),
             next: AtomicU64::new(0),
+            sidekiq_hint: AtomicBool::new(true),
         })
+    }
+
+    /// The fetch looks up requests written the Sidekiq way
+    /// (`run --sidekiq-cancels`): no hint to give.
+    pub(crate) fn fetch_finds_sidekiq_cancels(&self) {
+        self.sidekiq_hint.store(false, Ordering::Relaxed);
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -240,6 +251,13 @@ impl Cancels {
         for chunk in jids.chunks(LOOKUP_CHUNK) {
             for (jid, request) in requests(conn, chunk).await? {
                 tracing::debug!(jid = %jid, "cancel found by the sweep");
+                if request.is_sidekiqs() && self.sidekiq_hint.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(
+                        jid = %jid,
+                        "a cancel written the Sidekiq way ({}) stopped a job a second or more after it started; such a request stops a job before it starts only under `wasmjobs run --sidekiq-cancels` (said once)",
+                        request.by
+                    );
+                }
                 self.cancel(&jid, request, Via::Sweep);
             }
         }

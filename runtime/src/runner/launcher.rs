@@ -153,6 +153,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         by_shard(&|shard| shard.redis.clone()).all().to_vec(),
         &identity.identity,
     );
+    if options.sidekiq_cancels {
+        cancels.fetch_finds_sidekiq_cancels();
+    }
     let manager = Manager::new(
         Arc::new(processor),
         options.concurrency,

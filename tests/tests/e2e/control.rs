@@ -384,6 +384,12 @@ async fn cancels_written_the_sidekiq_ways_are_honoured() {
         entry.str("cancelled_by").unwrap_or_default().contains("cancel!"),
         "{entry:?}"
     );
+    // Said once: such requests stop jobs before they start only with the flag.
+    let hints = runner
+        .log()
+        .matches("only under `wasmjobs run --sidekiq-cancels`")
+        .count();
+    assert_eq!(hints, 1, "{}", runner.log());
     assert_eq!(int(&mut conn, "stat:failed").await, 0);
     assert_eq!(conn.zcard::<_, u64>("retry").await.expect("ZCARD"), 0);
     assert!(runner.stop().success());

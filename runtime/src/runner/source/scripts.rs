@@ -100,9 +100,9 @@ end
 /// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job,
 /// cancel mark, …].
 ///
-/// A job larger than ARGV[5] bytes (0 or absent: no limit) is not taken:
+/// A job larger than ARGV[4] bytes (0 or absent: no limit) is not taken:
 /// it goes to the dead set KEYS[#KEYS] from inside Redis
-/// (`bury_oversized`, settings from ARGV[5]), and its entry in the
+/// (`bury_oversized`, settings from ARGV[4]), and its entry in the
 /// reply is an empty job with the mark `o<size> <jid>`. A huge payload
 /// never crosses the network, so it cannot swell the runner's memory, and
 /// is never written into the heartbeat's `work` hash.
@@ -111,8 +111,8 @@ end
 /// when a request may exist that this process would not hear of: when
 /// ARGV[3] == "1" (`run --sidekiq-cancels`: Ruby clients write requests
 /// and announce nothing), or when the ZSET KEYS[2] holds a request of
-/// `wasmjobs cancel` that is not resolved yet (score: when it expires,
-/// against the time ARGV[4]). Otherwise every mark is `n` (none to look
+/// `wasmjobs cancel` that is not resolved yet (score: when it expires, by
+/// Redis's clock, as `wasmjobs cancel` scores it). Otherwise every mark is `n` (none to look
 /// for) and the script does no work per job for cancels. A mark is about the jid `jid_of`
 /// finds (`"jid":"…"` with or without spaces around the colon;
 /// [`crate::runner::fetched::script_jid`] finds the same one): empty when
@@ -132,10 +132,10 @@ local max = tonumber(ARGV[1])
 local keep = ARGV[2] == "1"
 local marks = ARGV[3] == "1"
 if not marks then
-  local open = redis.pcall('ZCOUNT', KEYS[2], ARGV[4], '+inf')
+  local open = redis.pcall('ZCOUNT', KEYS[2], redis.call('TIME')[1], '+inf')
   marks = type(open) ~= 'number' or open > 0
 end
-local most = tonumber(ARGV[5]) or 0
+local most = tonumber(ARGV[4]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
 local function request_of(jid)
@@ -168,7 +168,7 @@ for i = 3, queues do
       out[#out + 1] = tostring(i - 3)
       if most > 0 and #job > most then
         out[#out + 1] = ''
-        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
+        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 4)
       elseif not marks then
         out[#out + 1] = job
         out[#out + 1] = 'n'

@@ -56,15 +56,15 @@ pub(super) async fn take(
     for &i in &order {
         invocation.key(keys::queue(&names[i]));
     }
-    let now = now_f64();
     invocation
         .arg(max.min(MAX_BATCH))
         .arg(if held_in.is_some() { "1" } else { "0" })
-        .arg(if sidekiq_cancels { "1" } else { "0" })
-        .arg(now);
+        .arg(if sidekiq_cancels { "1" } else { "0" });
     if oversized.max_payload > 0 {
         invocation.key(keys::DEAD);
-        oversized.dead.cap_args(&mut invocation, oversized.max_payload, now);
+        oversized
+            .dead
+            .cap_args(&mut invocation, oversized.max_payload, now_f64());
     }
     let flat: Vec<Vec<u8>> = invocation
         .invoke_async(&mut redis.conn())
