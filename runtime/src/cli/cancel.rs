@@ -89,7 +89,7 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
         }
     });
     let results = futures_util::future::join_all(per_shard).await;
-    close_resolved(&shards, &args.jids, &results).await;
+    close_resolved(&shards, &results).await;
     close_all(shards).await?;
     let results = results
         .into_iter()
@@ -110,6 +110,8 @@ pub async fn run(cli: &Cli, args: &CancelArgs) -> Result<ExitCode> {
 
 /// What one shard says of one jid.
 struct Said {
+    /// The jid.
+    jid: String,
     /// The line printed.
     line: String,
     /// The job was found (or was cancelled before).
@@ -125,7 +127,7 @@ struct Said {
 /// open on every shard for its day (a job with that jid may be pushed to
 /// any of them). A failure only costs fetches a lookup for that day, so
 /// it is said and not fatal.
-async fn close_resolved(shards: &[crate::redis::shards::Opened], jids: &[String], results: &[Result<Vec<Said>>]) {
+async fn close_resolved(shards: &[crate::redis::shards::Opened], results: &[Result<Vec<Said>>]) {
     let said: Vec<&Vec<Said>> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
     let Some(first) = said.first() else {
         return;
@@ -137,13 +139,12 @@ async fn close_resolved(shards: &[crate::redis::shards::Opened], jids: &[String]
         let (Ok(redis), Ok(lines)) = (&shard.redis, result) else {
             continue;
         };
-        // The lines are in the order of the jids given, each once.
-        let mut seen = std::collections::HashSet::new();
-        let order = jids.iter().filter(|jid| seen.insert(jid.as_str()));
-        let done: Vec<&str> = order
-            .zip(lines.iter().zip(&found_somewhere))
-            .filter(|(_, (said, found))| **found && !said.open)
-            .map(|(jid, _)| jid.as_str())
+        // Every shard says the same jids in the same order.
+        let done: Vec<&str> = lines
+            .iter()
+            .zip(&found_somewhere)
+            .filter(|(said, found)| **found && !said.open)
+            .map(|(said, _)| said.jid.as_str())
             .collect();
         if let Err(err) = control::close_requests(&mut redis.conn(), &done).await {
             eprintln!("{err:#}; fetches look cancel requests up until they expire (a day)");
@@ -240,6 +241,7 @@ async fn cancel(
         .map(|(jid, found)| match earlier.remove(&jid) {
             Some((at, from)) if matches!(found, Found::Unknown) => Said {
                 line: already(&jid, at, &from),
+                jid,
                 found: true,
                 open: false,
             },
@@ -247,7 +249,7 @@ async fn cancel(
                 let stopped = confirmed.remove(&jid);
                 let open = matches!(found, Found::Running(_)) && stopped.is_none();
                 let (line, found) = line(&jid, found, stopped, wait);
-                Said { line, found, open }
+                Said { jid, line, found, open }
             }
         })
         .collect())

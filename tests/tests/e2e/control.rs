@@ -52,6 +52,23 @@ async fn running(conn: &mut redis::aio::MultiplexedConnection, jid: &str) -> boo
     false
 }
 
+/// Pushes a ChaosJob that spins until stopped, and waits until some
+/// process shows it running; returns its jid.
+async fn push_spinning(conn: &mut redis::aio::MultiplexedConnection) -> String {
+    let jid = push(conn, "ChaosJob", "default", vec![json!(["loop"])]).await.remove(0);
+    eventually(
+        Duration::from_secs(30),
+        || "the job to run".into(),
+        || {
+            let mut conn = conn.clone();
+            let jid = jid.clone();
+            async move { running(&mut conn, &jid).await }
+        },
+    )
+    .await;
+    jid
+}
+
 /// The entry of `jid` in the cancelled set, once it is there.
 async fn cancelled_entry(conn: &mut redis::aio::MultiplexedConnection, jid: &str, timeout: Duration) -> (Payload, f64) {
     let deadline = Instant::now() + timeout;
@@ -115,19 +132,7 @@ async fn a_spinning_job_is_stopped_from_another_shell_in_whichever_process_runs_
         .collect();
     runners.iter_mut().for_each(Runner::wait_running);
 
-    let jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
-        .await
-        .remove(0);
-    eventually(
-        Duration::from_secs(30),
-        || "the job to run".into(),
-        || {
-            let mut conn = conn.clone();
-            let jid = jid.clone();
-            async move { running(&mut conn, &jid).await }
-        },
-    )
-    .await;
+    let jid = push_spinning(&mut conn).await;
     let output = wasmjobs(&redis, "cancel", &["--by", "ops-test", &jid]);
     let text = printed(&output);
     assert!(output.status.success(), "{text}");
@@ -362,19 +367,7 @@ async fn cancels_written_the_sidekiq_ways_are_honoured() {
     // sweep, without a message, and without --sidekiq-cancels.
     let mut runner = Runner::start(&redis.url(), dir.path(), &["-c", "4"]);
     runner.wait_running();
-    let running_jid = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
-        .await
-        .remove(0);
-    eventually(
-        Duration::from_secs(30),
-        || "the job to run".into(),
-        || {
-            let mut conn = conn.clone();
-            let jid = running_jid.clone();
-            async move { running(&mut conn, &jid).await }
-        },
-    )
-    .await;
+    let running_jid = push_spinning(&mut conn).await;
     let _: () = conn
         .hset(format!("it-{running_jid}"), "cancelled", now as u64)
         .await
@@ -872,19 +865,7 @@ async fn an_open_cancel_is_looked_for_at_fetch_and_then_nothing_is() {
     // Someone else's key of another type where the open requests are: a
     // cancel still stops a running job, and its record still lands.
     let _: () = conn.set("wasmjobs:cancels:open", "junk").await.expect("SET");
-    let spinning = push(&mut conn, "ChaosJob", "default", vec![json!(["loop"])])
-        .await
-        .remove(0);
-    eventually(
-        Duration::from_secs(30),
-        || "the job to run".into(),
-        || {
-            let mut conn = conn.clone();
-            let jid = spinning.clone();
-            async move { running(&mut conn, &jid).await }
-        },
-    )
-    .await;
+    let spinning = push_spinning(&mut conn).await;
     let output = wasmjobs(&redis, "cancel", &[&spinning]);
     assert!(output.status.success(), "{}", printed(&output));
     cancelled_entry(&mut conn, &spinning, Duration::from_secs(30)).await;

@@ -90,8 +90,7 @@ pub(super) fn transaction(
 pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline> {
     let mut pipe = redis::pipe();
     let mut stats = Stats::default();
-    let mut cancelled = 0u64;
-    let mut closed = Vec::new();
+    let mut cancelled = Vec::new();
     let mut any = false;
     for completion in batch {
         let Finish::Outcome(write) = &completion.finish else {
@@ -99,16 +98,18 @@ pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline
         };
         stats.add(write);
         if let Write::Cancelled { jid, .. } = write {
-            cancelled += 1;
-            closed.push(jid.as_str());
+            cancelled.push(jid.as_str());
         }
         any |= unique::stage(&mut pipe, completion.unique.as_ref(), write);
     }
-    if cancelled > 0 {
-        pipe.cmd("INCRBY").arg(keys::STAT_CANCELLED).arg(cancelled).ignore();
-        crate::redis::control::stage_close(&mut pipe, &closed);
+    if !cancelled.is_empty() {
+        pipe.cmd("INCRBY")
+            .arg(keys::STAT_CANCELLED)
+            .arg(cancelled.len())
+            .ignore();
+        crate::redis::control::stage_close(&mut pipe, &cancelled);
     }
-    any |= stats.stage(&mut pipe, now) || cancelled > 0;
+    any |= stats.stage(&mut pipe, now) || !cancelled.is_empty();
     any.then_some(pipe)
 }
 
