@@ -356,6 +356,13 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
             false => stats.control.paused.join(", "),
         }
     );
+    if stats.control.cancel_requests_open > 0 {
+        let _ = writeln!(
+            out,
+            "cancel requests open {} (until they close or expire, every fetch looks each job's request up: docs/control.md)",
+            stats.control.cancel_requests_open
+        );
+    }
     if stats.unique_locks > 0 {
         let more = if stats.unique_locks_exact { "" } else { "+" };
         let _ = writeln!(out, "unique locks {}{more}", stats.unique_locks);
@@ -570,6 +577,7 @@ mod tests {
                 paused: vec!["low".into()],
                 cancelled: 3,
                 cancelled_kept: 2,
+                cancel_requests_open: 1,
             },
             processes: vec![ProcessInfo {
                 identity: "host:1:abc".into(),
@@ -608,6 +616,7 @@ mod tests {
         assert!(text.contains("default           7      12.5s"), "{text}");
         assert!(text.contains("low               0          -  paused"), "{text}");
         assert!(text.contains("cancelled 3 (2 kept)   paused queues: low"), "{text}");
+        assert!(text.contains("cancel requests open 1 (until they close"), "{text}");
         assert!(
             text.contains("host:1:abc  app       3/10       2.0    12.5  no      5.0s ago"),
             "{text}"

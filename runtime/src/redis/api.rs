@@ -71,6 +71,9 @@ pub(crate) struct ControlStats {
     pub cancelled: u64,
     /// Cancelled jobs kept in the cancelled set.
     pub cancelled_kept: u64,
+    /// Cancel requests still open ([`keys::CANCELS_OPEN`], unexpired):
+    /// while there is one, every fetch looks each job's request up.
+    pub cancel_requests_open: u64,
 }
 
 /// Most keys the count of unique locks looks at (`SCAN … COUNT 1000`, so
@@ -476,7 +479,8 @@ where
     Ok(processes)
 }
 
-/// Paused queues and the cancelled counters, one round trip.
+/// Paused queues, the cancelled counters and the open cancel requests,
+/// one round trip.
 async fn control_stats<C>(conn: &mut C, damage: &mut Damage) -> Result<ControlStats>
 where
     C: ConnectionLike + Send,
@@ -486,6 +490,7 @@ where
         .smembers(keys::PAUSED)
         .get(keys::STAT_CANCELLED)
         .zcard(keys::CANCELLED)
+        .zcount(keys::CANCELS_OPEN, format!("({}", super::now_f64()), "+inf")
         .query_async(conn)
         .await
         .context("cannot read paused queues and cancelled jobs from Redis")?;
@@ -494,12 +499,14 @@ where
     let paused: Vec<Vec<u8>> = damage.take(keys::PAUSED, "set", next(), Vec::new());
     let cancelled = counter(damage.take(keys::STAT_CANCELLED, "counter", next(), None));
     let cancelled_kept: u64 = damage.take(keys::CANCELLED, "sorted set", next(), 0);
+    let cancel_requests_open: u64 = damage.take(keys::CANCELS_OPEN, "sorted set", next(), 0);
     let mut paused: Vec<String> = paused.into_iter().map(lossy).collect();
     paused.sort();
     Ok(ControlStats {
         paused,
         cancelled,
         cancelled_kept,
+        cancel_requests_open,
     })
 }
 

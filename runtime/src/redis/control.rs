@@ -215,9 +215,10 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
 /// every process (one round trip per [`SEND_CHUNK`] jobs, before any
 /// lookup, so running jobs stop at once), then takes the jobs waiting in a
 /// queue, `schedule` or `retry` out of it and records them (one pass over
-/// each for all the jobs), and finds the processes running the others.
-/// Returns where each job was, in the order of `jids` (a jid given twice
-/// is looked for once).
+/// each for all the jobs; every copy of a job that waits twice), and finds
+/// the processes running the others. Returns where each job was (the
+/// first place it was found), in the order of `jids` (a jid given twice is
+/// looked for once).
 pub async fn cancel_all<C: ConnectionLike + Send>(
     conn: &mut C,
     jids: &[String],
@@ -233,26 +234,22 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
     }
     send(conn, &order, request).await?;
 
+    // Every place is searched for every job, even one found already: a
+    // jid can wait twice (chosen by the app, or a push replayed), and its
+    // request is closed once it is found, so a copy left behind would run.
     let mut found: HashMap<&str, Found> = HashMap::new();
     for queue in find::members(conn, keys::QUEUES).await? {
-        if wanted.is_empty() {
-            break;
-        }
         let key = keys::queue(&queue);
         for jid in take(conn, Waiting::List(&key), &wanted, request, &format!("queue {queue}")).await? {
-            wanted.remove(jid);
-            found.insert(jid, Found::Queue(queue.clone()));
+            found.entry(jid).or_insert_with(|| Found::Queue(queue.clone()));
         }
     }
     for (set, place) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
-        if wanted.is_empty() {
-            break;
-        }
         for jid in take(conn, Waiting::SortedSet(set), &wanted, request, set).await? {
-            wanted.remove(jid);
-            found.insert(jid, place.clone());
+            found.entry(jid).or_insert_with(|| place.clone());
         }
     }
+    wanted.retain(|jid| !found.contains_key(jid));
     let mut running = if wanted.is_empty() {
         HashMap::new()
     } else {
@@ -364,9 +361,9 @@ enum Waiting<'k> {
     SortedSet(&'k str),
 }
 
-/// Takes the jobs of `wanted` waiting in `place` out of it and records
-/// them as cancelled from `from`; returns those taken (not one that a
-/// process took first meanwhile).
+/// Takes the jobs of `wanted` waiting in `place` out of it, every copy,
+/// and records them as cancelled from `from`; returns the jid of each
+/// copy taken (not of one that a process took first meanwhile).
 async fn take<'a, C: ConnectionLike + Send>(
     conn: &mut C,
     place: Waiting<'_>,
@@ -378,7 +375,7 @@ async fn take<'a, C: ConnectionLike + Send>(
         Waiting::List(key) => ("LRANGE", key),
         Waiting::SortedSet(key) => ("ZRANGE", key),
     };
-    let hits = find::entries(conn, range, key, wanted).await?;
+    let hits = find::entries(conn, range, key, wanted, find::Copies::All).await?;
     if hits.is_empty() {
         return Ok(Vec::new());
     }
@@ -505,15 +502,17 @@ pub async fn already_cancelled<C: ConnectionLike + Send>(
     if wanted.is_empty() {
         return Ok(HashMap::new());
     }
-    Ok(find::entries(conn, "ZREVRANGE", keys::CANCELLED, &wanted)
-        .await?
-        .into_iter()
-        .filter_map(|(jid, raw)| {
-            let payload = Payload::parse(&raw).ok()?;
-            let from = payload.str("cancelled_from").unwrap_or("recorded").to_owned();
-            Some((jid.to_owned(), (payload.time("cancelled_at"), from)))
-        })
-        .collect())
+    Ok(
+        find::entries(conn, "ZREVRANGE", keys::CANCELLED, &wanted, find::Copies::First)
+            .await?
+            .into_iter()
+            .filter_map(|(jid, raw)| {
+                let payload = Payload::parse(&raw).ok()?;
+                let from = payload.str("cancelled_from").unwrap_or("recorded").to_owned();
+                Some((jid.to_owned(), (payload.time("cancelled_at"), from)))
+            })
+            .collect(),
+    )
 }
 
 /// How many jobs were ever recorded as cancelled (`None` if the counter is

@@ -1,6 +1,7 @@
 //! `/processes`: the live processes (quiet, stop) and the jobs running in
 //! each (cancel). Quiet and stop are Sidekiq's signals (`<identity>-signals`,
-//! popped by the process's next heartbeat); cancel is `wasmjobs cancel`'s.
+//! popped by the process's next heartbeat); cancel is `wasmjobs cancel`'s
+//! (a job cancelled before is said to be, and its new request closed).
 //! A queue both a wasmjobs and a Ruby Sidekiq process fetch is named at
 //! the top, with the fix (`crate::redis::sharing`).
 //! Every record Sidekiq (6, 7, 8) or another wasmjobs writes is listed, with
@@ -61,7 +62,22 @@ pub(super) async fn signal(State(web): State<Arc<Web>>, body: String) -> Result<
 pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<Response, Failure> {
     let jid = query_param(&body, "jid").unwrap_or_default();
     control::valid_jid(&jid).map_err(|err| Failure::not_found(format!("{err:#}")))?;
-    let found = control::cancel(&mut web.conn(), &jid, "wasmjobs web").await?;
+    let mut conn = web.conn();
+    let found = control::cancel(&mut conn, &jid, "wasmjobs web").await?;
+    if matches!(found, control::Found::Unknown)
+        && let Some((_, from)) = control::already_cancelled(&mut conn, &[&jid]).await?.remove(&jid)
+    {
+        // A second click: the request just written is done with, so the
+        // fetches need not look requests up for it all day.
+        if let Err(err) = control::close_requests(&mut conn, &[&jid]).await {
+            tracing::warn!(jid = %jid, "{err:#}; fetches look cancel requests up until it expires (a day)");
+        }
+        return Ok(back(
+            &web,
+            "/processes",
+            &format!("Job {jid} was already cancelled ({from}); nothing more to do."),
+        ));
+    }
     let what = match found {
         control::Found::Queue(queue) => format!("taken out of queue {queue} before it ran"),
         control::Found::Scheduled => "taken out of the scheduled set".to_owned(),

@@ -310,6 +310,9 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
         expires.is_some_and(|at| (day_from_now - 60.0..=day_from_now).contains(&at)),
         "{expires:?}"
     );
+    // And said: while it is open, fetches pay a lookup a job.
+    let stats = printed(&wasmjobs(&redis, "stats", &[]));
+    assert!(stats.contains("cancel requests open 1 ("), "{stats}");
     let bad = wasmjobs(&redis, "cancel", &["not a jid"]);
     assert_eq!(bad.status.code(), Some(2), "{}", printed(&bad));
     assert!(printed(&bad).contains("is not a job id"), "{}", printed(&bad));
@@ -324,6 +327,53 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
     assert!(runner.stop().success());
     assert_eq!(int(&mut conn, "stat:processed").await, 1, "{}", runner.log());
     assert_eq!(cancelled(&mut conn).await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
+    // A jid the app chose, or a push replayed: the same job twice in its
+    // queue, once more in another queue and once in the schedule. Its
+    // request is closed once the job is found, so a copy left behind
+    // would be fetched with no lookup and run.
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let now = wasmjobs::redis::now_f64();
+    let job = Payload::new("ChaosJob", vec![json!("ok")], "default", now);
+    let jid = job.jid().to_owned();
+    let other = job.to_json().replace("\"queue\":\"default\"", "\"queue\":\"other\"");
+    assert_ne!(other, job.to_json(), "the copy names its own queue");
+    let _: () = redis::pipe()
+        .sadd("queues", &["default", "other"])
+        .lpush("queue:default", job.to_json())
+        .lpush("queue:default", job.to_json())
+        .lpush("queue:other", &other)
+        .zadd("schedule", job.to_json(), now + 3_600.0)
+        .query_async(&mut conn)
+        .await
+        .expect("push the copies");
+
+    let output = wasmjobs(&redis, "cancel", &[&jid]);
+    let text = printed(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{jid}: cancelled; taken out of queue ")),
+        "{text}"
+    );
+    for queue in ["queue:default", "queue:other"] {
+        assert_eq!(
+            conn.llen::<_, u64>(queue).await.expect("LLEN"),
+            0,
+            "a copy left in {queue}"
+        );
+    }
+    assert_eq!(
+        conn.zcard::<_, u64>("schedule").await.expect("ZCARD"),
+        0,
+        "a copy left scheduled"
+    );
+    assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, 4, "each copy recorded");
+    let open: u64 = conn.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
+    assert_eq!(open, 0, "the request is done with");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -472,6 +472,33 @@ async fn running_job_is_cancelled_from_the_page() {
         )
         .await;
     drop(browser);
+    // Its process closed the request as it recorded the job.
+    eventually(
+        Duration::from_secs(10),
+        || "the cancel request to be closed".into(),
+        || {
+            let mut conn = conn.clone();
+            async move { conn.zcard::<_, u64>("wasmjobs:cancels:open").await.expect("ZCARD") == 0 }
+        },
+    )
+    .await;
+    // A second click (a page left open, a form sent twice) says it was
+    // done, and leaves no request open for the fetches to look up all day.
+    let token = "0123456789abcdef0123456789abcdef";
+    let again = request(
+        base.trim_start_matches("http://"),
+        "POST",
+        "/cancel",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Cookie", &format!("wasmjobs_csrf={token}")),
+        ],
+        &format!("csrf={token}&jid={jid}"),
+    );
+    assert!(matches!(again.status, 302 | 303), "{again:?}");
+    assert!(again.head.contains("already+cancelled"), "{again:?}");
+    let open: u64 = conn.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
+    assert_eq!(open, 0, "a second cancel left its request open");
     assert!(runner.stop().success());
 }
 

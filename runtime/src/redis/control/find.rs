@@ -37,14 +37,26 @@ pub(super) async fn members<C: ConnectionLike + Send>(conn: &mut C, key: &str) -
     }
 }
 
+/// Which entries of a job [`entries`] returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Copies {
+    /// The first one of each job: the read stops once every job is found.
+    First,
+    /// Every one: a jid an app chose, or a push replayed, can wait twice
+    /// in one place, and a cancel must take each copy.
+    All,
+}
+
 /// The entries of the list or sorted set `key` (read with `range`,
 /// `LRANGE` or `ZRANGE`, by index, [`SCAN_CHUNK`] at a time) that are jobs
-/// of `wanted`: the first one of each, with its jid.
+/// of `wanted`, each with its jid: the first or every one of each job, as
+/// `copies` says.
 pub(super) async fn entries<'a, C: ConnectionLike + Send>(
     conn: &mut C,
     range: &str,
     key: &str,
     wanted: &HashSet<&'a str>,
+    copies: Copies,
 ) -> Result<Vec<(&'a str, String)>> {
     let mut hits = Vec::new();
     let mut seen = HashSet::new();
@@ -71,12 +83,12 @@ pub(super) async fn entries<'a, C: ConnectionLike + Send>(
         for raw in chunk {
             let Ok(raw) = String::from_utf8(raw) else { continue };
             if let Some(jid) = job_of(&raw, wanted)
-                && seen.insert(jid)
+                && (seen.insert(jid) || copies == Copies::All)
             {
                 hits.push((jid, raw));
             }
         }
-        if done || seen.len() == wanted.len() {
+        if done || (copies == Copies::First && seen.len() == wanted.len()) {
             return Ok(hits);
         }
         start += SCAN_CHUNK;
@@ -113,7 +125,7 @@ pub(super) async fn running<'a, C: ConnectionLike + Send>(
 ) -> Result<HashMap<&'a str, Vec<String>>> {
     let mut running: HashMap<&'a str, Vec<String>> = HashMap::new();
     for owner in members(conn, keys::INPROGRESS_OWNERS).await? {
-        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted).await? {
+        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted, Copies::First).await? {
             running.entry(jid).or_default().push(owner.clone());
         }
     }
