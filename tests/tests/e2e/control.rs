@@ -900,6 +900,7 @@ async fn an_open_cancel_is_looked_for_at_fetch_and_then_nothing_is() {
 
     let before = calls(&mut conn, "exists").await;
     let fetches = calls(&mut conn, "evalsha").await;
+    let clock = calls(&mut conn, "time").await;
     push_noops(&mut conn, None).await;
     wait_processed(&mut conn, 2 * JOBS as u64 - 1, Duration::from_secs(120), || {
         runner.log()
@@ -911,6 +912,10 @@ async fn an_open_cancel_is_looked_for_at_fetch_and_then_nothing_is() {
     // Orphan recovery may ask whether a process is alive; the marks would
     // be one per fetch.
     assert!(exists < 10, "{exists} EXISTS over {fetches} fetches");
+    // Nor is Redis's clock read when no request is open: one ZCARD a
+    // fetch tells.
+    let clock = calls(&mut conn, "time").await - clock;
+    assert!(clock < 10, "{clock} TIME over {fetches} fetches");
 
     // Someone else's key of another type where the open requests are: a
     // cancel still stops a running job, and its record still lands.

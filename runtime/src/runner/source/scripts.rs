@@ -112,8 +112,12 @@ end
 /// ARGV[3] == "1" (`run --sidekiq-cancels`: Ruby clients write requests
 /// and announce nothing), or when the ZSET KEYS[2] holds a request of
 /// `wasmjobs cancel` that is not resolved yet (score: when it expires, by
-/// Redis's clock, as `wasmjobs cancel` scores it). Otherwise every mark is `n` (none to look
-/// for) and the script does no work per job for cancels. A mark is about the jid `jid_of`
+/// Redis's clock, as `wasmjobs cancel` scores it). One `ZCARD` a call
+/// tells, in the common case of none; when there are some, the expired
+/// ones are dropped first (so one left by a request that never closed
+/// costs this only until it expires). Otherwise every mark is `n` (none
+/// to look for) and the script does no work per job for cancels. A mark
+/// is about the jid `jid_of`
 /// finds (`"jid":"…"` with or without spaces around the colon;
 /// [`crate::runner::fetched::script_jid`] finds the same one): empty when
 /// there is none (the runner looks the job up itself), `-` when no cancel
@@ -132,8 +136,13 @@ local max = tonumber(ARGV[1])
 local keep = ARGV[2] == "1"
 local marks = ARGV[3] == "1"
 if not marks then
-  local open = redis.pcall('ZCOUNT', KEYS[2], redis.call('TIME')[1], '+inf')
-  marks = type(open) ~= 'number' or open > 0
+  local open = redis.pcall('ZCARD', KEYS[2])
+  if type(open) ~= 'number' then
+    marks = true
+  elseif open > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', redis.call('TIME')[1])
+    marks = redis.call('ZCARD', KEYS[2]) > 0
+  end
 end
 local most = tonumber(ARGV[4]) or 0
 local queues = #KEYS

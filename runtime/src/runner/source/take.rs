@@ -167,6 +167,17 @@ mod tests {
             .expect("take");
             assert_eq!(taken.len(), 1);
             assert_eq!(taken[0].2, mark, "open {open:?}, --sidekiq-cancels {sidekiq_cancels}");
+            // An expired request is dropped by the fetch that finds it,
+            // so the next ones answer with one ZCARD of an empty set.
+            let left: Vec<String> = redis::cmd("ZRANGE")
+                .arg(keys::CANCELS_OPEN)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .expect("ZRANGE");
+            let unexpired = open.iter().filter(|(score, _)| *score > now).count();
+            assert_eq!(left.len(), unexpired, "open {open:?}: {left:?}");
         }
         // Someone else's key of another type there: looked up, to be safe.
         let _: () = redis::pipe()
