@@ -39,13 +39,25 @@ impl DataDir {
     /// The data directory for a command run in `cwd`: `given`, else the
     /// nearest `.wasmjobs` in `cwd` or a parent, else `cwd/.wasmjobs`.
     pub(crate) fn resolve(given: Option<&Path>, cwd: &Path) -> DataDir {
+        Self::resolve_below(given, cwd, Path::new("/"))
+    }
+
+    /// [`DataDir::resolve`], looking in no parent above `ceiling` (the
+    /// tests' own temporary directory: a `.wasmjobs` someone left in
+    /// `/tmp` must not decide them).
+    fn resolve_below(given: Option<&Path>, cwd: &Path, ceiling: &Path) -> DataDir {
         if let Some(given) = given.filter(|g| !g.as_os_str().is_empty()) {
             return DataDir {
                 path: cwd.join(given),
                 chosen: Chosen::Given,
             };
         }
-        match cwd.ancestors().map(|dir| dir.join(NAME)).find(|dir| dir.is_dir()) {
+        let found = cwd
+            .ancestors()
+            .take_while(|dir| dir.starts_with(ceiling))
+            .map(|dir| dir.join(NAME))
+            .find(|dir| dir.is_dir());
+        match found {
             Some(path) => DataDir {
                 path,
                 chosen: Chosen::Found,
@@ -85,33 +97,45 @@ mod tests {
     #[test]
     fn the_nearest_data_directory_up_the_tree_is_the_projects() {
         let root = tempfile::tempdir().unwrap();
+        let ceiling = root.path();
         let project = root.path().join("app");
         let deep = project.join("plugins/greet/src");
         std::fs::create_dir_all(&deep).unwrap();
 
-        let fresh = DataDir::resolve(None, &deep);
+        let fresh = DataDir::resolve_below(None, &deep, ceiling);
         assert_eq!(
             (fresh.path.clone(), fresh.chosen.clone()),
             (deep.join(NAME), Chosen::New)
         );
         assert!(fresh.notice(true).unwrap().contains("new, empty embedded Redis"));
         assert!(!fresh.notice(false).unwrap().contains("Redis"));
+        // Nothing above the ceiling is looked at.
+        std::fs::create_dir(root.path().join(NAME)).unwrap();
+        assert_eq!(DataDir::resolve_below(None, &deep, &project).chosen, Chosen::New);
+        assert_eq!(
+            DataDir::resolve_below(None, &deep, ceiling).path,
+            root.path().join(NAME)
+        );
+        std::fs::remove_dir(root.path().join(NAME)).unwrap();
 
         std::fs::create_dir(project.join(NAME)).unwrap();
         for cwd in [&project, &deep, &project.join("plugins")] {
-            let found = DataDir::resolve(None, cwd);
+            let found = DataDir::resolve_below(None, cwd, ceiling);
             assert_eq!(found.path, project.join(NAME), "from {}", cwd.display());
             assert_eq!(found.chosen, Chosen::Found);
             assert_eq!(found.notice(true), None);
         }
         // A file of that name is not a data directory.
         std::fs::write(deep.join(NAME), "").unwrap();
-        assert_eq!(DataDir::resolve(None, &deep).path, project.join(NAME));
+        assert_eq!(DataDir::resolve_below(None, &deep, ceiling).path, project.join(NAME));
 
-        let given = DataDir::resolve(Some(Path::new("state")), &deep);
+        let given = DataDir::resolve_below(Some(Path::new("state")), &deep, ceiling);
         assert_eq!((given.path, given.chosen), (deep.join("state"), Chosen::Given));
-        let absolute = DataDir::resolve(Some(Path::new("/srv/jobs")), &deep);
+        let absolute = DataDir::resolve_below(Some(Path::new("/srv/jobs")), &deep, ceiling);
         assert_eq!(absolute.path, Path::new("/srv/jobs"));
-        assert_eq!(DataDir::resolve(Some(Path::new("")), &deep).chosen, Chosen::Found);
+        assert_eq!(
+            DataDir::resolve_below(Some(Path::new("")), &deep, ceiling).chosen,
+            Chosen::Found
+        );
     }
 }
