@@ -140,8 +140,7 @@ if not marks then
   if type(open) ~= 'number' then
     marks = true
   elseif open > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', redis.call('TIME')[1])
-    marks = redis.call('ZCARD', KEYS[2]) > 0
+    marks = open - redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', redis.call('TIME')[1]) > 0
   end
 end
 local most = tonumber(ARGV[4]) or 0

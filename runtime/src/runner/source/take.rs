@@ -130,10 +130,12 @@ mod tests {
         let open_later = vec![(now + 60.0, "zzz")];
         let expired = vec![(now - 1.0, "zzz")];
         type Open<'a> = &'a [(f64, &'a str)];
-        let cases: [(Open<'_>, bool, CancelMark); 4] = [
+        let both = vec![(now - 1.0, "yyy"), (now + 60.0, "zzz")];
+        let cases: [(Open<'_>, bool, CancelMark); 5] = [
             (&[], false, CancelMark::Unneeded),
             (expired.as_slice(), false, CancelMark::Unneeded),
             (open_later.as_slice(), false, asked.clone()),
+            (both.as_slice(), false, asked.clone()),
             (&[], true, asked.clone()),
         ];
         for (open, sidekiq_cancels, mark) in cases {
