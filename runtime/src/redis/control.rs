@@ -18,8 +18,9 @@
 //!   announced first, then each queue and set is read once for all of
 //!   them (`find`), and [`recorded_since`] confirms the running ones
 //!   together. Each request is also *open* ([`keys::CANCELS_OPEN`]) until
-//!   its job is recorded as cancelled or found elsewhere
-//!   ([`close_requests`]): while one is, the runners' fetch looks up the
+//!   its job is recorded as cancelled (for jobs taken while waiting: once
+//!   every place was read, so a second copy is not fetched unlooked) or
+//!   found elsewhere ([`close_requests`]): while one is, the runners' fetch looks up the
 //!   request of every job it takes, so a job fetched after the request
 //!   never starts even in a process that missed the announcement.
 //!
@@ -215,7 +216,9 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
 /// every process (one round trip per [`SEND_CHUNK`] jobs, before any
 /// lookup, so running jobs stop at once), then takes the jobs waiting in a
 /// queue, `schedule` or `retry` out of it and records them (one pass over
-/// each for all the jobs; every copy of a job that waits twice), and finds
+/// each for all the jobs; every copy of a job that waits twice; their
+/// requests closed once every place was read, up to
+/// 100,000 entries a place), and finds
 /// the processes running the others. Returns where each job was (the
 /// first place it was found), in the order of `jids` (a jid given twice is
 /// looked for once).
@@ -235,18 +238,34 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
     send(conn, &order, request).await?;
 
     // Every place is searched for every job, even one found already: a
-    // jid can wait twice (chosen by the app, or a push replayed), and its
-    // request is closed once it is found, so a copy left behind would run.
+    // jid can wait twice (chosen by the app, or a push replayed), and a
+    // copy left behind once the request is closed would be fetched with
+    // no lookup. The sets first: their jobs move into the queues (the
+    // poller), never back.
     let mut found: HashMap<&str, Found> = HashMap::new();
+    let mut complete = true;
+    for (set, place) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
+        let (taken, read_all) = take(conn, Waiting::SortedSet(set), &wanted, request, set).await?;
+        complete &= read_all;
+        for jid in taken {
+            found.entry(jid).or_insert_with(|| place.clone());
+        }
+    }
     for queue in find::members(conn, keys::QUEUES).await? {
         let key = keys::queue(&queue);
-        for jid in take(conn, Waiting::List(&key), &wanted, request, &format!("queue {queue}")).await? {
+        let (taken, read_all) = take(conn, Waiting::List(&key), &wanted, request, &format!("queue {queue}")).await?;
+        complete &= read_all;
+        for jid in taken {
             found.entry(jid).or_insert_with(|| Found::Queue(queue.clone()));
         }
     }
-    for (set, place) in [(keys::SCHEDULE, Found::Scheduled), (keys::RETRY, Found::Retry)] {
-        for jid in take(conn, Waiting::SortedSet(set), &wanted, request, set).await? {
-            found.entry(jid).or_insert_with(|| place.clone());
+    // Closed only now, every place read: until then a fetch of a copy
+    // not reached yet looks the request up. A place too long to read to
+    // its end leaves them open (the fetch then looks for their day).
+    if complete {
+        let closed: Vec<&str> = found.keys().copied().collect();
+        if let Err(err) = close_requests(conn, &closed).await {
+            tracing::warn!("{err:#}; fetches look cancel requests up until they expire (a day)");
         }
     }
     wanted.retain(|jid| !found.contains_key(jid));
@@ -363,21 +382,22 @@ enum Waiting<'k> {
 
 /// Takes the jobs of `wanted` waiting in `place` out of it, every copy,
 /// and records them as cancelled from `from`; returns the jid of each
-/// copy taken (not of one that a process took first meanwhile).
+/// copy taken (not of one that a process took first meanwhile), and
+/// whether `place` was read to its end.
 async fn take<'a, C: ConnectionLike + Send>(
     conn: &mut C,
     place: Waiting<'_>,
     wanted: &HashSet<&'a str>,
     request: &CancelRequest,
     from: &str,
-) -> Result<Vec<&'a str>> {
+) -> Result<(Vec<&'a str>, bool)> {
     let (range, key) = match place {
         Waiting::List(key) => ("LRANGE", key),
         Waiting::SortedSet(key) => ("ZRANGE", key),
     };
-    let hits = find::entries(conn, range, key, wanted, find::Copies::All).await?;
+    let find::Hits { hits, complete } = find::entries(conn, range, key, wanted, find::Copies::All).await?;
     if hits.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), complete));
     }
     let mut pipe = redis::pipe();
     for (_, raw) in &hits {
@@ -397,7 +417,7 @@ async fn take<'a, C: ConnectionLike + Send>(
         .map(|(hit, _)| hit)
         .collect();
     record(conn, &taken, request, from).await?;
-    Ok(taken.into_iter().map(|(jid, _)| jid).collect())
+    Ok((taken.into_iter().map(|(jid, _)| jid).collect(), complete))
 }
 
 /// Records each of `taken` as cancelled (the set, trimmed, and the
@@ -418,8 +438,6 @@ async fn record<C: ConnectionLike + Send>(
                 lock.stage_release(&mut pipe);
             }
         }
-        let jids: Vec<&str> = chunk.iter().map(|(jid, _)| *jid).collect();
-        stage_close(&mut pipe, &jids);
         pipe.exec_async(conn)
             .await
             .context("cannot record the cancelled jobs")?;
@@ -505,6 +523,7 @@ pub async fn already_cancelled<C: ConnectionLike + Send>(
     Ok(
         find::entries(conn, "ZREVRANGE", keys::CANCELLED, &wanted, find::Copies::First)
             .await?
+            .hits
             .into_iter()
             .filter_map(|(jid, raw)| {
                 let payload = Payload::parse(&raw).ok()?;
@@ -587,9 +606,7 @@ mod tests {
     async fn many_jobs_are_found_wherever_they_wait_and_foreign_keys_are_skipped() {
         use super::super::client;
         let data = tempfile::tempdir().expect("tempdir");
-        let redis = super::super::connect(&super::super::Target::Embedded(data.path().to_path_buf()))
-            .await
-            .expect("the embedded redis-server");
+        let redis = embedded(data.path()).await;
         let mut conn = redis.conn();
         let now = now_f64();
         let job = |queue: &str| Payload::new("A", vec![Value::from("x")], queue, now);
@@ -673,6 +690,79 @@ mod tests {
             at: request.at + 10.0,
         };
         assert!(recorded_since(&mut conn, &before).await.expect("records").is_empty());
+        drop(conn);
+        redis.close().await.expect("close");
+    }
+
+    /// A private redis-server in `data`.
+    async fn embedded(data: &std::path::Path) -> super::super::Redis {
+        super::super::connect(&super::super::Target::Embedded(data.to_path_buf()))
+            .await
+            .expect("the embedded redis-server")
+    }
+
+    /// When `jid`'s open request expires, if it is open.
+    async fn open_score(conn: &mut redis::aio::ConnectionManager, jid: &str) -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg(keys::CANCELS_OPEN)
+            .arg(jid)
+            .query_async(conn)
+            .await
+            .expect("ZSCORE")
+    }
+
+    /// A queue too long to read to its end: the copies read are taken,
+    /// and the request stays open, so the fetch finds any copy further on
+    /// (a request closed then would let it run unlooked). A short one
+    /// closes it. Run on a real Redis.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_stay_open_when_a_place_is_too_long_to_read() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = embedded(data.path()).await;
+        let mut conn = redis.conn();
+        let jid = "0123456789abcdef01234567";
+        let job = format!(r#"{{"class":"A","args":[],"jid":"{jid}","queue":"long"}}"#);
+        let other = r#"{"class":"A","args":[],"jid":"ffffffffffffffffffffffff","queue":"long"}"#;
+        // The copy read first (LRANGE from index 0), the rest past the budget.
+        let mut pipe = redis::pipe();
+        pipe.sadd(keys::QUEUES, "long").ignore();
+        pipe.rpush(keys::queue("long"), &job).ignore();
+        for _ in 0..(find::ALL_COPIES_AT_MOST as usize) {
+            pipe.rpush(keys::queue("long"), other).ignore();
+        }
+        pipe.rpush(keys::queue("long"), &job).ignore();
+        let _: () = pipe.query_async(&mut conn).await.expect("push");
+
+        let request = CancelRequest::now("me");
+        let found = cancel_all(&mut conn, &[jid.to_owned()], &request)
+            .await
+            .expect("cancel");
+        assert_eq!(found, vec![(jid.to_owned(), Found::Queue("long".into()))]);
+        let open = open_score(&mut conn, jid).await;
+        assert!(open.is_some(), "closed with a copy left unread");
+        let left: usize = redis::cmd("LLEN")
+            .arg(keys::queue("long"))
+            .query_async(&mut conn)
+            .await
+            .expect("LLEN");
+        assert_eq!(left, find::ALL_COPIES_AT_MOST as usize + 1, "the first copy is taken");
+
+        let _: () = redis::cmd("DEL")
+            .arg(keys::queue("long"))
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+        let _: () = redis::cmd("RPUSH")
+            .arg(keys::queue("long"))
+            .arg(&job)
+            .query_async(&mut conn)
+            .await
+            .expect("RPUSH");
+        cancel_all(&mut conn, &[jid.to_owned()], &request)
+            .await
+            .expect("cancel");
+        let open = open_score(&mut conn, jid).await;
+        assert_eq!(open, None, "every place read: closed");
         drop(conn);
         redis.close().await.expect("close");
     }

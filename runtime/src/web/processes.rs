@@ -63,20 +63,39 @@ pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<
     let jid = query_param(&body, "jid").unwrap_or_default();
     control::valid_jid(&jid).map_err(|err| Failure::not_found(format!("{err:#}")))?;
     let mut conn = web.conn();
-    let found = control::cancel(&mut conn, &jid, "wasmjobs web").await?;
-    if matches!(found, control::Found::Unknown)
-        && let Some((_, from)) = control::already_cancelled(&mut conn, &[&jid]).await?.remove(&jid)
-    {
-        // A second click: the request just written is done with, so the
-        // fetches need not look requests up for it all day.
-        if let Err(err) = control::close_requests(&mut conn, &[&jid]).await {
-            tracing::warn!(jid = %jid, "{err:#}; fetches look cancel requests up until it expires (a day)");
+    let request = control::CancelRequest::now("wasmjobs web");
+    let found = control::cancel_all(&mut conn, std::slice::from_ref(&jid), &request)
+        .await?
+        .pop()
+        .map_or(control::Found::Unknown, |(_, found)| found);
+    if matches!(found, control::Found::Unknown) {
+        match control::already_cancelled(&mut conn, &[&jid]).await {
+            // Its process recorded it before it could be found running.
+            Ok(mut earlier) => match earlier.remove(&jid) {
+                Some((at, from)) if at.is_some_and(|at| at >= request.at - 0.002) => {
+                    return Ok(back(
+                        &web,
+                        "/processes",
+                        &format!("Job {jid} cancelled: stopped by {from}."),
+                    ));
+                }
+                // A second click: the request just written is done with,
+                // so the fetches need not look requests up for it.
+                Some((_, from)) => {
+                    if let Err(err) = control::close_requests(&mut conn, &[&jid]).await {
+                        tracing::warn!(jid = %jid, "{err:#}; fetches look cancel requests up until it is closed or expires");
+                    }
+                    return Ok(back(
+                        &web,
+                        "/processes",
+                        &format!("Job {jid} was already cancelled ({from}); nothing more to do."),
+                    ));
+                }
+                None => {}
+            },
+            // The cancel itself is sent: say what is known.
+            Err(err) => tracing::warn!(jid = %jid, "{err:#}"),
         }
-        return Ok(back(
-            &web,
-            "/processes",
-            &format!("Job {jid} was already cancelled ({from}); nothing more to do."),
-        ));
     }
     let what = match found {
         control::Found::Queue(queue) => format!("taken out of queue {queue} before it ran"),

@@ -332,9 +332,11 @@ async fn queued_scheduled_and_retrying_jobs_are_cancelled_before_they_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
     // A jid the app chose, or a push replayed: the same job twice in its
-    // queue, once more in another queue and once in the schedule. Its
-    // request is closed once the job is found, so a copy left behind
-    // would be fetched with no lookup and run.
+    // queue, once more in another queue, once in the schedule and once
+    // to retry. Its request is closed once the job is found, so a copy
+    // left behind would be fetched with no lookup and run. The sets are
+    // read first (their jobs move into the queues), so that is where it
+    // is said to be.
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
     let now = wasmjobs::redis::now_f64();
@@ -348,6 +350,7 @@ async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
         .lpush("queue:default", job.to_json())
         .lpush("queue:other", &other)
         .zadd("schedule", job.to_json(), now + 3_600.0)
+        .zadd("retry", job.to_json(), now + 3_600.0)
         .query_async(&mut conn)
         .await
         .expect("push the copies");
@@ -356,7 +359,7 @@ async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
     let text = printed(&output);
     assert!(output.status.success(), "{text}");
     assert!(
-        text.contains(&format!("{jid}: cancelled; taken out of queue ")),
+        text.contains(&format!("{jid}: cancelled; taken out of the schedule")),
         "{text}"
     );
     for queue in ["queue:default", "queue:other"] {
@@ -371,7 +374,12 @@ async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
         0,
         "a copy left scheduled"
     );
-    assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, 4, "each copy recorded");
+    assert_eq!(
+        conn.zcard::<_, u64>("retry").await.expect("ZCARD"),
+        0,
+        "a copy left to retry"
+    );
+    assert_eq!(int(&mut conn, "wasmjobs:stat:cancelled").await, 5, "each copy recorded");
     let open: u64 = conn.zcard("wasmjobs:cancels:open").await.expect("ZCARD");
     assert_eq!(open, 0, "the request is done with");
 }

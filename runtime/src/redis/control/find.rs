@@ -23,6 +23,10 @@ const SCAN_CHUNK: isize = 1_000;
 /// Up to this many jids asked, an entry is searched for each as text
 /// before it is parsed (most entries are then never parsed).
 const SEARCH_AT_MOST: usize = 8;
+/// Most entries of one list or set read for [`Copies::All`] (100 round
+/// trips); past it the read is not complete, and the caller leaves the
+/// requests open, so the fetch looks up any copy it did not reach.
+pub(super) const ALL_COPIES_AT_MOST: isize = 100_000;
 
 /// The members of the set `key` (none if another client wrote a key of
 /// another type there).
@@ -47,6 +51,15 @@ pub(super) enum Copies {
     All,
 }
 
+/// What [`entries`] found.
+pub(super) struct Hits<'a> {
+    /// Each entry that is a job asked for, with its jid.
+    pub(super) hits: Vec<(&'a str, String)>,
+    /// Whether `key` was read to its end (for [`Copies::All`]: not past
+    /// [`ALL_COPIES_AT_MOST`]), or held no jobs.
+    pub(super) complete: bool,
+}
+
 /// The entries of the list or sorted set `key` (read with `range`,
 /// `LRANGE` or `ZRANGE`, by index, [`SCAN_CHUNK`] at a time) that are jobs
 /// of `wanted`, each with its jid: the first or every one of each job, as
@@ -57,7 +70,7 @@ pub(super) async fn entries<'a, C: ConnectionLike + Send>(
     key: &str,
     wanted: &HashSet<&'a str>,
     copies: Copies,
-) -> Result<Vec<(&'a str, String)>> {
+) -> Result<Hits<'a>> {
     let mut hits = Vec::new();
     let mut seen = HashSet::new();
     let mut start = 0isize;
@@ -75,7 +88,7 @@ pub(super) async fn entries<'a, C: ConnectionLike + Send>(
                     key,
                     "{key} holds no jobs (another client wrote a key of another type there); skipped"
                 );
-                return Ok(hits);
+                return Ok(Hits { hits, complete: true });
             }
             Err(err) => return Err(err).with_context(|| format!("cannot read {key}")),
         };
@@ -89,9 +102,12 @@ pub(super) async fn entries<'a, C: ConnectionLike + Send>(
             }
         }
         if done || (copies == Copies::First && seen.len() == wanted.len()) {
-            return Ok(hits);
+            return Ok(Hits { hits, complete: true });
         }
         start += SCAN_CHUNK;
+        if copies == Copies::All && start >= ALL_COPIES_AT_MOST {
+            return Ok(Hits { hits, complete: false });
+        }
     }
 }
 
@@ -125,7 +141,10 @@ pub(super) async fn running<'a, C: ConnectionLike + Send>(
 ) -> Result<HashMap<&'a str, Vec<String>>> {
     let mut running: HashMap<&'a str, Vec<String>> = HashMap::new();
     for owner in members(conn, keys::INPROGRESS_OWNERS).await? {
-        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted, Copies::First).await? {
+        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted, Copies::First)
+            .await?
+            .hits
+        {
             running.entry(jid).or_default().push(owner.clone());
         }
     }
