@@ -116,14 +116,15 @@ struct Said {
     line: String,
     /// The job was found (or was cancelled before).
     found: bool,
-    /// Its cancel is still to be done there: the job runs on this shard,
-    /// and its process has not confirmed yet.
+    /// Its request stays open there: the job runs on this shard and its
+    /// process has not confirmed yet, or a place on this shard was too
+    /// long to read to its end (a copy may wait unread).
     open: bool,
 }
 
 /// Closes the requests that are done with on each shard (see
-/// `control::close_requests`): every jid found somewhere, except on the
-/// shard whose process has yet to confirm it. A jid found nowhere stays
+/// `control::close_requests`): every jid found somewhere, except where it
+/// stays open (`Said::open`). A jid found nowhere stays
 /// open on every shard for its day (a job with that jid may be pushed to
 /// any of them). A failure only costs fetches a lookup for that day, so
 /// it is said and not fatal.
@@ -204,7 +205,7 @@ async fn cancel(
     wait: Duration,
 ) -> Result<Vec<Said>> {
     let sent = Instant::now();
-    let mut found = control::cancel_all(conn, jids, request).await?;
+    let control::Looked { mut found, read_all } = control::cancel_looking(conn, jids, request).await?;
     if let Some(pg) = store {
         take_from_store(pg, &mut found, request).await?;
     }
@@ -243,11 +244,11 @@ async fn cancel(
                 line: already(&jid, at, &from),
                 jid,
                 found: true,
-                open: false,
+                open: !read_all,
             },
             _ => {
                 let stopped = confirmed.remove(&jid);
-                let open = matches!(found, Found::Running(_)) && stopped.is_none();
+                let open = !read_all || (matches!(found, Found::Running(_)) && stopped.is_none());
                 let (line, found) = line(&jid, found, stopped, wait);
                 Said { jid, line, found, open }
             }

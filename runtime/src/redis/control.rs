@@ -212,6 +212,26 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
     Ok(found.into_iter().next().map_or(Found::Unknown, |(_, found)| found))
 }
 
+/// What [`cancel_looking`] found.
+#[derive(Debug)]
+pub struct Looked {
+    /// Where each job was, in the order of the jids given (each once).
+    pub found: Vec<(String, Found)>,
+    /// Every queue, `schedule` and `retry` was read to its end (up to
+    /// 100,000 entries a place). When not, a copy of a job may wait
+    /// unread, and no request may be closed: the fetch cancels it.
+    pub read_all: bool,
+}
+
+/// [`cancel_looking`], saying only where each job was.
+pub async fn cancel_all<C: ConnectionLike + Send>(
+    conn: &mut C,
+    jids: &[String],
+    request: &CancelRequest,
+) -> Result<Vec<(String, Found)>> {
+    Ok(cancel_looking(conn, jids, request).await?.found)
+}
+
 /// Cancels the jobs `jids` with `request`: writes every request and tells
 /// every process (one round trip per [`SEND_CHUNK`] jobs, before any
 /// lookup, so running jobs stop at once), then takes the jobs waiting in a
@@ -221,12 +241,12 @@ pub async fn cancel<C: ConnectionLike + Send>(conn: &mut C, jid: &str, by: &str)
 /// 100,000 entries a place), and finds
 /// the processes running the others. Returns where each job was (the
 /// first place it was found), in the order of `jids` (a jid given twice is
-/// looked for once).
-pub async fn cancel_all<C: ConnectionLike + Send>(
+/// looked for once), and whether every place was read.
+pub async fn cancel_looking<C: ConnectionLike + Send>(
     conn: &mut C,
     jids: &[String],
     request: &CancelRequest,
-) -> Result<Vec<(String, Found)>> {
+) -> Result<Looked> {
     let mut wanted = HashSet::new();
     let mut order = Vec::new();
     for jid in jids {
@@ -274,7 +294,7 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
     } else {
         find::running(conn, &wanted).await?
     };
-    Ok(order
+    let found = order
         .into_iter()
         .map(|jid| {
             let place = found
@@ -283,7 +303,11 @@ pub async fn cancel_all<C: ConnectionLike + Send>(
                 .unwrap_or(Found::Unknown);
             (jid.to_owned(), place)
         })
-        .collect())
+        .collect();
+    Ok(Looked {
+        found,
+        read_all: complete,
+    })
 }
 
 /// Adds ARGV[2..] to the open requests KEYS[1], each expiring ARGV[1]

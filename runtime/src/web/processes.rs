@@ -64,9 +64,11 @@ pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<
     control::valid_jid(&jid).map_err(|err| Failure::not_found(format!("{err:#}")))?;
     let mut conn = web.conn();
     let request = control::CancelRequest::now("wasmjobs web");
-    let found = control::cancel_all(&mut conn, std::slice::from_ref(&jid), &request)
-        .await?
-        .pop()
+    let looked = control::cancel_looking(&mut conn, std::slice::from_ref(&jid), &request).await?;
+    let found = looked
+        .found
+        .into_iter()
+        .next()
         .map_or(control::Found::Unknown, |(_, found)| found);
     if matches!(found, control::Found::Unknown) {
         match control::already_cancelled(&mut conn, &[&jid]).await {
@@ -80,9 +82,12 @@ pub(super) async fn cancel(State(web): State<Arc<Web>>, body: String) -> Result<
                     ));
                 }
                 // A second click: the request just written is done with,
-                // so the fetches need not look requests up for it.
+                // so the fetches need not look requests up for it (unless
+                // a place was too long to read: a copy may wait there).
                 Some((_, from)) => {
-                    if let Err(err) = control::close_requests(&mut conn, &[&jid]).await {
+                    if looked.read_all
+                        && let Err(err) = control::close_requests(&mut conn, &[&jid]).await
+                    {
                         tracing::warn!(jid = %jid, "{err:#}; fetches look cancel requests up until it is closed or expires");
                     }
                     return Ok(back(

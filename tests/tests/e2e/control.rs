@@ -385,6 +385,37 @@ async fn a_job_waiting_twice_is_cancelled_in_every_copy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_too_long_to_read_leaves_the_request_open() {
+    // Past 100,000 entries a place is not read to its end, so a copy may
+    // wait unread: the command must not close the request behind it (the
+    // fetch is what cancels that copy), as the search itself does not.
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let now = wasmjobs::redis::now_f64();
+    let job = Payload::new("ChaosJob", vec![json!("ok")], "default", now);
+    let jid = job.jid().to_owned();
+    let filler = Payload::new("ChaosJob", vec![json!("ok")], "default", now).to_json();
+    let mut pipe = redis::pipe();
+    pipe.sadd("queues", "default").ignore();
+    pipe.rpush("queue:default", job.to_json()).ignore();
+    for _ in 0..100_000 {
+        pipe.rpush("queue:default", &filler).ignore();
+    }
+    pipe.rpush("queue:default", job.to_json()).ignore();
+    let _: () = pipe.query_async(&mut conn).await.expect("push");
+
+    let output = wasmjobs(&redis, "cancel", &[&jid]);
+    let text = printed(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{jid}: cancelled; taken out of queue default")),
+        "{text}"
+    );
+    let open: Option<f64> = conn.zscore("wasmjobs:cancels:open", &jid).await.expect("ZSCORE");
+    assert!(open.is_some(), "closed with a copy left unread:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_written_the_sidekiq_ways_are_honoured() {
     let redis = TestRedis::start();
     let mut conn = redis.conn().await;
