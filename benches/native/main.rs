@@ -27,8 +27,10 @@
 //!   fails.
 //! - **Ack** ([`protocol::ack`]): one writer drains what has finished (up
 //!   to 1,000) into one `MULTI`: `LREM` per job from the in-progress list
-//!   (reliable), the `stat:processed` / `stat:failed` counters and their
-//!   daily keys, as the runner's outcome writer does.
+//!   (reliable), and, with the first batch 10 ms after they were last
+//!   written and at the end, the `stat:processed` / `stat:failed` counters
+//!   summed meanwhile with their daily keys, as the runner's outcome writer
+//!   does.
 //!
 //! Left out, so the baseline is a floor: the heartbeat, the in-flight
 //! table, metrics, retries (a failure is only counted), the blocking wait

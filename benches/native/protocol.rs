@@ -2,7 +2,11 @@
 //! own fetch script (`wasmjobs::runner::FETCH_SCRIPT`) and the batched ack
 //! transaction of
 //! `runtime/src/runner/source/record.rs` for jobs that succeeded or failed
-//! without a retry.
+//! without a retry, with the counters summed between writes and written
+//! with the first batch [`STATS_LAG`] after the last, and at the end (the
+//! runner's `runner/owed.rs`).
+
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use redis::aio::ConnectionManager;
@@ -20,6 +24,9 @@ const STAT_PROCESSED: &str = "stat:processed";
 const STAT_FAILED: &str = "stat:failed";
 /// Sidekiq's five-year expiry of the daily stat keys.
 const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
+/// Least time between two writes of the counters (the runner's
+/// `owed::STATS_LAG`).
+const STATS_LAG: Duration = Duration::from_millis(10);
 
 /// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[3..]
 /// (in order) to KEYS[1] (reliable), or pops them (basic, ARGV[2] == "0").
@@ -65,23 +72,39 @@ pub async fn write_acks(
     mut rx: mpsc::Receiver<Done>,
 ) -> Result<(u64, u64)> {
     let (mut processed, mut failed) = (0u64, 0u64);
+    let mut owed = (0u64, 0u64);
+    let mut paid_at = Instant::now();
     let mut batch = Vec::with_capacity(MAX_ACK_BATCH);
-    while rx.recv_many(&mut batch, MAX_ACK_BATCH).await > 0 {
+    loop {
+        let ended = rx.recv_many(&mut batch, MAX_ACK_BATCH).await == 0;
+        let failures = batch.iter().filter(|done| !done.ok).count() as u64;
+        owed = (owed.0 + batch.len() as u64, owed.1 + failures);
+        let due = ended || paid_at.elapsed() >= STATS_LAG;
+        let counts = if due { owed } else { (0, 0) };
         let date = utc_date(wasmjobs::redis::now_f64());
-        ack(&batch, held_in.as_deref(), &date)
-            .query_async::<()>(&mut conn)
-            .await
-            .context("writing job outcomes")?;
+        let pipe = ack(&batch, held_in.as_deref(), &date, counts);
+        if !pipe.is_empty() {
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .context("writing job outcomes")?;
+        }
+        if due {
+            owed = (0, 0);
+            paid_at = Instant::now();
+        }
         processed += batch.len() as u64;
-        failed += batch.iter().filter(|done| !done.ok).count() as u64;
+        failed += failures;
         batch.clear();
+        if ended {
+            return Ok((processed, failed));
+        }
     }
-    Ok((processed, failed))
 }
 
 /// The transaction recording `batch`: each job leaves the in-progress list
-/// `held_in` (reliable), and the counters and their daily twins move.
-pub fn ack(batch: &[Done], held_in: Option<&str>, date: &str) -> redis::Pipeline {
+/// `held_in` (reliable), and the counters and their daily twins move by
+/// `counts` (processed, failed).
+pub fn ack(batch: &[Done], held_in: Option<&str>, date: &str, counts: (u64, u64)) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.atomic();
     if let Some(list) = held_in {
@@ -89,8 +112,7 @@ pub fn ack(batch: &[Done], held_in: Option<&str>, date: &str) -> redis::Pipeline
             pipe.cmd("LREM").arg(list).arg(-1).arg(&done.raw).ignore();
         }
     }
-    let failed = batch.iter().filter(|done| !done.ok).count();
-    for (stat, by) in [(STAT_PROCESSED, batch.len()), (STAT_FAILED, failed)] {
+    for (stat, by) in [(STAT_PROCESSED, counts.0), (STAT_FAILED, counts.1)] {
         if by == 0 {
             continue;
         }
@@ -128,7 +150,7 @@ mod tests {
                 ok: false,
             },
         ];
-        let packed = commands(&ack(&batch, Some("wasmjobs:inprogress:native-1"), "2026-12-01"));
+        let packed = commands(&ack(&batch, Some("wasmjobs:inprogress:native-1"), "2026-12-01", (2, 1)));
         assert!(packed.starts_with("*1\r\n$5\r\nMULTI\r\n"), "{packed}");
         assert_eq!(packed.matches("LREM").count(), 2);
         assert!(packed.contains("{\"jid\":\"b\"}"));
@@ -153,10 +175,22 @@ mod tests {
             raw: b"{}".to_vec(),
             ok: true,
         }];
-        let packed = commands(&ack(&batch, None, "2026-12-01"));
+        let packed = commands(&ack(&batch, None, "2026-12-01", (1, 0)));
         assert!(!packed.contains("LREM"));
         assert!(!packed.contains("stat:failed"));
         assert!(packed.contains("stat:processed:2026-12-01"));
+    }
+
+    #[test]
+    fn counters_not_due_leave_a_basic_ack_empty() {
+        let batch = [Done {
+            raw: b"{}".to_vec(),
+            ok: true,
+        }];
+        assert!(ack(&batch, None, "2026-12-01", (0, 0)).is_empty());
+        let reliable = commands(&ack(&batch, Some("l"), "2026-12-01", (0, 0)));
+        assert_eq!(reliable.matches("LREM").count(), 1);
+        assert!(!reliable.contains("stat:"), "{reliable}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
 //! | [`limiter`] | cluster-wide rate and concurrency limits in Redis; a job over one is rescheduled |
 //! | [`outcome`] | the writer: batches what units hand over, has the source record them |
+//! | [`owed`] | the `stat:*` counters summed between writes, and when they are due |
 //! | [`cancel`] | cancelled jobs: found at fetch, by message or by sweep; stopped where they are |
 //! | [`control`] | the control channel: cancels and pauses announced to every process |
 //! | [`scheduled`] | move due jobs from `schedule` and `retry` to their queues |
@@ -44,6 +45,7 @@ pub(crate) mod monitor;
 pub(crate) mod neighbours;
 pub mod os_limits;
 pub(crate) mod outcome;
+mod owed;
 pub(crate) mod processor;
 pub(crate) mod queues;
 pub(crate) mod reloader;

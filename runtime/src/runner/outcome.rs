@@ -6,7 +6,9 @@
 //! ([`JobSource::record`](super::source::JobSource::record)): the outcome
 //! and the job's removal from the in-progress list land together or not at
 //! all, and at tens of thousands of jobs a second Redis sees a few hundred
-//! round trips instead of one per job.
+//! round trips instead of one per job. Sidekiq's `stat:*` counters are
+//! summed apart and go with a batch at most every 10 ms
+//! ([`super::owed`]).
 //!
 //! If Redis is unreachable or refuses the writes (a full Redis: `maxmemory`
 //! reached with `noeviction` answers `OOM`), the batch is kept and retried
@@ -29,7 +31,8 @@ use tokio::sync::mpsc;
 use super::fetched::{Completion, CompletionSender, Finish};
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
-use super::source::JobSource;
+use super::owed::Owed;
+use super::source::{JobSource, Stats};
 use crate::metrics::{Metrics, Tally};
 
 /// Most completions written per transaction.
@@ -107,35 +110,26 @@ impl Writer {
     async fn run(self, mut rx: mpsc::Receiver<Completion>) {
         let gauges = &self.metrics.process;
         let mut batch = Vec::with_capacity(MAX_BATCH);
-        while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-            let mut backoff = Duration::from_millis(50);
-            let mut attempts = 0u64;
-            let mut logged: Option<Instant> = None;
-            while let Err(err) = self.source.record(&batch).await {
-                attempts += 1;
-                gauges.outcome_write_failures.fetch_add(1, Ordering::Relaxed);
-                let pending = batch.len() + rx.len();
-                gauges.outcomes_pending.store(pending as u64, Ordering::Relaxed);
-                if logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
-                    logged = Some(Instant::now());
-                    tracing::error!(
-                        jobs = batch.len(),
-                        pending,
-                        attempts,
-                        "cannot record job outcomes: {err:#}{}; they stay in the in-progress list and are retried (every {MAX_BACKOFF:?} at most) until Redis takes them",
-                        hint(&err)
-                    );
+        let mut owed = Owed::new(Instant::now());
+        loop {
+            let received = match owed.deadline() {
+                None => rx.recv_many(&mut batch, MAX_BATCH).await,
+                Some(at) => {
+                    match tokio::time::timeout_at(at.into(), rx.recv_many(&mut batch, MAX_BATCH)).await {
+                        Ok(received) => received,
+                        // Counters owed, and no batch to carry them.
+                        Err(_) => {
+                            self.write(&[], owed.all(), &mut owed, &rx).await;
+                            continue;
+                        }
+                    }
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+            };
+            if received == 0 {
+                break;
             }
-            if attempts > 0 {
-                tracing::info!(
-                    jobs = batch.len(),
-                    attempts,
-                    "job outcomes recorded after Redis refused them"
-                );
-            }
+            owed.add(Stats::of(&batch));
+            self.write(&batch, owed.due(Instant::now()), &mut owed, &rx).await;
             self.counters.add(&batch);
             let released = super::source::unique::released(&batch);
             gauges.unique_locks_released.fetch_add(released, Ordering::Relaxed);
@@ -143,6 +137,44 @@ impl Writer {
             batch.clear();
             gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);
         }
+        if !owed.is_empty() {
+            self.write(&[], owed.all(), &mut owed, &rx).await;
+        }
+    }
+
+    /// Records `batch` with the counters `stats` (owed by it and earlier
+    /// batches), retrying with backoff until it is written.
+    async fn write(&self, batch: &[Completion], stats: Stats, owed: &mut Owed, rx: &mpsc::Receiver<Completion>) {
+        let gauges = &self.metrics.process;
+        let mut backoff = Duration::from_millis(50);
+        let mut attempts = 0u64;
+        let mut logged: Option<Instant> = None;
+        while let Err(err) = self.source.record(batch, &stats).await {
+            attempts += 1;
+            gauges.outcome_write_failures.fetch_add(1, Ordering::Relaxed);
+            let pending = batch.len() + rx.len();
+            gauges.outcomes_pending.store(pending as u64, Ordering::Relaxed);
+            if logged.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+                logged = Some(Instant::now());
+                tracing::error!(
+                    jobs = batch.len(),
+                    pending,
+                    attempts,
+                    "cannot record job outcomes: {err:#}{}; they stay in the in-progress list and are retried (every {MAX_BACKOFF:?} at most) until Redis takes them",
+                    hint(&err)
+                );
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+        if attempts > 0 {
+            tracing::info!(
+                jobs = batch.len(),
+                attempts,
+                "job outcomes recorded after Redis refused them"
+            );
+        }
+        owed.paid(stats, Instant::now());
     }
 }
 

@@ -304,3 +304,77 @@ async fn a_shard_whose_outcomes_cannot_be_written_does_not_keep_the_others_held(
     assert_eq!(a.state().queue.front().map(String::as_str), Some("held"));
     assert_eq!(b.state().held.len(), 1, "b's job stays held for recovery");
 }
+
+/// The writer's counters (`super::owed`): a runner that falls idle
+/// writes every count.
+#[tokio::test]
+async fn every_count_is_written_once_the_runner_falls_idle() {
+    let jobs: Vec<String> = (0..50).map(|n| job("Quick", n)).collect();
+    let core = Core::start(
+        MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>()),
+        10,
+    );
+    let source = core.source.clone();
+    until("every job is counted", || source.state().stats.processed == 50).await;
+    let state = source.state();
+    assert_eq!(state.recorded.len(), 50);
+    assert_eq!(state.stats.failed, 0);
+}
+
+/// Counts of jobs that end while another runs wait at most the lag, and
+/// are written alone when no batch comes to carry them.
+#[tokio::test]
+async fn counts_are_written_while_a_job_runs_on() {
+    let core = Core::start(
+        MemorySource::with(&[&job("Block", 1), &job("Quick", 2), &job("Quick", 3)]),
+        4,
+    );
+    let source = core.source.clone();
+    until("the quick jobs are counted", || source.state().stats.processed == 2).await;
+    assert_eq!(core.inflight.len(), 1, "the blocked job still runs");
+    let requeued = core.shut_down(Duration::from_millis(50)).await;
+    assert_eq!(requeued, Some(0));
+    assert_eq!(source.state().stats.processed, 2, "a requeue is not counted");
+}
+
+/// A refused write is retried with the same counters, never adding them
+/// twice; what ends meanwhile is counted once too.
+#[tokio::test]
+async fn refused_writes_count_each_job_once() {
+    let jobs: Vec<String> = (0..20).map(|n| job("Quick", n)).collect();
+    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    source.refuse_records.store(3, Ordering::Release);
+    let core = Core::start(source, 4);
+    let source = core.source.clone();
+    until("every job is recorded", || source.state().recorded.len() == 20).await;
+    assert_eq!(source.state().stats.processed, 20);
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+    assert_eq!(source.state().stats.processed, 20, "nothing added at the end");
+}
+
+/// While jobs keep ending (one runs on), counters go with one write per
+/// lag at most, not with every batch.
+#[tokio::test]
+async fn counters_go_with_one_write_per_lag_while_jobs_keep_ending() {
+    let jobs: Vec<String> = (0..2_000).map(|n| job("Quick", n)).collect();
+    let mut all = vec![job("Block", 0)];
+    all.extend(jobs);
+    let core = Core::start(
+        MemorySource::with(&all.iter().map(String::as_str).collect::<Vec<_>>()),
+        8,
+    );
+    let source = core.source.clone();
+    let started = Instant::now();
+    until("every quick job is counted", || source.state().stats.processed == 2_000).await;
+    let lags = started.elapsed().as_secs_f64() / super::owed::STATS_LAG.as_secs_f64();
+    let (writes, counter_writes) = {
+        let state = source.state();
+        (state.writes, state.counter_writes)
+    };
+    assert!(
+        (counter_writes as f64) <= lags.floor() + 2.0,
+        "{counter_writes} of {writes} writes carried counters in {lags:.1} lags"
+    );
+    assert!(writes >= 2_000 / 8, "{writes} writes of jobs");
+    core.shut_down(Duration::from_millis(50)).await;
+}

@@ -220,9 +220,12 @@ async fn chaos_over_three_shards_loses_nothing_and_a_down_shard_stops_only_its_q
             assert!(members.is_empty(), "shard {name}: jobs went to {set}: {members:?}");
         }
         assert_eq!(int(conn, "stat:failed").await, 0, "shard {name}");
+        // Each shard counts its own jobs (re-runs included), less what
+        // the runner killed with SIGKILL still owed: the counts of its last
+        // 10 ms at most (runner/owed.rs), far below a twentieth.
         let on_shard = int(conn, "stat:processed").await;
         assert!(
-            on_shard as usize >= n / 3,
+            on_shard as usize >= n / 3 - n / 60,
             "shard {name} counted {on_shard} processed, not its third"
         );
         processed += on_shard;

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use redis::Script;
@@ -18,7 +18,7 @@ use super::doubt::Doubt;
 use super::paused::Paused;
 use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
-use super::{JobSource, Settings, record, scripts, take};
+use super::{JobSource, Settings, Stats, record, scripts, take};
 use crate::redis::{Redis, keys, now_f64};
 use crate::runner::fetched::{Completion, Fetched};
 
@@ -139,12 +139,10 @@ impl JobSource for Basic {
 
     fn register(&self, _pipe: &mut redis::Pipeline) {}
 
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
-            record::transaction(batch, None, &self.dead, &self.requeue, now_f64())
-                .query_async::<()>(&mut self.redis.conn())
-                .await
-                .context("writing job outcomes")
+            let transaction = record::transaction(batch, stats, None, &self.dead, &self.requeue, now_f64());
+            record::send(transaction, &self.redis).await
         }
         .boxed()
     }

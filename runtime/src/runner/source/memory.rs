@@ -14,8 +14,8 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
-use super::JobSource;
 use super::doubt::Doubt;
+use super::{JobSource, Stats};
 use crate::runner::fetched::{Completion, Fetched, Finish};
 use crate::runner::job_retry::Write;
 
@@ -28,6 +28,12 @@ pub(crate) struct State {
     pub(crate) held: Vec<String>,
     /// Recorded outcomes, in order.
     pub(crate) recorded: Vec<(String, Finish)>,
+    /// The counters written, summed.
+    pub(crate) stats: Stats,
+    /// Record calls that succeeded, empty ones included.
+    pub(crate) writes: u64,
+    /// Of those, the ones that wrote counters.
+    pub(crate) counter_writes: u64,
 }
 
 /// The in-memory source.
@@ -142,7 +148,7 @@ impl JobSource for MemorySource {
 
     fn register(&self, _pipe: &mut redis::Pipeline) {}
 
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
             let refused = self
                 .refuse_records
@@ -162,6 +168,9 @@ impl JobSource for MemorySource {
                 }
                 state.recorded.push((raw.clone(), completion.finish.clone()));
             }
+            state.stats.add(*stats);
+            state.writes += 1;
+            state.counter_writes += u64::from(!stats.is_empty());
             Ok(())
         }
         .boxed()

@@ -34,6 +34,7 @@ pub(crate) mod reliable;
 mod requeue;
 mod scripts;
 pub(crate) mod sharded;
+mod stats;
 mod take;
 pub(crate) mod unique;
 mod waiters;
@@ -49,6 +50,7 @@ pub use dead::DeadCaps;
 /// The fetch script, for the benchmarks' native baseline (the same
 /// protocol text, not a copy).
 pub use scripts::FETCH as FETCH_SCRIPT;
+pub(crate) use stats::Stats;
 
 use super::fetched::{Completion, Fetched};
 use super::queues::Queues;
@@ -130,9 +132,10 @@ pub(crate) trait JobSource: Send + Sync {
     fn register(&self, pipe: &mut redis::Pipeline);
 
     /// Writes a batch of ended jobs in one transaction: each leaves this
-    /// process, and its outcome (retry, dead, requeue, counters) lands with
-    /// it, or nothing does.
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>>;
+    /// process, and its outcome (retry, dead, requeue) lands with it, or
+    /// nothing does; `stats` (the counters the writer owes, of this batch
+    /// and earlier ones, or none) land with them. `batch` may be empty.
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>>;
 
     /// At shutdown, after every outcome is recorded: puts `jobs` (taken but
     /// never started) and anything else still held for this process back

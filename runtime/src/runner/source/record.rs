@@ -4,24 +4,28 @@
 //! together with its outcome — the `retry` entry, the dead-set entry (the
 //! one bury, which trims), its `schedule` entry when a cluster limit
 //! rescheduled it, or its return to the front of its queue — and the
-//! cancelled-set entry (and the close of its cancel request), the
-//! `stat:*` counters with their daily keys (a
-//! reschedule counts in neither), and the release of the job's unique lock
-//! when it ended for good ([`unique`]). All land or none does, so a failed
-//! write can simply be retried.
+//! cancelled-set entry (and the close of its cancel request), the release
+//! of the job's unique lock when it ended for good ([`unique`]), and the
+//! `stat:*` counters the writer says are due ([`Stats`]: they are added a
+//! few times a second, not with every batch). All land or none does, so a
+//! failed write can simply be retried.
+
+use anyhow::{Context, Result};
 
 use super::dead::DeadSet;
 use super::requeue::Requeue;
+use super::stats::Stats;
 use super::unique;
-use crate::redis::{keys, utc_date};
+use crate::redis::{Redis, keys};
 use crate::runner::fetched::{Completion, Finish};
 use crate::runner::job_retry::Write;
 
-/// Builds the transaction for `batch`. `held_in` is this process's
-/// in-progress list (reliable), `requeue` the requeue script (loaded in
-/// the transaction when used).
+/// Builds the transaction for `batch` and the counters `stats`.
+/// `held_in` is this process's in-progress list (reliable), `requeue` the
+/// requeue script (loaded in the transaction when used).
 pub(super) fn transaction(
     batch: &[Completion],
+    stats: &Stats,
     held_in: Option<&str>,
     dead: &DeadSet,
     requeue: &Requeue,
@@ -29,7 +33,6 @@ pub(super) fn transaction(
 ) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.atomic();
-    let mut stats = Stats::default();
     let mut buried = Vec::new();
     let mut closed = Vec::new();
     let mut requeue_loaded = false;
@@ -57,7 +60,6 @@ pub(super) fn transaction(
             }
             Finish::Outcome(write) => write,
         };
-        stats.add(write);
         if let Some(list) = held_in {
             pipe.cmd("LREM").arg(list).arg(-1).arg(&job.raw).ignore();
         }
@@ -83,20 +85,30 @@ pub(super) fn transaction(
     pipe
 }
 
+/// Sends `transaction`, unless it has nothing to write (at-most-once
+/// acks, whose counters are not due yet: no round trip then).
+pub(super) async fn send(transaction: redis::Pipeline, redis: &Redis) -> Result<()> {
+    if transaction.is_empty() {
+        return Ok(());
+    }
+    transaction
+        .query_async::<()>(&mut redis.conn())
+        .await
+        .context("writing job outcomes")
+}
+
 /// What a batch of jobs kept elsewhere (the PostgreSQL store) writes to
-/// Redis: the `stat:*` counters and the cancelled count, and the release
-/// of unique locks held in Redis. Not atomic with the jobs' own writes:
-/// counters, as Sidekiq's are.
-pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline> {
+/// Redis: the `stat:*` counters `stats` and the cancelled count, and the
+/// release of unique locks held in Redis. Not atomic with the jobs' own
+/// writes: counters, as Sidekiq's are.
+pub(super) fn counters(batch: &[Completion], stats: &Stats, now: f64) -> Option<redis::Pipeline> {
     let mut pipe = redis::pipe();
-    let mut stats = Stats::default();
     let mut cancelled = Vec::new();
     let mut any = false;
     for completion in batch {
         let Finish::Outcome(write) = &completion.finish else {
             continue;
         };
-        stats.add(write);
         if let Write::Cancelled { jid, .. } = write {
             cancelled.push(jid.as_str());
         }
@@ -111,45 +123,4 @@ pub(super) fn counters(batch: &[Completion], now: f64) -> Option<redis::Pipeline
     }
     any |= stats.stage(&mut pipe, now) || !cancelled.is_empty();
     any.then_some(pipe)
-}
-
-/// The counters one batch adds.
-#[derive(Default)]
-struct Stats {
-    processed: u64,
-    failed: u64,
-    discarded: u64,
-}
-
-impl Stats {
-    fn add(&mut self, write: &Write) {
-        self.processed += u64::from(write.is_processed());
-        self.failed += u64::from(write.is_failure());
-        self.discarded += u64::from(matches!(write, Write::Discard));
-    }
-
-    /// Stages the increments; returns whether there were any.
-    fn stage(&self, pipe: &mut redis::Pipeline, now: f64) -> bool {
-        let date = utc_date(now);
-        incr(pipe, keys::STAT_PROCESSED, &date, self.processed);
-        incr(pipe, keys::STAT_FAILED, &date, self.failed);
-        if self.discarded > 0 {
-            pipe.cmd("INCRBY")
-                .arg(keys::STAT_DISCARDED)
-                .arg(self.discarded)
-                .ignore();
-        }
-        self.processed + self.failed + self.discarded > 0
-    }
-}
-
-/// `INCRBY stat` and its daily twin (with Sidekiq's five-year expiry).
-fn incr(pipe: &mut redis::Pipeline, stat: &str, date: &str, by: u64) {
-    if by == 0 {
-        return;
-    }
-    let daily = keys::daily(stat, date);
-    pipe.cmd("INCRBY").arg(stat).arg(by).ignore();
-    pipe.cmd("INCRBY").arg(&daily).arg(by).ignore();
-    pipe.cmd("EXPIRE").arg(&daily).arg(keys::STATS_TTL_SECS).ignore();
 }

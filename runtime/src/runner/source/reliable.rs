@@ -23,7 +23,7 @@ use super::orphans::Recovery;
 use super::paused::Paused;
 use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
-use super::{JobSource, Settings, record, scripts, take};
+use super::{JobSource, Settings, Stats, record, scripts, take};
 use crate::job::DEFAULT_QUEUE;
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
@@ -251,12 +251,10 @@ impl JobSource for Reliable {
         }
     }
 
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
-            record::transaction(batch, Some(&self.list), &self.dead, &self.requeue, now_f64())
-                .query_async::<()>(&mut self.redis.conn())
-                .await
-                .context("writing job outcomes")
+            let transaction = record::transaction(batch, stats, Some(&self.list), &self.dead, &self.requeue, now_f64());
+            record::send(transaction, &self.redis).await
         }
         .boxed()
     }

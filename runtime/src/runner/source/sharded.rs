@@ -35,7 +35,7 @@ use anyhow::{Result, anyhow};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, join_all, select_all};
 
-use super::JobSource;
+use super::{JobSource, Stats};
 use crate::runner::fetched::{Completion, Fetched};
 use crate::runner::queues::Queues;
 
@@ -285,15 +285,23 @@ impl JobSource for Sharded {
     /// heartbeat registers through its own part.
     fn register(&self, _pipe: &mut redis::Pipeline) {}
 
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
+            // Counters alone go where the process's own figures do: the
+            // default shard's part, the first.
+            if batch.is_empty() {
+                return match self.parts.first() {
+                    Some(part) => part.source.record(batch, stats).await,
+                    None => Ok(()),
+                };
+            }
             for (index, part) in self.parts.iter().enumerate() {
                 let ours: Vec<&Completion> = batch.iter().filter(|c| c.job.shard == part.shard).collect();
                 if ours.is_empty() {
                     continue;
                 }
                 if ours.len() == batch.len() {
-                    return self.parts[index].source.record(batch).await;
+                    return self.parts[index].source.record(batch, stats).await;
                 }
                 Err(anyhow!(
                     "a batch of outcomes spans shards; each shard's writer records its own"

@@ -31,7 +31,7 @@ use futures_util::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::paused::Paused;
-use super::{JobSource, Settings, record};
+use super::{JobSource, Settings, Stats, record};
 use crate::pg::Pg;
 use crate::redis::{Redis, now_f64};
 use crate::runner::fetched::{Completion, Fetched, Receipt};
@@ -290,7 +290,7 @@ impl JobSource for Postgres {
         // holds which job; the Redis heartbeat only shows the process.
     }
 
-    fn record<'a>(&'a self, batch: &'a [Completion]) -> BoxFuture<'a, Result<()>> {
+    fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
             let plan = complete::Plan::of(batch);
             if plan.foreign > 0 {
@@ -315,7 +315,7 @@ impl JobSource for Postgres {
                     self.wake.notify.notify_waiters();
                 }
             }
-            if let Some(pipe) = record::counters(batch, now_f64())
+            if let Some(pipe) = record::counters(batch, stats, now_f64())
                 && let Err(err) = pipe.query_async::<()>(&mut self.redis.conn()).await
             {
                 tracing::warn!("could not add this batch to the counters in Redis: {err}");
