@@ -81,9 +81,7 @@ impl Owed {
         if paid.is_empty() {
             return;
         }
-        self.stats.processed -= paid.processed.min(self.stats.processed);
-        self.stats.failed -= paid.failed.min(self.stats.failed);
-        self.stats.discarded -= paid.discarded.min(self.stats.discarded);
+        self.stats.sub(paid);
         self.paid_at = now;
     }
 }

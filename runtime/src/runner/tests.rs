@@ -49,6 +49,11 @@ impl Perform for Scripted {
     }
 }
 
+/// A source whose queue holds `jobs`, in order.
+fn holding(jobs: &[String]) -> MemorySource {
+    MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 fn job(class: &str, n: u32) -> String {
     format!(r#"{{"class":"{class}","args":[{n}],"jid":"j{n}","queue":"q"}}"#)
 }
@@ -186,7 +191,7 @@ async fn quiet_has_taken_effect_when_it_returns() {
 #[tokio::test]
 async fn jobs_moved_by_a_fetch_whose_reply_was_lost_are_reconciled_and_run_once() {
     let jobs: Vec<String> = (0..5).map(|n| job("Quick", n)).collect();
-    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    let source = holding(&jobs);
     source.lose_next_reply.store(true, Ordering::Release);
     let core = Core::start(source, 8);
     let source = core.source.clone();
@@ -208,7 +213,7 @@ async fn jobs_moved_by_a_fetch_whose_reply_was_lost_are_reconciled_and_run_once(
 #[tokio::test]
 async fn outcomes_refused_by_the_store_are_retried_until_written_and_none_is_lost() {
     let jobs: Vec<String> = (0..20).map(|n| job("Quick", n)).collect();
-    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    let source = holding(&jobs);
     source.refuse_records.store(3, Ordering::Release);
     let core = Core::start(source, 4);
     let (source, counters) = (core.source.clone(), core.counters.clone());
@@ -310,10 +315,7 @@ async fn a_shard_whose_outcomes_cannot_be_written_does_not_keep_the_others_held(
 #[tokio::test]
 async fn every_count_is_written_once_the_runner_falls_idle() {
     let jobs: Vec<String> = (0..50).map(|n| job("Quick", n)).collect();
-    let core = Core::start(
-        MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>()),
-        10,
-    );
+    let core = Core::start(holding(&jobs), 10);
     let source = core.source.clone();
     until("every job is counted", || source.state().stats.processed == 50).await;
     let state = source.state();
@@ -342,7 +344,7 @@ async fn counts_are_written_while_a_job_runs_on() {
 #[tokio::test]
 async fn refused_writes_count_each_job_once() {
     let jobs: Vec<String> = (0..20).map(|n| job("Quick", n)).collect();
-    let source = MemorySource::with(&jobs.iter().map(String::as_str).collect::<Vec<_>>());
+    let source = holding(&jobs);
     source.refuse_records.store(3, Ordering::Release);
     let core = Core::start(source, 4);
     let source = core.source.clone();
@@ -359,10 +361,7 @@ async fn counters_go_with_one_write_per_lag_while_jobs_keep_ending() {
     let jobs: Vec<String> = (0..2_000).map(|n| job("Quick", n)).collect();
     let mut all = vec![job("Block", 0)];
     all.extend(jobs);
-    let core = Core::start(
-        MemorySource::with(&all.iter().map(String::as_str).collect::<Vec<_>>()),
-        8,
-    );
+    let core = Core::start(holding(&all), 8);
     let source = core.source.clone();
     let started = Instant::now();
     until("every quick job is counted", || source.state().stats.processed == 2_000).await;

@@ -6,8 +6,8 @@
 //! rescheduled it, or its return to the front of its queue — and the
 //! cancelled-set entry (and the close of its cancel request), the release
 //! of the job's unique lock when it ended for good ([`unique`]), and the
-//! `stat:*` counters the writer says are due ([`Stats`]: they are added a
-//! few times a second, not with every batch). All land or none does, so a
+//! `stat:*` counters the writer says are due ([`Stats`]: at most every
+//! 10 ms, not with every batch). All land or none does, so a
 //! failed write can simply be retried.
 
 use anyhow::{Context, Result};
@@ -86,7 +86,8 @@ pub(super) fn transaction(
 }
 
 /// Sends `transaction`, unless it has nothing to write (at-most-once
-/// acks, whose counters are not due yet: no round trip then).
+/// acks whose counters are not due yet, or a store's [`counters`] with
+/// none: no round trip then).
 pub(super) async fn send(transaction: redis::Pipeline, redis: &Redis) -> Result<()> {
     if transaction.is_empty() {
         return Ok(());
@@ -100,11 +101,11 @@ pub(super) async fn send(transaction: redis::Pipeline, redis: &Redis) -> Result<
 /// What a batch of jobs kept elsewhere (the PostgreSQL store) writes to
 /// Redis: the `stat:*` counters `stats` and the cancelled count, and the
 /// release of unique locks held in Redis. Not atomic with the jobs' own
-/// writes: counters, as Sidekiq's are.
-pub(super) fn counters(batch: &[Completion], stats: &Stats, now: f64) -> Option<redis::Pipeline> {
+/// writes: counters, as Sidekiq's are. Empty when there is nothing to
+/// add ([`send`] then sends nothing).
+pub(super) fn counters(batch: &[Completion], stats: &Stats, now: f64) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     let mut cancelled = Vec::new();
-    let mut any = false;
     for completion in batch {
         let Finish::Outcome(write) = &completion.finish else {
             continue;
@@ -112,7 +113,7 @@ pub(super) fn counters(batch: &[Completion], stats: &Stats, now: f64) -> Option<
         if let Write::Cancelled { jid, .. } = write {
             cancelled.push(jid.as_str());
         }
-        any |= unique::stage(&mut pipe, completion.unique.as_ref(), write);
+        unique::stage(&mut pipe, completion.unique.as_ref(), write);
     }
     if !cancelled.is_empty() {
         pipe.cmd("INCRBY")
@@ -121,6 +122,6 @@ pub(super) fn counters(batch: &[Completion], stats: &Stats, now: f64) -> Option<
             .ignore();
         crate::redis::control::stage_close(&mut pipe, &cancelled);
     }
-    any |= stats.stage(&mut pipe, now) || !cancelled.is_empty();
-    any.then_some(pipe)
+    stats.stage(&mut pipe, now);
+    pipe
 }

@@ -287,13 +287,12 @@ impl JobSource for Sharded {
 
     fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
-            // Counters alone go where the process's own figures do: the
-            // default shard's part, the first.
-            if batch.is_empty() {
-                return match self.parts.first() {
-                    Some(part) => part.source.record(batch, stats).await,
-                    None => Ok(()),
-                };
+            // Counters belong to the shard their jobs came from: only
+            // that shard's writer can tell.
+            if batch.is_empty() && !stats.is_empty() {
+                Err(anyhow!(
+                    "counters without their batch; each shard's writer records its own"
+                ))?;
             }
             for (index, part) in self.parts.iter().enumerate() {
                 let ours: Vec<&Completion> = batch.iter().filter(|c| c.job.shard == part.shard).collect();

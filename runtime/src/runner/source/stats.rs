@@ -4,8 +4,8 @@
 //! The outcome writer ([`crate::runner::outcome`]) adds up what each batch
 //! owes and hands the sum to [`JobSource::record`](super::JobSource::record)
 //! when it is due, which stages it in that batch's transaction
-//! ([`Stats::stage`]). So the counters are written a few times a second,
-//! not with every batch, as Sidekiq's own processes add theirs with their
+//! ([`Stats::stage`]). So the counters are written at most every 10 ms,
+//! not with every batch, much as Sidekiq's own processes add theirs with their
 //! heartbeat.
 
 use crate::redis::{keys, utc_date};
@@ -56,14 +56,20 @@ impl Stats {
         self.discarded += other.discarded;
     }
 
+    /// Takes off `paid` (never below zero).
+    pub(crate) fn sub(&mut self, paid: Stats) {
+        self.processed -= paid.processed.min(self.processed);
+        self.failed -= paid.failed.min(self.failed);
+        self.discarded -= paid.discarded.min(self.discarded);
+    }
+
     /// Whether there is nothing to add.
     pub(crate) fn is_empty(&self) -> bool {
         *self == Stats::NONE
     }
 
-    /// Stages the increments, the daily keys dated by `now` (UTC);
-    /// returns whether there were any.
-    pub(crate) fn stage(&self, pipe: &mut redis::Pipeline, now: f64) -> bool {
+    /// Stages the increments, the daily keys dated by `now` (UTC).
+    pub(crate) fn stage(&self, pipe: &mut redis::Pipeline, now: f64) {
         let date = utc_date(now);
         incr(pipe, keys::STAT_PROCESSED, &date, self.processed);
         incr(pipe, keys::STAT_FAILED, &date, self.failed);
@@ -73,7 +79,6 @@ impl Stats {
                 .arg(self.discarded)
                 .ignore();
         }
-        !self.is_empty()
     }
 }
 

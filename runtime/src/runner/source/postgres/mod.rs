@@ -315,10 +315,8 @@ impl JobSource for Postgres {
                     self.wake.notify.notify_waiters();
                 }
             }
-            if let Some(pipe) = record::counters(batch, stats, now_f64())
-                && let Err(err) = pipe.query_async::<()>(&mut self.redis.conn()).await
-            {
-                tracing::warn!("could not add this batch to the counters in Redis: {err}");
+            if let Err(err) = record::send(record::counters(batch, stats, now_f64()), &self.redis).await {
+                tracing::warn!("could not add this batch to the counters in Redis: {err:#}");
             }
             Ok(())
         }
