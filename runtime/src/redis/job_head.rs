@@ -93,20 +93,20 @@ fn apply_activejob(job: &mut Job, wrapped: Option<&str>, hash: &str, unwrapped: 
 }
 
 /// The fields a job needs to start, borrowed from the payload text. Every
-/// other field is read in full as it goes by ([`Checked`]), so one pass
-/// tells whether the full parse could hold the payload; the fields kept
-/// raw are checked on their own (`job_from_raw`). A field that appears
-/// twice fails, as a derived `Deserialize` would, and leaves the payload
-/// to the full parse.
+/// other field is read in full as it goes by ([`Checked`]), the numbers
+/// as [`Number`]s, so one pass tells whether the full parse could hold the
+/// payload; the two fields kept raw are checked on their own
+/// (`job_from_raw`). A field that appears twice fails, as a derived
+/// `Deserialize` would, and leaves the payload to the full parse.
 #[derive(Default)]
 struct Head<'a> {
     class: Option<Cow<'a, str>>,
     args: Option<&'a RawValue>,
     jid: Option<Cow<'a, str>>,
     queue: Option<Cow<'a, str>>,
-    retry_count: Option<&'a RawValue>,
-    enqueued_at: Option<&'a RawValue>,
-    created_at: Option<&'a RawValue>,
+    retry_count: Option<Number>,
+    enqueued_at: Option<Number>,
+    created_at: Option<Number>,
     /// An ActiveJob wrapper's job class.
     wrapped: Option<&'a RawValue>,
 }
@@ -166,6 +166,95 @@ impl<'de> Deserialize<'de> for Head<'de> {
             }
         }
         deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// A field read where a number belongs: the number as
+/// `serde_json::Value` would hold it, or `Other` for any other JSON value
+/// (read in full, as [`Checked`] reads it). Read once, in the head's pass:
+/// a number `Value` cannot hold (`1e400`) fails that pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Number {
+    Unsigned(u64),
+    Signed(i64),
+    Float(f64),
+    Other,
+}
+
+impl Number {
+    /// As `Value::as_f64`: any number.
+    fn as_f64(self) -> Option<f64> {
+        match self {
+            Number::Unsigned(n) => Some(n as f64),
+            Number::Signed(n) => Some(n as f64),
+            Number::Float(n) => Some(n),
+            Number::Other => None,
+        }
+    }
+
+    /// The number as a `Value`; none for `Other`.
+    fn to_value(self) -> Option<Value> {
+        match self {
+            Number::Unsigned(n) => Some(Value::from(n)),
+            Number::Signed(n) => Some(Value::from(n)),
+            Number::Float(n) => serde_json::Number::from_f64(n).map(Value::Number),
+            Number::Other => None,
+        }
+    }
+
+    /// As `Value::as_u64`: a whole number that is not negative.
+    fn as_u64(self) -> Option<u64> {
+        match self {
+            Number::Unsigned(n) => Some(n),
+            Number::Signed(n) => u64::try_from(n).ok(),
+            Number::Float(_) | Number::Other => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Number;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_u64<E>(self, n: u64) -> Result<Number, E> {
+                Ok(Number::Unsigned(n))
+            }
+
+            fn visit_i64<E>(self, n: i64) -> Result<Number, E> {
+                Ok(Number::Signed(n))
+            }
+
+            fn visit_f64<E>(self, n: f64) -> Result<Number, E> {
+                Ok(Number::Float(n))
+            }
+
+            fn visit_bool<E>(self, _: bool) -> Result<Number, E> {
+                Ok(Number::Other)
+            }
+
+            fn visit_str<E>(self, _: &str) -> Result<Number, E> {
+                Ok(Number::Other)
+            }
+
+            fn visit_unit<E>(self) -> Result<Number, E> {
+                Ok(Number::Other)
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Number, A::Error> {
+                CheckedVisitor.visit_seq(seq).map(|Checked| Number::Other)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Number, A::Error> {
+                CheckedVisitor.visit_map(map).map(|Checked| Number::Other)
+            }
+        }
+        deserializer.deserialize_any(Visitor)
     }
 }
 
@@ -265,14 +354,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     let Ok(head) = serde_json::from_str::<Head>(raw) else {
         return full();
     };
-    let kept = [
-        head.args,
-        head.retry_count,
-        head.enqueued_at,
-        head.created_at,
-        head.wrapped,
-    ];
-    if kept
+    if [head.args, head.wrapped]
         .into_iter()
         .flatten()
         .any(|r| serde_json::from_str::<Checked>(r.get()).is_err())
@@ -285,12 +367,14 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     if class.is_empty() || class.len() > MAX_CLASS_LEN || !args.get().starts_with('[') {
         return full();
     }
-    let number = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
-    let enqueued = number(head.enqueued_at)
-        .or_else(|| number(head.created_at))
-        .and_then(|v| v.as_f64())
+    // As the full parse reads it: `enqueued_at` if it is a number, else
+    // `created_at` if that is.
+    let enqueued = head
+        .enqueued_at
+        .and_then(Number::as_f64)
+        .or_else(|| head.created_at.and_then(Number::as_f64))
         .map_or(0.0, epoch_secs);
-    let retry_count = number(head.retry_count).and_then(|v| v.as_u64());
+    let retry_count = head.retry_count.and_then(Number::as_u64);
     let jid = head.jid.filter(|j| !j.is_empty()).map_or_else(new_jid, Cow::into_owned);
     let queue = head
         .queue
@@ -333,7 +417,6 @@ pub fn preview(raw: &str) -> String {
     let mut preview = serde_json::Map::new();
     match serde_json::from_str::<Head>(raw) {
         Ok(head) => {
-            let number = |raw: Option<&RawValue>| raw.and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
             preview.insert("class".into(), cut(head.class).map_or(Value::Null, Value::String));
             preview.insert("args".into(), Value::Array(vec![Value::String(note)]));
             preview.insert("jid".into(), cut(head.jid).map_or(Value::Null, Value::String));
@@ -345,7 +428,7 @@ pub fn preview(raw: &str) -> String {
                 preview.insert("wrapped".into(), Value::String(wrapped));
             }
             for (key, value) in [("enqueued_at", head.enqueued_at), ("created_at", head.created_at)] {
-                if let Some(value) = number(value).filter(Value::is_number) {
+                if let Some(value) = value.and_then(Number::to_value) {
                     preview.insert(key.into(), value);
                 }
             }
@@ -380,6 +463,10 @@ mod tests {
         assert_eq!(preview["enqueued_at"], 1_764_500_000.5);
         assert_eq!(preview["payload_bytes"], raw.len());
         assert!(preview["args"][0].as_str().unwrap().contains(&raw.len().to_string()));
+        let sidekiq8 = r#"{"class":"C","args":[],"created_at":1764500000500,"enqueued_at":"soon"}"#;
+        let preview: Value = serde_json::from_str(&super::preview(sidekiq8)).unwrap();
+        assert_eq!(preview["created_at"], 1_764_500_000_500_u64);
+        assert!(preview.get("enqueued_at").is_none(), "{preview}");
         for junk in ["", "not json", "[1,2]", r#"{"class":5}"#] {
             let preview: Value = serde_json::from_str(&super::preview(junk)).unwrap();
             assert!(preview["args"].is_array(), "{junk:?}: {preview}");
@@ -509,6 +596,11 @@ mod tests {
             r#"{"class":"X","args":[1,{"a":[2]}],"jid":"j","queue":"q","retry_count":2,"enqueued_at":1764500001.25,"x":{"y":1}}"#,
             r#"{"class":"X","args":[],"created_at":1764500000500}"#,
             r#"{"args":["a"],"class":"Y","queue":"","retry_count":"weird"}"#,
+            // Fields where numbers belong, holding something else.
+            r#"{"class":"X","args":[],"enqueued_at":"soon","created_at":1764500000.5}"#,
+            r#"{"class":"X","args":[],"enqueued_at":null,"created_at":1764500000500,"retry_count":-1}"#,
+            r#"{"class":"X","args":[],"enqueued_at":{"at":[1]},"retry_count":2.0}"#,
+            r#"{"class":"X","args":[],"enqueued_at":-5,"retry_count":18446744073709551615}"#,
         ] {
             let (fast, enqueued) = job_from_raw(raw).unwrap();
             let full = Payload::parse(raw).unwrap();
