@@ -93,10 +93,10 @@ fn apply_activejob(job: &mut Job, wrapped: Option<&str>, hash: &str, unwrapped: 
 }
 
 /// The fields a job needs to start, borrowed from the payload text. Every
-/// other field is read in full as it goes by ([`Checked`]), the numbers
-/// as [`Number`]s, so one pass tells whether the full parse could hold the
-/// payload; the two fields kept raw are checked on their own
-/// (`job_from_raw`). A field that appears twice fails, as a derived
+/// other field is read in full as it goes by ([`Checked`]), the times and
+/// `retry_count` kept only if they are numbers ([`Number`]), so one pass
+/// tells whether the full parse could hold the payload; the two fields
+/// kept raw are checked on their own (`job_from_raw`). A field that appears twice fails, as a derived
 /// `Deserialize` would, and leaves the payload to the full parse.
 #[derive(Default)]
 struct Head<'a> {
@@ -104,9 +104,9 @@ struct Head<'a> {
     args: Option<&'a RawValue>,
     jid: Option<Cow<'a, str>>,
     queue: Option<Cow<'a, str>>,
-    retry_count: Option<Number>,
-    enqueued_at: Option<Number>,
-    created_at: Option<Number>,
+    retry_count: Option<serde_json::Number>,
+    enqueued_at: Option<serde_json::Number>,
+    created_at: Option<serde_json::Number>,
     /// An ActiveJob wrapper's job class.
     wrapped: Option<&'a RawValue>,
 }
@@ -158,9 +158,9 @@ impl<'de> Deserialize<'de> for Head<'de> {
                     args: args.flatten(),
                     jid: jid.flatten(),
                     queue: queue.flatten(),
-                    retry_count: retry_count.flatten(),
-                    enqueued_at: enqueued_at.flatten(),
-                    created_at: created_at.flatten(),
+                    retry_count: retry_count.flatten().and_then(|Number(n)| n),
+                    enqueued_at: enqueued_at.flatten().and_then(|Number(n)| n),
+                    created_at: created_at.flatten().and_then(|Number(n)| n),
                     wrapped: wrapped.flatten(),
                 })
             }
@@ -170,47 +170,10 @@ impl<'de> Deserialize<'de> for Head<'de> {
 }
 
 /// A field read where a number belongs: the number as
-/// `serde_json::Value` would hold it, or `Other` for any other JSON value
+/// `serde_json::Value` would hold it, or none for any other JSON value
 /// (read in full, as [`Checked`] reads it). Read once, in the head's pass:
 /// a number `Value` cannot hold (`1e400`) fails that pass.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Number {
-    Unsigned(u64),
-    Signed(i64),
-    Float(f64),
-    Other,
-}
-
-impl Number {
-    /// As `Value::as_f64`: any number.
-    fn as_f64(self) -> Option<f64> {
-        match self {
-            Number::Unsigned(n) => Some(n as f64),
-            Number::Signed(n) => Some(n as f64),
-            Number::Float(n) => Some(n),
-            Number::Other => None,
-        }
-    }
-
-    /// The number as a `Value`; none for `Other`.
-    fn to_value(self) -> Option<Value> {
-        match self {
-            Number::Unsigned(n) => Some(Value::from(n)),
-            Number::Signed(n) => Some(Value::from(n)),
-            Number::Float(n) => serde_json::Number::from_f64(n).map(Value::Number),
-            Number::Other => None,
-        }
-    }
-
-    /// As `Value::as_u64`: a whole number that is not negative.
-    fn as_u64(self) -> Option<u64> {
-        match self {
-            Number::Unsigned(n) => Some(n),
-            Number::Signed(n) => u64::try_from(n).ok(),
-            Number::Float(_) | Number::Other => None,
-        }
-    }
-}
+struct Number(Option<serde_json::Number>);
 
 impl<'de> Deserialize<'de> for Number {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -223,35 +186,35 @@ impl<'de> Deserialize<'de> for Number {
             }
 
             fn visit_u64<E>(self, n: u64) -> Result<Number, E> {
-                Ok(Number::Unsigned(n))
+                Ok(Number(Some(n.into())))
             }
 
             fn visit_i64<E>(self, n: i64) -> Result<Number, E> {
-                Ok(Number::Signed(n))
+                Ok(Number(Some(n.into())))
             }
 
             fn visit_f64<E>(self, n: f64) -> Result<Number, E> {
-                Ok(Number::Float(n))
+                Ok(Number(serde_json::Number::from_f64(n)))
             }
 
             fn visit_bool<E>(self, _: bool) -> Result<Number, E> {
-                Ok(Number::Other)
+                Ok(Number(None))
             }
 
             fn visit_str<E>(self, _: &str) -> Result<Number, E> {
-                Ok(Number::Other)
+                Ok(Number(None))
             }
 
             fn visit_unit<E>(self) -> Result<Number, E> {
-                Ok(Number::Other)
+                Ok(Number(None))
             }
 
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Number, A::Error> {
-                CheckedVisitor.visit_seq(seq).map(|Checked| Number::Other)
+                CheckedVisitor.visit_seq(seq).map(|Checked| Number(None))
             }
 
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Number, A::Error> {
-                CheckedVisitor.visit_map(map).map(|Checked| Number::Other)
+                CheckedVisitor.visit_map(map).map(|Checked| Number(None))
             }
         }
         deserializer.deserialize_any(Visitor)
@@ -371,10 +334,11 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     // `created_at` if that is.
     let enqueued = head
         .enqueued_at
-        .and_then(Number::as_f64)
-        .or_else(|| head.created_at.and_then(Number::as_f64))
+        .as_ref()
+        .or(head.created_at.as_ref())
+        .and_then(serde_json::Number::as_f64)
         .map_or(0.0, epoch_secs);
-    let retry_count = head.retry_count.and_then(Number::as_u64);
+    let retry_count = head.retry_count.as_ref().and_then(serde_json::Number::as_u64);
     let jid = head.jid.filter(|j| !j.is_empty()).map_or_else(new_jid, Cow::into_owned);
     let queue = head
         .queue
@@ -428,8 +392,8 @@ pub fn preview(raw: &str) -> String {
                 preview.insert("wrapped".into(), Value::String(wrapped));
             }
             for (key, value) in [("enqueued_at", head.enqueued_at), ("created_at", head.created_at)] {
-                if let Some(value) = value.and_then(Number::to_value) {
-                    preview.insert(key.into(), value);
+                if let Some(number) = value {
+                    preview.insert(key.into(), Value::Number(number));
                 }
             }
         }
