@@ -31,7 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, join_all, select_all};
 
@@ -290,9 +290,7 @@ impl JobSource for Sharded {
             // Counters belong to the shard their jobs came from: only
             // that shard's writer can tell.
             if batch.is_empty() && !stats.is_empty() {
-                Err(anyhow!(
-                    "counters without their batch; each shard's writer records its own"
-                ))?;
+                bail!("counters without their batch; each shard's writer records its own");
             }
             for (index, part) in self.parts.iter().enumerate() {
                 let ours: Vec<&Completion> = batch.iter().filter(|c| c.job.shard == part.shard).collect();
