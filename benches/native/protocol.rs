@@ -48,7 +48,7 @@ pub async fn fetch(
     held_in: Option<&str>,
     max: usize,
 ) -> Result<Vec<Vec<u8>>> {
-    let flat: Vec<Vec<u8>> = script
+    let reply: Vec<redis::Value> = script
         .key(held_in.unwrap_or("wasmjobs:unused"))
         .key(CANCELS_OPEN)
         .key(QUEUE)
@@ -59,9 +59,16 @@ pub async fn fetch(
         .invoke_async(conn)
         .await
         .context("fetching jobs")?;
-    // [queue index, job, cancel mark, …]: one queue, so keep the jobs (the
-    // script looks the cancel requests up when the runner's would).
-    Ok(flat.into_iter().skip(1).step_by(3).collect())
+    // [runs, marks, job, …]: one queue, so keep the jobs (the script
+    // looks the cancel requests up when the runner's would).
+    reply
+        .into_iter()
+        .skip(2)
+        .map(|job| match job {
+            redis::Value::BulkString(raw) => Ok(raw),
+            other => anyhow::bail!("the fetch script returned a job that is not text: {other:?}"),
+        })
+        .collect()
 }
 
 /// Writes the outcomes `rx` hands over, in batches, until every sender is

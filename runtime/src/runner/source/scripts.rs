@@ -97,8 +97,13 @@ end
 }
 
 /// Moves up to ARGV[1] jobs from KEYS[3..] (in order) to KEYS[1] (reliable),
-/// or pops them (basic, when ARGV[2] == "0"). Returns [queue index, job,
-/// cancel mark, …].
+/// or pops them (basic, when ARGV[2] == "0"). Returns `[runs, marks,
+/// job, …]`: `runs` lists where the jobs came from as pairs (position of
+/// the queue among KEYS[3..] from 0, how many jobs in a row came from it);
+/// `marks` is `0` when no job has a mark, else one mark per job. Sending
+/// the queue and the mark once per fetch instead of once per job keeps the
+/// reply to one value a job, as it was before cancel marks (each value
+/// costs the script a table entry and both sides a RESP element).
 ///
 /// A job larger than ARGV[4] bytes (0 or absent: no limit) is not taken:
 /// it goes to the dead set KEYS[#KEYS] from inside Redis
@@ -115,9 +120,9 @@ end
 /// Redis's clock, as `wasmjobs cancel` scores it). One `ZCARD` a call
 /// tells, in the common case of none; when there are some, the expired
 /// ones are dropped first (so one left by a request that never closed
-/// costs this only until it expires). Otherwise every mark is `n` (none
-/// to look for) and the script does no work per job for cancels. A mark
-/// is about the jid `jid_of`
+/// costs this only until it expires). Otherwise no job has a mark (`n`,
+/// none to look for) and the script does no work per job for cancels. A
+/// mark is about the jid `jid_of`
 /// finds (`"jid":"…"` with or without spaces around the colon;
 /// [`crate::runner::fetched::script_jid`] finds the same one): empty when
 /// there is none (the runner looks the job up itself), `-` when no cancel
@@ -129,6 +134,8 @@ end
 /// no request for any of them; only when one exists is each job looked at
 /// alone. `redis.pcall`: a key of another type is someone else's, not a
 /// reason to fail a fetch (a KEYS[2] of another type turns the marks on).
+/// The runner reads the reply with `crate::runner::source::take`'s
+/// `Reply`.
 pub const FETCH: &str = concat!(
     bury_oversized_lua!(),
     r#"
@@ -155,7 +162,10 @@ local function request_of(jid)
   if type(at) == 'string' then return 'i' .. at end
   return '-'
 end
-local out = {}
+local runs = {}
+local out = {runs, 0}
+local notes = {}
+local noted = marks
 local jids = {}
 local keys = {}
 local got = 0
@@ -166,32 +176,38 @@ for i = 3, queues do
   if jobs then
     local held = jobs
     if most > 0 then
-      held = {}
       for _, job in ipairs(jobs) do
-        if #job <= most then held[#held + 1] = job end
-      end
-    end
-    if keep and #held > 0 then redis.call('LPUSH', KEYS[1], unpack(held)) end
-    for _, job in ipairs(jobs) do
-      out[#out + 1] = tostring(i - 3)
-      if most > 0 and #job > most then
-        out[#out + 1] = ''
-        out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 4)
-      elseif not marks then
-        out[#out + 1] = job
-        out[#out + 1] = 'n'
-      else
-        out[#out + 1] = job
-        out[#out + 1] = ''
-        local jid = jid_of(job)
-        if jid then
-          jids[#out] = jid
-          keys[#keys + 1] = 'cancelled-' .. jid
-          keys[#keys + 1] = 'it-' .. jid
+        if #job > most then
+          held = {}
+          for _, kept in ipairs(jobs) do
+            if #kept <= most then held[#held + 1] = kept end
+          end
+          break
         end
       end
     end
-    got = got + #jobs
+    if keep and #held > 0 then redis.call('LPUSH', KEYS[1], unpack(held)) end
+    runs[#runs + 1] = i - 3
+    runs[#runs + 1] = #jobs
+    for _, job in ipairs(jobs) do
+      got = got + 1
+      if most > 0 and #job > most then
+        out[got + 2] = ''
+        notes[got] = bury_oversized(job, KEYS[#KEYS], 4)
+        noted = true
+      else
+        out[got + 2] = job
+        if marks then
+          notes[got] = ''
+          local jid = jid_of(job)
+          if jid then
+            jids[got] = jid
+            keys[#keys + 1] = 'cancelled-' .. jid
+            keys[#keys + 1] = 'it-' .. jid
+          end
+        end
+      end
+    end
   end
 end
 local asked = false
@@ -202,7 +218,13 @@ for first = 1, #keys, 1000 do
   end
 end
 for at, jid in pairs(jids) do
-  if asked then out[at] = request_of(jid) else out[at] = '-' end
+  if asked then notes[at] = request_of(jid) else notes[at] = '-' end
+end
+if noted then
+  for at = 1, got do
+    if not notes[at] then notes[at] = 'n' end
+  end
+  out[2] = notes
 end
 return out
 "#

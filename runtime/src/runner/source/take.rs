@@ -6,8 +6,8 @@
 
 use std::collections::HashSet;
 
-use anyhow::{Context, Result};
-use redis::Script;
+use anyhow::{Context, Result, bail};
+use redis::{Script, Value};
 
 use super::MAX_BATCH;
 use super::dead::{DeadSet, oversized_buried};
@@ -66,26 +66,76 @@ pub(super) async fn take(
             .dead
             .cap_args(&mut invocation, oversized.max_payload, now_f64());
     }
-    let flat: Vec<Vec<u8>> = invocation
+    let reply: Value = invocation
         .invoke_async(&mut redis.conn())
         .await
         .context("fetching jobs")?;
-    let mut jobs = Vec::with_capacity(flat.len() / 3);
-    let mut flat = flat.into_iter();
-    while let (Some(position), Some(raw), Some(mark)) = (flat.next(), flat.next(), flat.next()) {
-        let queue = std::str::from_utf8(&position)
-            .ok()
-            .and_then(|p| p.parse::<usize>().ok())
-            .and_then(|p| order.get(p))
+    let entries = read_reply(reply)?;
+    let mut jobs = Vec::with_capacity(entries.len());
+    for Entry { position, raw, mark } in entries {
+        let queue = order
+            .get(position)
             .and_then(|&i| names.get(i))
-            .context("the fetch script returned a bad queue index")?;
-        if raw.is_empty() && oversized_buried(queue, &mark) {
-            continue;
-        }
-        let mark = CancelMark::from_script(&raw, &mark);
+            .context("the fetch script returned a bad queue position")?;
+        let mark = match mark {
+            None => CancelMark::Unneeded,
+            Some(mark) if raw.is_empty() && oversized_buried(queue, &mark) => continue,
+            Some(mark) => CancelMark::from_script(&raw, &mark),
+        };
         jobs.push((raw, queue.to_owned(), mark));
     }
     Ok(jobs)
+}
+
+/// One job of the fetch script's reply: the position of its queue among
+/// the queues fetched, its bytes, and its mark (none: `n`, no cancel to
+/// look for).
+#[derive(Debug, PartialEq)]
+struct Entry {
+    position: usize,
+    raw: Vec<u8>,
+    mark: Option<Vec<u8>>,
+}
+
+/// Reads the fetch script's reply, `[runs, marks, job, …]`
+/// ([`super::scripts::FETCH`]): `runs` are pairs (queue position, how
+/// many jobs in a row), `marks` is `0` or one mark per job. Anything else
+/// is an error: a reply that does not add up is never half read.
+fn read_reply(reply: Value) -> Result<Vec<Entry>> {
+    let Value::Array(items) = reply else {
+        bail!("the fetch script's reply is not a list: {reply:?}");
+    };
+    let mut items = items.into_iter();
+    let (Some(Value::Array(runs)), Some(marks)) = (items.next(), items.next()) else {
+        bail!("the fetch script's reply does not start with its runs and marks");
+    };
+    let mut marks = match marks {
+        Value::Int(0) => None,
+        Value::Array(marks) if marks.len() == items.len() => Some(marks.into_iter()),
+        other => bail!("the fetch script's marks are not 0 or one per job: {other:?}"),
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for run in runs.chunks(2) {
+        let &[Value::Int(position), Value::Int(count)] = run else {
+            bail!("the fetch script's runs are not pairs of numbers: {runs:?}");
+        };
+        let position = usize::try_from(position).context("a negative queue position")?;
+        for _ in 0..count {
+            let Some(Value::BulkString(raw)) = items.next() else {
+                bail!("the fetch script's reply has fewer jobs than its runs say");
+            };
+            let mark = match marks.as_mut().map(Iterator::next) {
+                None => None,
+                Some(Some(Value::BulkString(mark))) => Some(mark),
+                Some(other) => bail!("the fetch script's mark is not text: {other:?}"),
+            };
+            entries.push(Entry { position, raw, mark });
+        }
+    }
+    if items.next().is_some() {
+        bail!("the fetch script's reply has more jobs than its runs say");
+    }
+    Ok(entries)
 }
 
 #[cfg(test)]
@@ -93,6 +143,153 @@ mod tests {
     use super::*;
     use crate::redis::Target;
     use crate::runner::source::dead::DeadCaps;
+
+    fn text(bytes: &str) -> Value {
+        Value::BulkString(bytes.as_bytes().to_vec())
+    }
+
+    fn entry(position: usize, raw: &str, mark: Option<&str>) -> Entry {
+        Entry {
+            position,
+            raw: raw.into(),
+            mark: mark.map(Into::into),
+        }
+    }
+
+    /// The reply carries each queue once per run and each mark once per
+    /// fetch when there are none; read back, every job has its queue
+    /// position and its mark.
+    #[test]
+    fn the_reply_is_read_back_into_one_entry_a_job() {
+        let runs = |pairs: &[i64]| Value::Array(pairs.iter().map(|&n| Value::Int(n)).collect());
+        let reply = Value::Array(vec![runs(&[]), Value::Int(0)]);
+        assert_eq!(read_reply(reply).expect("empty"), []);
+        let reply = Value::Array(vec![
+            runs(&[0, 2, 2, 1]),
+            Value::Int(0),
+            text("a"),
+            text("b"),
+            text("c"),
+        ]);
+        assert_eq!(
+            read_reply(reply).expect("no marks"),
+            [entry(0, "a", None), entry(0, "b", None), entry(2, "c", None)]
+        );
+        let marks = Value::Array(vec![text("n"), text("o99 j")]);
+        let reply = Value::Array(vec![runs(&[1, 2]), marks, text("a"), text("")]);
+        assert_eq!(
+            read_reply(reply).expect("marks"),
+            [entry(1, "a", Some("n")), entry(1, "", Some("o99 j"))]
+        );
+    }
+
+    /// A reply that does not add up is an error, never half read.
+    #[test]
+    fn a_reply_that_does_not_add_up_is_refused() {
+        let runs = |pairs: &[i64]| Value::Array(pairs.iter().map(|&n| Value::Int(n)).collect());
+        let bad = [
+            ("not a list", text("x")),
+            ("too short", Value::Array(vec![runs(&[])])),
+            ("runs not a list", Value::Array(vec![Value::Int(0), Value::Int(0)])),
+            (
+                "runs fewer",
+                Value::Array(vec![runs(&[0, 2]), Value::Int(0), text("a")]),
+            ),
+            (
+                "runs more",
+                Value::Array(vec![runs(&[0, 1]), Value::Int(0), text("a"), text("b")]),
+            ),
+            ("odd runs", Value::Array(vec![runs(&[0]), Value::Int(0)])),
+            (
+                "negative position",
+                Value::Array(vec![runs(&[-1, 1]), Value::Int(0), text("a")]),
+            ),
+            (
+                "marks fewer",
+                Value::Array(vec![runs(&[0, 2]), Value::Array(vec![text("n")]), text("a"), text("b")]),
+            ),
+            (
+                "marks other",
+                Value::Array(vec![runs(&[0, 1]), Value::Int(1), text("a")]),
+            ),
+            (
+                "job not text",
+                Value::Array(vec![runs(&[0, 1]), Value::Int(0), Value::Int(7)]),
+            ),
+        ];
+        for (what, reply) in bad {
+            assert!(read_reply(reply).is_err(), "{what}");
+        }
+    }
+
+    /// Jobs from two queues, one over the payload limit between them: on a
+    /// real Redis, each job keeps its queue, the large one is buried by
+    /// the script and left out, and the others carry no mark.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_keep_their_queue_and_the_oversized_one_is_left_out() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
+            .await
+            .expect("the embedded redis-server");
+        let mut conn = redis.conn();
+        let script = Script::new(super::super::scripts::FETCH);
+        let queues: Queues = "a,b".parse().expect("queues");
+        let names = queues.names();
+        let dead = DeadSet::new(DeadCaps::default());
+        let oversized = Oversized {
+            dead: &dead,
+            max_payload: 200,
+        };
+        let job = |jid: &str, pad: usize| format!(r#"{{"class":"A","args":["{}"],"jid":"{jid}"}}"#, "x".repeat(pad));
+        // Pushed as Sidekiq pushes (LPUSH), taken oldest first.
+        let _: () = redis::pipe()
+            .lpush(keys::queue("a"), job("a1", 0))
+            .lpush(keys::queue("a"), job("a2", 300))
+            .lpush(keys::queue("a"), job("a3", 0))
+            .lpush(keys::queue("b"), job("b1", 0))
+            .query_async(&mut conn)
+            .await
+            .expect("setup");
+        let taken = take(
+            &redis,
+            &script,
+            &queues,
+            &names,
+            Some("held"),
+            &HashSet::new(),
+            &oversized,
+            false,
+            10,
+        )
+        .await
+        .expect("take");
+        let got: Vec<(String, String, CancelMark)> = taken
+            .into_iter()
+            .map(|(raw, queue, mark)| (String::from_utf8(raw).expect("utf-8"), queue, mark))
+            .collect();
+        let want: Vec<(String, String, CancelMark)> = [("a1", "a"), ("a3", "a"), ("b1", "b")]
+            .iter()
+            .map(|(jid, queue)| (job(jid, 0), queue.to_string(), CancelMark::Unneeded))
+            .collect();
+        assert_eq!(got, want);
+        let held: Vec<String> = redis::cmd("LRANGE")
+            .arg("held")
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("LRANGE");
+        assert_eq!(held.len(), 3, "the large job is not held: {held:?}");
+        let buried: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys::DEAD)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("ZRANGE");
+        assert_eq!(buried.len(), 1);
+        assert!(buried[0].contains(r#""jid":"a2""#), "{buried:?}");
+    }
 
     /// Issue 33: the fetch looks cancel requests up only when one could
     /// exist that the process would not hear of (`--sidekiq-cancels`, or
