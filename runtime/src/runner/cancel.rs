@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use redis::aio::ConnectionLike;
+use smallvec::SmallVec;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::fetched::{CancelFound, CancelMark};
@@ -93,15 +95,21 @@ pub(crate) struct Cancels {
     sidekiq_hint: AtomicBool,
 }
 
+/// The jobs running under one jid: nearly always one, kept inline (a job
+/// registers with one allocation for its jid, shared with its
+/// [`Registration`], and one for its [`Watch`]).
+type Watches = SmallVec<[(u64, Arc<Watch>); 1]>;
+
 #[derive(Default)]
 struct Inner {
-    running: HashMap<String, Vec<(u64, Arc<Watch>)>>,
+    running: HashMap<Arc<str>, Watches>,
     recent: HashMap<String, (CancelRequest, Via, Instant)>,
 }
 
 /// One running job's cancel state.
 struct Watch {
-    token: CancellationToken,
+    /// Woken once `request` is set.
+    notify: Notify,
     request: OnceLock<(CancelRequest, Via)>,
     started: Instant,
     /// The shard the job came from.
@@ -111,7 +119,19 @@ struct Watch {
 impl Watch {
     fn cancel(&self, request: CancelRequest, via: Via) {
         if self.request.set((request, via)).is_ok() {
-            self.token.cancel();
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Resolves once the job is cancelled.
+    async fn cancelled(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Listening before looking: a cancel between the look and the wait
+        // still wakes this wait.
+        notified.as_mut().enable();
+        if self.request.get().is_none() {
+            notified.await;
         }
     }
 }
@@ -119,7 +139,7 @@ impl Watch {
 /// A job registered as running; unregistered when dropped.
 pub(crate) struct Registration {
     cancels: Arc<Cancels>,
-    jid: String,
+    jid: Arc<str>,
     id: u64,
     watch: Arc<Watch>,
 }
@@ -150,7 +170,7 @@ impl Cancels {
     pub(crate) fn register(self: &Arc<Self>, jid: &str, shard: u16) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let watch = Arc::new(Watch {
-            token: CancellationToken::new(),
+            notify: Notify::new(),
             request: OnceLock::new(),
             started: Instant::now(),
             shard,
@@ -159,15 +179,12 @@ impl Cancels {
         if let Some((request, via, _)) = inner.recent.get(jid) {
             watch.cancel(request.clone(), *via);
         }
-        inner
-            .running
-            .entry(jid.to_owned())
-            .or_default()
-            .push((id, watch.clone()));
+        let jid: Arc<str> = Arc::from(jid);
+        inner.running.entry(jid.clone()).or_default().push((id, watch.clone()));
         drop(inner);
         Registration {
             cancels: self.clone(),
-            jid: jid.to_owned(),
+            jid,
             id,
             watch,
         }
@@ -245,7 +262,7 @@ impl Cancels {
                         w.shard == shard && w.request.get().is_none() && now.duration_since(w.started) >= SWEEP_EVERY
                     })
                 })
-                .map(|(jid, _)| jid.clone())
+                .map(|(jid, _)| jid.to_string())
                 .collect()
         };
         for chunk in jids.chunks(LOOKUP_CHUNK) {
@@ -328,18 +345,14 @@ impl Registration {
     /// lets the job run (the sweep looks again while it runs).
     pub(crate) async fn check_at_start(&self, mark: &CancelMark) {
         let request = match mark {
-            CancelMark::Checked { jid, request } if *jid == self.jid => request.as_ref().map(|found| match found {
+            CancelMark::Checked { jid, request } if **jid == *self.jid => request.as_ref().map(|found| match found {
                 CancelFound::Key(value) => (CancelRequest::from_value(value, false), Via::Fetch),
                 CancelFound::Iteration(value) => (CancelRequest::from_value(value, true), Via::Fetch),
             }),
             // Any request would have come as a message (remembered when
             // the job was registered).
             CancelMark::Unneeded => None,
-            _ => match self
-                .cancels
-                .lookup(self.watch.shard, std::slice::from_ref(&self.jid))
-                .await
-            {
+            _ => match self.cancels.lookup(self.watch.shard, &[self.jid.to_string()]).await {
                 Ok(mut found) => found.pop().map(|(_, request)| (request, Via::Start)),
                 Err(err) => {
                     tracing::warn!(jid = %self.jid, "{err:#}; the job runs, and is checked again while it does");
@@ -364,13 +377,13 @@ impl Registration {
 
     /// Resolves when the job is cancelled.
     pub(crate) async fn cancelled(&self) {
-        self.watch.token.cancelled().await;
+        self.watch.cancelled().await;
     }
 
     /// The write for the job `raw`, cancelled by `request`.
     pub(crate) fn write(&self, raw: &str, request: &CancelRequest) -> Write {
         Write::Cancelled {
-            jid: self.jid.clone(),
+            jid: self.jid.to_string(),
             payload: control::cancelled_payload(raw, request, &self.cancels.from),
         }
     }
@@ -379,10 +392,10 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut inner = self.cancels.inner();
-        if let Some(watches) = inner.running.get_mut(&self.jid) {
+        if let Some(watches) = inner.running.get_mut(&*self.jid) {
             watches.retain(|(id, _)| *id != self.id);
             if watches.is_empty() {
-                inner.running.remove(&self.jid);
+                inner.running.remove(&*self.jid);
             }
         }
     }
@@ -413,6 +426,29 @@ mod tests {
         assert_eq!(a.requested(), Some(&request()));
         assert!(other.requested().is_none());
         drop((a, b));
+        assert!(!cancels.inner().running.contains_key("j"));
+    }
+
+    /// A job already waiting is woken by a cancel from another task, and
+    /// a job registered twice under one jid leaves its twin registered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_wakes_a_job_already_waiting_for_it() {
+        let cancels = Cancels::new(Vec::new(), "p");
+        let (first, twin) = (cancels.register("j", 0), cancels.register("j", 0));
+        drop(twin);
+        assert!(cancels.inner().running.contains_key("j"), "the first is still running");
+        let waiting = tokio::spawn(async move {
+            first.cancelled().await;
+            first.requested().cloned()
+        });
+        // Whether the cancel lands before or after the wait begins, it wakes it.
+        tokio::task::yield_now().await;
+        assert!(cancels.cancel("j", request(), Via::Message));
+        let woken = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting job was woken")
+            .expect("the task");
+        assert_eq!(woken, Some(request()));
         assert!(!cancels.inner().running.contains_key("j"));
     }
 
