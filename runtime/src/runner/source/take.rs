@@ -144,6 +144,59 @@ mod tests {
     use crate::redis::Target;
     use crate::runner::source::dead::DeadCaps;
 
+    /// An embedded Redis and what `take` needs to fetch from `queues`
+    /// with a payload limit of `max_payload`.
+    struct Fixture {
+        _data: tempfile::TempDir,
+        redis: Redis,
+        script: Script,
+        queues: Queues,
+        names: Vec<String>,
+        dead: DeadSet,
+        max_payload: usize,
+    }
+
+    impl Fixture {
+        /// Takes up to 10 jobs, into `held_in` when given, none paused.
+        async fn take(&self, held_in: Option<&str>, sidekiq_cancels: bool) -> Vec<Taken> {
+            let oversized = Oversized {
+                dead: &self.dead,
+                max_payload: self.max_payload,
+            };
+            let (queues, names) = (&self.queues, &self.names);
+            take(
+                &self.redis,
+                &self.script,
+                queues,
+                names,
+                held_in,
+                &HashSet::new(),
+                &oversized,
+                sidekiq_cancels,
+                10,
+            )
+            .await
+            .expect("take")
+        }
+    }
+
+    async fn fixture(queues: &str, max_payload: usize) -> Fixture {
+        let data = tempfile::tempdir().expect("tempdir");
+        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
+            .await
+            .expect("the embedded redis-server");
+        let queues: Queues = queues.parse().expect("queues");
+        Fixture {
+            _data: data,
+            redis,
+            script: Script::new(super::super::scripts::FETCH),
+            names: queues.names(),
+            queues,
+            dead: DeadSet::new(DeadCaps::default()),
+            max_payload,
+        }
+    }
+
     fn text(bytes: &str) -> Value {
         Value::BulkString(bytes.as_bytes().to_vec())
     }
@@ -227,19 +280,8 @@ mod tests {
     /// the script and left out, and the others carry no mark.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_keep_their_queue_and_the_oversized_one_is_left_out() {
-        let data = tempfile::tempdir().expect("tempdir");
-        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
-            .await
-            .expect("the embedded redis-server");
-        let mut conn = redis.conn();
-        let script = Script::new(super::super::scripts::FETCH);
-        let queues: Queues = "a,b".parse().expect("queues");
-        let names = queues.names();
-        let dead = DeadSet::new(DeadCaps::default());
-        let oversized = Oversized {
-            dead: &dead,
-            max_payload: 200,
-        };
+        let fixture = fixture("a,b", 200).await;
+        let mut conn = fixture.redis.conn();
         let job = |jid: &str, pad: usize| format!(r#"{{"class":"A","args":["{}"],"jid":"{jid}"}}"#, "x".repeat(pad));
         // Pushed as Sidekiq pushes (LPUSH), taken oldest first.
         let _: () = redis::pipe()
@@ -250,19 +292,7 @@ mod tests {
             .query_async(&mut conn)
             .await
             .expect("setup");
-        let taken = take(
-            &redis,
-            &script,
-            &queues,
-            &names,
-            Some("held"),
-            &HashSet::new(),
-            &oversized,
-            false,
-            10,
-        )
-        .await
-        .expect("take");
+        let taken = fixture.take(Some("held"), false).await;
         let got: Vec<(String, String, CancelMark)> = taken
             .into_iter()
             .map(|(raw, queue, mark)| (String::from_utf8(raw).expect("utf-8"), queue, mark))
@@ -297,20 +327,8 @@ mod tests {
     /// the script does no work per job for cancels. Run on a real Redis.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cancel_requests_are_looked_up_only_when_one_may_be_unheard() {
-        let data = tempfile::tempdir().expect("tempdir");
-        let redis = crate::redis::connect(&Target::Embedded(data.path().to_path_buf()))
-            .await
-            .expect("the embedded redis-server");
-        let mut conn = redis.conn();
-        let script = Script::new(super::super::scripts::FETCH);
-        let queues: Queues = "default".parse().expect("queues");
-        let names = queues.names();
-        let dead = DeadSet::new(DeadCaps::default());
-        let oversized = Oversized {
-            dead: &dead,
-            max_payload: 0,
-        };
-        let paused = HashSet::new();
+        let fixture = fixture("default", 0).await;
+        let mut conn = fixture.redis.conn();
         let job = r#"{"class":"A","args":[],"jid":"abc","queue":"default"}"#;
         let _: () = redis::cmd("SET")
             .arg(keys::cancel_request("abc"))
@@ -351,19 +369,7 @@ mod tests {
                     .await
                     .expect("ZADD");
             }
-            let taken = take(
-                &redis,
-                &script,
-                &queues,
-                &names,
-                None,
-                &paused,
-                &oversized,
-                sidekiq_cancels,
-                10,
-            )
-            .await
-            .expect("take");
+            let taken = fixture.take(None, sidekiq_cancels).await;
             assert_eq!(taken.len(), 1);
             assert_eq!(taken[0].2, mark, "open {open:?}, --sidekiq-cancels {sidekiq_cancels}");
             // An expired request is dropped by the fetch that finds it,
@@ -385,9 +391,7 @@ mod tests {
             .query_async(&mut conn)
             .await
             .expect("setup");
-        let taken = take(&redis, &script, &queues, &names, None, &paused, &oversized, false, 10)
-            .await
-            .expect("take");
+        let taken = fixture.take(None, false).await;
         assert_eq!(taken[0].2, asked);
     }
 }
