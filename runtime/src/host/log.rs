@@ -99,10 +99,10 @@ pub struct JobLabels {
     pub jid: String,
     /// The job class.
     pub class: String,
-    /// The plugin's name.
-    pub plugin: String,
+    /// The plugin's name (shared with the plugin: no copy per job).
+    pub plugin: Arc<str>,
     /// The plugin's version id.
-    pub version: String,
+    pub version: Arc<str>,
 }
 
 /// The per-job destination of guest output.

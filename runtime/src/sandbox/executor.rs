@@ -104,7 +104,7 @@ pub struct Execution {
     /// The guest's wasm backtrace, for a trap.
     pub backtrace: Option<String>,
     /// The version of the plugin that ran the job.
-    pub plugin_version: String,
+    pub plugin_version: Arc<str>,
 }
 
 /// An engine and the host capabilities linked for it.

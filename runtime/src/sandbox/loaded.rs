@@ -18,10 +18,11 @@ use crate::host::Grants;
 
 /// One plugin version, ready to run jobs.
 pub struct Loaded {
-    /// The plugin's name: its directory's (log lines, spans).
-    pub name: String,
+    /// The plugin's name: its directory's (log lines, spans). Shared, as
+    /// every job's labels carry it.
+    pub name: Arc<str>,
     /// Which build of the plugin this is (content hash, 12 hex chars).
-    pub version: String,
+    pub version: Arc<str>,
     /// What its jobs may reach.
     pub grants: Grants,
     /// Its per-job bounds; `None` takes the runner's default.
@@ -47,8 +48,8 @@ impl Loaded {
         pre: Prepared,
     ) -> Self {
         Self {
-            name,
-            version,
+            name: name.into(),
+            version: version.into(),
             grants,
             limits,
             instances,

@@ -724,7 +724,7 @@ async fn a_reloaded_plugin_gets_new_instances_and_the_old_ones_go_with_the_old_v
     let (new, _) = old.rescan(&dir.path().join("py-async-chaos"), &executor, &cache());
     let job = run(&executor, &new, "AsyncChaosJob", r#"["count"]"#).await;
     assert_eq!(seen(&job), "seen: 1", "the new version starts its own instance");
-    assert_eq!(job.plugin_version, new.get("AsyncChaosJob").expect("plugin").version);
+    assert_eq!(&*job.plugin_version, new.get("AsyncChaosJob").expect("plugin").version);
     assert_eq!(executor.instances().concurrent(), alive + 2);
     // Dropping the old version closes its instances' intake: they end now,
     // not after their idle timeout (10 s).

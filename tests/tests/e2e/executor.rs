@@ -13,7 +13,7 @@ async fn noop_job_succeeds() {
     let execution = run(&executor, &catalog, "NoopJob", "[]").await;
     assert_eq!(execution.outcome, Outcome::Success);
     let plugin = catalog.get("NoopJob").expect("noop plugin");
-    assert_eq!(execution.plugin_version, plugin.version);
+    assert_eq!(&*execution.plugin_version, plugin.version);
     assert_eq!(plugin.version.len(), 12);
 }
 

@@ -121,7 +121,7 @@ async fn a_reloaded_plugin_does_not_use_the_old_versions_instances() {
     assert_ne!(old_version, new_version, "the edit made a new version");
     let job = run(&executor, &new, "ChaosJob", r#"["count"]"#).await;
     assert_eq!(count(&job), 1, "the new version starts fresh");
-    assert_eq!(&job.plugin_version, new_version);
+    assert_eq!(&*job.plugin_version, new_version.as_str());
     drop(old);
     assert_eq!(counts(&executor, &new, 1).await, [2]);
 }
