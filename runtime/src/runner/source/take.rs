@@ -197,6 +197,11 @@ mod tests {
         }
     }
 
+    /// The reply's runs: (queue position, count) pairs, flat.
+    fn runs(pairs: &[i64]) -> Value {
+        Value::Array(pairs.iter().map(|&n| Value::Int(n)).collect())
+    }
+
     fn text(bytes: &str) -> Value {
         Value::BulkString(bytes.as_bytes().to_vec())
     }
@@ -214,7 +219,6 @@ mod tests {
     /// position and its mark.
     #[test]
     fn the_reply_is_read_back_into_one_entry_a_job() {
-        let runs = |pairs: &[i64]| Value::Array(pairs.iter().map(|&n| Value::Int(n)).collect());
         let reply = Value::Array(vec![runs(&[]), Value::Int(0)]);
         assert_eq!(read_reply(reply).expect("empty"), []);
         let reply = Value::Array(vec![
@@ -239,7 +243,6 @@ mod tests {
     /// A reply that does not add up is an error, never half read.
     #[test]
     fn a_reply_that_does_not_add_up_is_refused() {
-        let runs = |pairs: &[i64]| Value::Array(pairs.iter().map(|&n| Value::Int(n)).collect());
         let bad = [
             ("not a list", text("x")),
             ("too short", Value::Array(vec![runs(&[])])),
