@@ -26,7 +26,7 @@ pub struct Grants {
     pub manifest: PathBuf,
     /// Environment variables passed to the guest, with their values as the
     /// runner had them when the plugin loaded.
-    pub env: Vec<(String, String)>,
+    pub env: Arc<[(String, String)]>,
     /// The granted directories, in the manifest's order.
     pub files: Vec<Preopen>,
     /// Those directories, opened once when the plugin loaded.

@@ -12,6 +12,14 @@
 //! through [`MemoryLimiter`]. What the job may reach comes from its plugin
 //! version's [`Grants`].
 //!
+//! The WASI context is built when the job first calls WASI, not with the
+//! state: a job that never does (a Rust guest that neither prints, reads
+//! its environment nor touches a file or a clock) does not pay for one,
+//! and building it (stdio, environment, two random generators seeded from
+//! the OS) was ~3.5% of a NoopJob's CPU. Only a plugin with granted
+//! directories has its context built at once, as opening them can fail
+//! and that failure belongs at the job's start.
+//!
 //! An instance that runs several jobs at once (`[instances] concurrent`)
 //! has one store for all of them: the WASI context, table, disk share and
 //! limiter are the instance's, and each job's log sink, HTTP policy and SQL
@@ -41,7 +49,7 @@ use crate::size::mib;
 
 /// Everything a job's store holds.
 pub struct JobState {
-    wasi: WasiCtx,
+    wasi: LazyWasi,
     table: ResourceTable,
     http: WasiHttpCtx,
     http_policy: HttpPolicy,
@@ -77,22 +85,20 @@ impl JobState {
         http_policy: HttpPolicy,
         databases: &Arc<Databases>,
     ) -> Result<Self> {
-        let mut builder = WasiCtxBuilder::new();
-        // File calls run on the job's own worker thread instead of a
-        // `spawn_blocking` hop each: on a local disk the call is a few µs
-        // and the hop cost more than it (FileAppendJob 16k → 23k jobs/s,
-        // docs/performance.md). A slow network filesystem holds that worker
-        // for the call; the other workers steal its queued tasks meanwhile.
-        builder
-            .stdout(log.stream(Source::Stdout))
-            .stderr(log.stream(Source::Stderr))
-            .allow_blocking_current_thread(true);
-        for (name, value) in &grants.env {
-            builder.env(name, value);
-        }
-        files::preopen(&mut builder, &grants.manifest, &grants.files, &grants.handles)?;
+        let built = match grants.files.is_empty() {
+            // Nothing left that can fail: built at the first WASI call.
+            true => None,
+            false => {
+                let mut builder = wasi_builder(&log, &grants.env);
+                files::preopen(&mut builder, &grants.manifest, &grants.files, &grants.handles)?;
+                Some(Box::new(builder.build()))
+            }
+        };
         Ok(Self {
-            wasi: builder.build(),
+            wasi: LazyWasi {
+                built,
+                env: grants.env.clone(),
+            },
             table: ResourceTable::new(),
             http: WasiHttpCtx::new(),
             http_policy,
@@ -137,6 +143,43 @@ impl JobState {
     }
 }
 
+/// A job's WASI context, built at its first WASI call unless its plugin
+/// has directories to open.
+struct LazyWasi {
+    /// Boxed: it is large, and the state moves into its store.
+    built: Option<Box<WasiCtx>>,
+    /// The granted environment, for the build.
+    env: Arc<[(String, String)]>,
+}
+
+impl LazyWasi {
+    /// The context, built now with its stdio into `log` if there is none
+    /// yet (its plugin has no directories to open: nothing can fail).
+    fn get(&mut self, log: &LogSink) -> &mut WasiCtx {
+        self.built
+            .get_or_insert_with(|| Box::new(wasi_builder(log, &self.env).build()))
+    }
+}
+
+/// A WASI context's builder for a job logging to `log` with the granted
+/// environment `env`: no arguments, stdin closed, no directories yet.
+fn wasi_builder(log: &LogSink, env: &[(String, String)]) -> WasiCtxBuilder {
+    let mut builder = WasiCtxBuilder::new();
+    // File calls run on the job's own worker thread instead of a
+    // `spawn_blocking` hop each: on a local disk the call is a few µs and
+    // the hop cost more than it (FileAppendJob 16k → 23k jobs/s,
+    // docs/performance.md). A slow network filesystem holds that worker for
+    // the call; the other workers steal its queued tasks meanwhile.
+    builder
+        .stdout(log.stream(Source::Stdout))
+        .stderr(log.stream(Source::Stderr))
+        .allow_blocking_current_thread(true);
+    for (name, value) in env {
+        builder.env(name, value);
+    }
+    builder
+}
+
 /// A job's share of its plugin's disk budget, if the plugin has one.
 fn job_disk(grants: &Grants) -> Option<Arc<JobDisk>> {
     grants
@@ -165,7 +208,7 @@ impl HostView for JobState {
     fn budgeted_fs(&mut self) -> BudgetedFs<'_> {
         BudgetedFs {
             fs: wasmtime_wasi::filesystem::WasiFilesystemCtxView {
-                ctx: self.wasi.filesystem(),
+                ctx: self.wasi.get(&self.log).filesystem(),
                 table: &mut self.table,
             },
             disk: self.disk.as_ref(),
@@ -181,7 +224,7 @@ impl HostView for JobState {
 impl WasiView for JobState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx: self.wasi.get(&self.log),
             table: &mut self.table,
         }
     }
@@ -288,6 +331,63 @@ impl ResourceLimiter for MemoryLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::files::{Handles, Mode, Preopen};
+    use crate::host::http::{HttpClient, HttpLimits};
+    use crate::host::log::JobLabels;
+
+    /// A job's state under grants of `env` and `files` (none opened).
+    fn state(env: &[(&str, &str)], files: Vec<Preopen>) -> Result<JobState> {
+        let grants = Grants {
+            plugin: "x".into(),
+            manifest: "/p/x/wasmjobs.toml".into(),
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            files,
+            handles: Handles::default(),
+            sql: Default::default(),
+            log: Default::default(),
+            http_allow: Arc::default(),
+            http_stats: Arc::default(),
+            http_pools: Arc::default(),
+            disk: None,
+        };
+        let log = LogSink::new(JobLabels::default(), true, grants.log);
+        let http = HttpPolicy::new(
+            Arc::new(HttpClient::new(HttpLimits::default())),
+            grants.http_pools.clone(),
+            grants.http_allow.clone(),
+            grants.http_stats.clone(),
+            log.clone(),
+        );
+        JobState::new(&grants, log, 1 << 20, http, &Databases::empty())
+    }
+
+    #[test]
+    fn the_wasi_context_is_built_at_the_first_wasi_call() {
+        let mut state = state(&[("REGION", "eu")], Vec::new()).unwrap();
+        assert!(state.wasi.built.is_none(), "a job that never calls WASI builds none");
+        let _ = WasiView::ctx(&mut state);
+        let first: *const WasiCtx = &**state.wasi.built.as_ref().expect("built by the call");
+        let _ = state.budgeted_fs();
+        let again: *const WasiCtx = &**state.wasi.built.as_ref().expect("still there");
+        assert_eq!(first, again, "built once, then kept");
+    }
+
+    #[test]
+    fn a_plugin_with_directories_opens_them_when_the_job_starts() {
+        // Its directories were not opened at load (no handles here): the
+        // job's start says so, rather than its first file call.
+        let data = Preopen {
+            host: "/p/x/data".into(),
+            guest: "/data".into(),
+            mode: Mode::ReadOnly,
+            outside: false,
+        };
+        let err = state(&[], vec![data]).err().expect("the directories cannot be opened");
+        assert!(
+            format!("{err:#}").contains("not opened when the plugin loaded"),
+            "{err:#}"
+        );
+    }
 
     #[test]
     fn memory_limit_bounds_the_sum_of_all_memories() {
