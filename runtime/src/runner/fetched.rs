@@ -2,6 +2,8 @@
 //! as fetched, and a completion (how its unit of work ended) for the
 //! outcome writer. Plain data, below every module that moves it.
 
+use std::sync::Arc;
+
 use tokio::sync::mpsc;
 
 use super::job_retry::Write;
@@ -12,8 +14,9 @@ use crate::redis::unique::Lock;
 pub(crate) struct Fetched {
     /// The payload text (also the in-progress list entry, for the ack).
     pub(crate) raw: String,
-    /// The queue it came from.
-    pub(crate) queue: String,
+    /// The queue it came from (its name shared by the jobs fetched from
+    /// it: no copy per job).
+    pub(crate) queue: Arc<str>,
     /// What the fetch found out about a cancel of this job.
     pub(crate) cancel: CancelMark,
     /// Its row and claim, when it came from the PostgreSQL store.
@@ -26,10 +29,10 @@ pub(crate) struct Fetched {
 
 impl Fetched {
     /// A job whose cancel state nobody has looked at.
-    pub(crate) fn new(raw: String, queue: String) -> Self {
+    pub(crate) fn new(raw: String, queue: impl Into<Arc<str>>) -> Self {
         Self {
             raw,
-            queue,
+            queue: queue.into(),
             cancel: CancelMark::Unchecked,
             receipt: None,
             shard: 0,

@@ -603,7 +603,7 @@ fn work_entry(job: &InFlight) -> String {
     } else {
         std::borrow::Cow::Owned(crate::redis::job_head::preview(raw))
     };
-    json!({"queue": job.job.queue, "payload": payload, "run_at": job.run_at as i64}).to_string()
+    json!({"queue": &*job.job.queue, "payload": payload, "run_at": job.run_at as i64}).to_string()
 }
 
 #[cfg(test)]
@@ -615,7 +615,7 @@ mod tests {
     fn work_entries_stay_small_and_still_name_the_job() {
         let small = r#"{"class":"A","args":[1],"jid":"abc","queue":"q"}"#;
         let entry = work_entry(&InFlight {
-            job: Fetched::new(small.into(), "q".into()),
+            job: Fetched::new(small.into(), "q"),
             run_at: 5.0,
         });
         let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
@@ -627,7 +627,7 @@ mod tests {
             "x".repeat(10 << 20)
         );
         let entry = work_entry(&InFlight {
-            job: Fetched::new(big.clone(), "low".into()),
+            job: Fetched::new(big.clone(), "low"),
             run_at: 5.0,
         });
         assert!(entry.len() < 4096, "{} bytes", entry.len());

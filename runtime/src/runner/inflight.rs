@@ -170,7 +170,7 @@ mod tests {
     use super::*;
 
     fn job(raw: &str) -> Fetched {
-        Fetched::new(raw.into(), "q".into())
+        Fetched::new(raw.into(), "q")
     }
 
     #[test]

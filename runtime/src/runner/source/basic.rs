@@ -26,7 +26,8 @@ use crate::runner::fetched::{Completion, Fetched};
 pub(crate) struct Basic {
     redis: Redis,
     settings: Settings,
-    names: Vec<String>,
+    /// The queues' names, shared by the jobs fetched from them.
+    names: Vec<Arc<str>>,
     fetch: Script,
     requeue: Requeue,
     dead: Arc<DeadSet>,
@@ -37,9 +38,11 @@ pub(crate) struct Basic {
 impl Basic {
     /// The source for `settings` (starts its waiter, disarmed).
     pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
-        let names = settings.queues.names();
+        let names: Vec<Arc<str>> = settings.queues.names().into_iter().map(Arc::from).collect();
         let dead = Arc::new(DeadSet::new(settings.dead));
-        let waits = vec![Wait::Pop { queues: names.clone() }];
+        let waits = vec![Wait::Pop {
+            queues: names.iter().map(|name| name.to_string()).collect(),
+        }];
         // Nothing is held in Redis, so a lost reply leaves nothing to find.
         let waiting = Waiting::start(
             &redis,
@@ -159,7 +162,7 @@ impl JobSource for Basic {
                     .ignore()
                     .cmd("SADD")
                     .arg(keys::QUEUES)
-                    .arg(&job.queue)
+                    .arg(&*job.queue)
                     .ignore()
                     .query_async::<()>(&mut self.redis.conn())
                     .await;

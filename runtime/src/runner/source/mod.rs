@@ -182,10 +182,10 @@ pub(crate) trait JobSource: Send + Sync {
 }
 
 /// The length of `queues` in Redis, summed.
-pub(crate) async fn redis_waiting(redis: &Redis, queues: &[String]) -> Result<u64> {
+pub(crate) async fn redis_waiting(redis: &Redis, queues: &[impl AsRef<str>]) -> Result<u64> {
     let mut pipe = ::redis::pipe();
     for queue in queues {
-        pipe.cmd("LLEN").arg(crate::redis::keys::queue(queue));
+        pipe.cmd("LLEN").arg(crate::redis::keys::queue(queue.as_ref()));
     }
     let lengths: Vec<u64> = pipe.query_async(&mut redis.conn()).await?;
     Ok(lengths.iter().sum())

@@ -53,7 +53,7 @@ pub(super) fn transaction(
                     }
                     None => {
                         pipe.cmd("RPUSH").arg(keys::queue(&job.queue)).arg(&job.raw).ignore();
-                        pipe.cmd("SADD").arg(keys::QUEUES).arg(&job.queue).ignore();
+                        pipe.cmd("SADD").arg(keys::QUEUES).arg(&*job.queue).ignore();
                     }
                 }
                 continue;

@@ -33,7 +33,8 @@ use crate::runner::fetched::{CancelMark, Completion, Fetched};
 pub(crate) struct Reliable {
     redis: Redis,
     settings: Settings,
-    names: Vec<String>,
+    /// The queues' names, shared by the jobs fetched from them.
+    names: Vec<Arc<str>>,
     list: String,
     origin: Option<String>,
     fetch: Script,
@@ -48,14 +49,14 @@ pub(crate) struct Reliable {
 impl Reliable {
     /// The source for `settings` (starts its waiters, disarmed).
     pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
-        let names = settings.queues.names();
+        let names: Vec<Arc<str>> = settings.queues.names().into_iter().map(Arc::from).collect();
         let list = keys::inprogress(&settings.identity);
         let dead = Arc::new(DeadSet::new(settings.dead));
         let doubt = Arc::new(Doubt::default());
         let waits = names
             .iter()
             .map(|queue| Wait::Move {
-                queue: queue.clone(),
+                queue: queue.to_string(),
                 into: list.clone(),
             })
             .collect();
@@ -98,7 +99,7 @@ impl Reliable {
     /// The fetched job `raw`, if it is text; else it goes to the dead set
     /// and leaves the list. If that write fails, the entry stays and doubt
     /// is raised, so the reconcile that follows buries it.
-    async fn decode(&self, raw: Vec<u8>, queue: String, cancel: CancelMark) -> Option<Fetched> {
+    async fn decode(&self, raw: Vec<u8>, queue: Arc<str>, cancel: CancelMark) -> Option<Fetched> {
         match String::from_utf8(raw) {
             Ok(raw) => Some(Fetched {
                 raw,

@@ -462,7 +462,7 @@ mod tests {
             memories[0].push("ja");
             memories[1].push("jb");
             let jobs = source.fetch(1).await.unwrap();
-            first_a += u32::from(jobs[0].queue == "a");
+            first_a += u32::from(&*jobs[0].queue == "a");
             assert_eq!(source.fetch(1).await.unwrap().len(), 1);
         }
         let share = f64::from(first_a) / 4000.0;

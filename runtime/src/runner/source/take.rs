@@ -5,6 +5,7 @@
 //! and never leave Redis.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use redis::{Script, Value};
@@ -16,7 +17,7 @@ use crate::runner::fetched::CancelMark;
 use crate::runner::queues::Queues;
 
 /// A job taken: its bytes, its queue, and the fetch script's cancel mark.
-pub(super) type Taken = (Vec<u8>, String, CancelMark);
+pub(super) type Taken = (Vec<u8>, Arc<str>, CancelMark);
 
 /// What a fetch does with payloads over the limit: bury them in `dead`
 /// from inside Redis (0: no limit).
@@ -35,7 +36,7 @@ pub(super) async fn take(
     redis: &Redis,
     script: &Script,
     queues: &Queues,
-    names: &[String],
+    names: &[Arc<str>],
     held_in: Option<&str>,
     paused: &HashSet<String>,
     oversized: &Oversized<'_>,
@@ -44,7 +45,7 @@ pub(super) async fn take(
 ) -> Result<Vec<Taken>> {
     let mut order = queues.fetch_order();
     if !paused.is_empty() {
-        order.retain(|&i| !paused.contains(&names[i]));
+        order.retain(|&i| !paused.contains(&*names[i]));
         if order.is_empty() {
             return Ok(Vec::new());
         }
@@ -82,7 +83,7 @@ pub(super) async fn take(
             Some(mark) if raw.is_empty() && oversized_buried(queue, &mark) => continue,
             Some(mark) => CancelMark::from_script(&raw, &mark),
         };
-        jobs.push((raw, queue.to_owned(), mark));
+        jobs.push((raw, queue.clone(), mark));
     }
     Ok(jobs)
 }
@@ -151,7 +152,7 @@ mod tests {
         redis: Redis,
         script: Script,
         queues: Queues,
-        names: Vec<String>,
+        names: Vec<Arc<str>>,
         dead: DeadSet,
         max_payload: usize,
     }
@@ -190,7 +191,7 @@ mod tests {
             _data: data,
             redis,
             script: Script::new(super::super::scripts::FETCH),
-            names: queues.names(),
+            names: queues.names().into_iter().map(Arc::from).collect(),
             queues,
             dead: DeadSet::new(DeadCaps::default()),
             max_payload,
@@ -296,9 +297,16 @@ mod tests {
             .await
             .expect("setup");
         let taken = fixture.take(Some("held"), false).await;
+        // A job's queue is its queue's name, shared, not a copy.
+        for (_, queue, _) in &taken {
+            assert!(
+                fixture.names.iter().any(|name| Arc::ptr_eq(name, queue)),
+                "{queue} copied"
+            );
+        }
         let got: Vec<(String, String, CancelMark)> = taken
             .into_iter()
-            .map(|(raw, queue, mark)| (String::from_utf8(raw).expect("utf-8"), queue, mark))
+            .map(|(raw, queue, mark)| (String::from_utf8(raw).expect("utf-8"), queue.to_string(), mark))
             .collect();
         let want: Vec<(String, String, CancelMark)> = [("a1", "a"), ("a3", "a"), ("b1", "b")]
             .iter()

@@ -288,7 +288,7 @@ impl Waiter {
             }
             let Some(c) = conn.as_mut() else { continue };
             match self.wait_once(&wait, c).await {
-                Ok(Some(job)) if self.paused.borrow().contains(&job.queue) => {
+                Ok(Some(job)) if self.paused.borrow().contains(&*job.queue) => {
                     // Paused while this wait was blocked, before the unblock
                     // arrived: the job goes back where it was, unrun.
                     backoff = Duration::from_millis(100);
