@@ -138,26 +138,26 @@ impl<'de> Deserialize<'de> for Head<'de> {
                 }
                 let (mut class, mut args, mut jid, mut queue) = (None, None, None, None);
                 let (mut retry_count, mut enqueued_at, mut created_at, mut wrapped) = (None, None, None, None);
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match key.as_ref() {
-                        "class" => once(&mut class, "class", &mut map)?,
-                        "args" => once(&mut args, "args", &mut map)?,
-                        "jid" => once(&mut jid, "jid", &mut map)?,
-                        "queue" => once(&mut queue, "queue", &mut map)?,
-                        "retry_count" => once(&mut retry_count, "retry_count", &mut map)?,
-                        "enqueued_at" => once(&mut enqueued_at, "enqueued_at", &mut map)?,
-                        "created_at" => once(&mut created_at, "created_at", &mut map)?,
-                        "wrapped" => once(&mut wrapped, "wrapped", &mut map)?,
-                        _ => {
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::Class => once(&mut class, "class", &mut map)?,
+                        Field::Args => once(&mut args, "args", &mut map)?,
+                        Field::Jid => once(&mut jid, "jid", &mut map)?,
+                        Field::Queue => once(&mut queue, "queue", &mut map)?,
+                        Field::RetryCount => once(&mut retry_count, "retry_count", &mut map)?,
+                        Field::EnqueuedAt => once(&mut enqueued_at, "enqueued_at", &mut map)?,
+                        Field::CreatedAt => once(&mut created_at, "created_at", &mut map)?,
+                        Field::Wrapped => once(&mut wrapped, "wrapped", &mut map)?,
+                        Field::Other => {
                             map.next_value::<Checked>()?;
                         }
                     }
                 }
                 Ok(Head {
-                    class: class.flatten(),
+                    class: class.flatten().map(|Text(text)| text),
                     args: args.flatten(),
-                    jid: jid.flatten(),
-                    queue: queue.flatten(),
+                    jid: jid.flatten().map(|Text(text)| text),
+                    queue: queue.flatten().map(|Text(text)| text),
                     retry_count: retry_count.flatten().and_then(|Number(n)| n),
                     enqueued_at: enqueued_at.flatten().and_then(|Number(n)| n),
                     created_at: created_at.flatten().and_then(|Number(n)| n),
@@ -166,6 +166,79 @@ impl<'de> Deserialize<'de> for Head<'de> {
             }
         }
         deserializer.deserialize_map(Visitor)
+    }
+}
+
+/// A key of the payload's object, matched without copying it (serde's
+/// `Cow<str>` always copies: seven allocations a job, one per key).
+enum Field {
+    Class,
+    Args,
+    Jid,
+    Queue,
+    RetryCount,
+    EnqueuedAt,
+    CreatedAt,
+    Wrapped,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Field;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+
+            // Escaped or not: serde_json hands over the key unescaped.
+            fn visit_str<E>(self, key: &str) -> Result<Field, E> {
+                Ok(match key {
+                    "class" => Field::Class,
+                    "args" => Field::Args,
+                    "jid" => Field::Jid,
+                    "queue" => Field::Queue,
+                    "retry_count" => Field::RetryCount,
+                    "enqueued_at" => Field::EnqueuedAt,
+                    "created_at" => Field::CreatedAt,
+                    "wrapped" => Field::Wrapped,
+                    _ => Field::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(Visitor)
+    }
+}
+
+/// A JSON string, borrowed from the payload unless it holds escapes
+/// (serde's `Cow<str>` copies every one).
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E>(self, text: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
     }
 }
 
@@ -324,7 +397,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
     {
         return full();
     }
-    let (Some(class), Some(args)) = (&head.class, head.args) else {
+    let (Some(class), Some(args)) = (head.class, head.args) else {
         return full();
     };
     if class.is_empty() || class.len() > MAX_CLASS_LEN || !args.get().starts_with('[') {
@@ -346,7 +419,7 @@ pub fn job_from_raw(raw: &str) -> Result<(Job, f64), String> {
         .map_or_else(|| DEFAULT_QUEUE.to_owned(), Cow::into_owned);
     let mut job = Job {
         jid,
-        class: class.clone().into_owned(),
+        class: class.into_owned(),
         queue,
         args: args.get().to_owned(),
         retry_count: retry_count.map_or(0, |c| u32::try_from(c.saturating_add(1)).unwrap_or(u32::MAX)),
@@ -565,6 +638,8 @@ mod tests {
             r#"{"class":"X","args":[],"enqueued_at":null,"created_at":1764500000500,"retry_count":-1}"#,
             r#"{"class":"X","args":[],"enqueued_at":{"at":[1]},"retry_count":2.0}"#,
             r#"{"class":"X","args":[],"enqueued_at":-5,"retry_count":18446744073709551615}"#,
+            // Escaped keys and values: read unescaped, as the full parse does.
+            r#"{"cl\u0061ss":"X\"Y","\u0061rgs":[],"jid":"j\u00e9","qu\u0065ue":"l\now","retry_count":1}"#,
         ] {
             let (fast, enqueued) = job_from_raw(raw).unwrap();
             let full = Payload::parse(raw).unwrap();
@@ -589,6 +664,13 @@ mod tests {
             );
         }
         assert_eq!(job_from_raw(r#"{"class":"X","args":[],"jid":"j"}"#).unwrap().0.jid, "j");
+        let escaped = job_from_raw(r#"{"cl\u0061ss":"X\"Y","args":[],"j\u0069d":"j\u00e9","queue":"l\now"}"#)
+            .unwrap()
+            .0;
+        assert_eq!(
+            (escaped.class.as_str(), escaped.jid.as_str(), escaped.queue.as_str()),
+            ("X\"Y", "jé", "l\now")
+        );
         for bad in [
             "nope",
             "[1]",
