@@ -8,7 +8,7 @@
 //! outlives a job but not a version (HTTP connections, the disk budget,
 //! the HTTP counters, which a hot reload carries over) lives here too.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::disk::DiskBudget;
@@ -21,9 +21,9 @@ use super::log::LogBudget;
 pub struct Grants {
     /// The plugin's name (its directory's): log lines, the SQL
     /// `application_name`, which `--db NAME@PLUGIN=URL` it reaches.
-    pub plugin: String,
+    pub plugin: Arc<str>,
     /// Its manifest, named in every refusal.
-    pub manifest: PathBuf,
+    pub manifest: Arc<Path>,
     /// Environment variables passed to the guest, with their values as the
     /// runner had them when the plugin loaded.
     pub env: Arc<[(String, String)]>,
@@ -32,7 +32,7 @@ pub struct Grants {
     /// Those directories, opened once when the plugin loaded.
     pub handles: Handles,
     /// The databases it may use, and how.
-    pub sql: SqlGrants,
+    pub sql: Arc<SqlGrants>,
     /// Most log lines and bytes per job.
     pub log: LogBudget,
     /// Where it may send HTTP requests (`http.allow`).

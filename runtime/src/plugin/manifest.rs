@@ -228,8 +228,8 @@ impl Manifest {
     /// variables (those the runner has).
     pub(crate) fn grants(&self, handles: Handles, disk: Option<Arc<DiskBudget>>) -> Grants {
         Grants {
-            plugin: self.plugin_name(),
-            manifest: self.path.clone(),
+            plugin: self.plugin_name().into(),
+            manifest: self.path.as_path().into(),
             env: self
                 .env
                 .iter()
@@ -237,11 +237,11 @@ impl Manifest {
                 .collect(),
             files: self.files.clone(),
             handles,
-            sql: SqlGrants {
+            sql: Arc::new(SqlGrants {
                 names: self.sql.clone(),
                 read_only: self.sql_read_only.clone(),
                 concurrency: self.limits.concurrency.map(|n| n as usize),
-            },
+            }),
             log: self.limits.log.unwrap_or_default(),
             http_allow: Arc::new(self.http_allow.clone()),
             http_stats: Arc::default(),

@@ -339,7 +339,7 @@ mod tests {
     fn state(env: &[(&str, &str)], files: Vec<Preopen>) -> Result<JobState> {
         let grants = Grants {
             plugin: "x".into(),
-            manifest: "/p/x/wasmjobs.toml".into(),
+            manifest: std::path::Path::new("/p/x/wasmjobs.toml").into(),
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             files,
             handles: Handles::default(),

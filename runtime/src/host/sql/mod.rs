@@ -62,7 +62,7 @@ use anyhow::{Context, Result, bail};
 
 pub use config::{Backend, DbSpec, Settings};
 
-use super::grants::Grants;
+use super::grants::{Grants, SqlGrants};
 use crate::bindings::sql::{Host, Rows, SqlError, Value};
 use crate::otel::{HostSpan, JobTrace};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -241,15 +241,13 @@ impl Databases {
 #[derive(Clone)]
 pub struct SqlView {
     databases: Arc<Databases>,
-    grants: Vec<String>,
-    read_only: Vec<String>,
-    /// `limits.concurrency`: most connections of one database at once.
-    concurrency: Option<usize>,
-    manifest: PathBuf,
+    /// The plugin's `sql` grants (shared by its jobs, as is the rest).
+    grants: Arc<SqlGrants>,
+    manifest: Arc<Path>,
     /// The plugin's name (its directory's): which database a name with a
     /// `--db NAME@PLUGIN=URL` reaches, and (as `application_name`) what
     /// PostgreSQL shows its sessions as.
-    plugin: String,
+    plugin: Arc<str>,
     /// The job's trace while it is sampled: each statement gets a span.
     trace: Option<JobTrace>,
 }
@@ -259,9 +257,7 @@ impl SqlView {
     pub fn new(databases: Arc<Databases>, grants: &Grants) -> Self {
         Self {
             databases,
-            grants: grants.sql.names.clone(),
-            read_only: grants.sql.read_only.clone(),
-            concurrency: grants.sql.concurrency,
+            grants: grants.sql.clone(),
             manifest: grants.manifest.clone(),
             plugin: grants.plugin.clone(),
             trace: None,
@@ -281,14 +277,14 @@ impl SqlView {
 
     /// The database `name`, if granted and configured.
     fn database(&self, name: &str) -> Result<Arc<Database>, SqlError> {
-        if !self.grants.iter().any(|g| g == name) {
+        if !self.grants.names.iter().any(|g| g == name) {
             return Err(SqlError::NotGranted(format!(
                 "database {name:?} is not granted to this plugin: {} has {}",
                 self.manifest.display(),
-                if self.grants.is_empty() {
+                if self.grants.names.is_empty() {
                     "no `sql` grants".to_owned()
                 } else {
-                    format!("sql = {:?}", self.grants)
+                    format!("sql = {:?}", self.grants.names)
                 }
             )));
         }
@@ -304,7 +300,7 @@ impl SqlView {
     async fn run(&self, db: &str, statement: String, params: Vec<Value>, want_rows: bool) -> Result<Output, SqlError> {
         let database = self.database(db)?;
         check_statement(&statement)?;
-        let read_only = self.read_only.iter().any(|g| g == db);
+        let read_only = self.grants.read_only.iter().any(|g| g == db);
         let started = Instant::now();
         let mut span = match (&self.trace, &database.engine) {
             (Some(trace), Engine::Postgres(_)) => trace.sql(db, "postgresql", &statement),
@@ -347,7 +343,7 @@ impl SqlView {
     /// plugin has no such limit, or it is at least the pool size.
     async fn plugin_permit(&self, db: &str, database: &Database) -> Result<Option<OwnedSemaphorePermit>, SqlError> {
         let settings = database.spec.settings;
-        let Some(cap) = self.concurrency.filter(|cap| *cap < settings.pool) else {
+        let Some(cap) = self.grants.concurrency.filter(|cap| *cap < settings.pool) else {
             return Ok(None);
         };
         let semaphore = self.databases.plugin_slots(&self.manifest, db, cap);
