@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use rand::Rng;
@@ -76,6 +77,12 @@ impl Queues {
     /// Queue names, in configured order.
     pub fn names(&self) -> Vec<String> {
         self.entries.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Queue names, in configured order, each to be shared (not copied)
+    /// by the jobs fetched from it.
+    pub(crate) fn shared_names(&self) -> Vec<Arc<str>> {
+        self.entries.iter().map(|(n, _)| Arc::from(n.as_str())).collect()
     }
 
     /// These queues, keeping their order and weights, without those

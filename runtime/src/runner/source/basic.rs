@@ -38,10 +38,10 @@ pub(crate) struct Basic {
 impl Basic {
     /// The source for `settings` (starts its waiter, disarmed).
     pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
-        let names: Vec<Arc<str>> = settings.queues.names().into_iter().map(Arc::from).collect();
+        let names = settings.queues.shared_names();
         let dead = Arc::new(DeadSet::new(settings.dead));
         let waits = vec![Wait::Pop {
-            queues: names.iter().map(|name| name.to_string()).collect(),
+            queues: settings.queues.names(),
         }];
         // Nothing is held in Redis, so a lost reply leaves nothing to find.
         let waiting = Waiting::start(

@@ -49,7 +49,7 @@ pub(crate) struct Reliable {
 impl Reliable {
     /// The source for `settings` (starts its waiters, disarmed).
     pub(crate) fn new(redis: Redis, settings: Settings, paused: Arc<Paused>) -> Self {
-        let names: Vec<Arc<str>> = settings.queues.names().into_iter().map(Arc::from).collect();
+        let names = settings.queues.shared_names();
         let list = keys::inprogress(&settings.identity);
         let dead = Arc::new(DeadSet::new(settings.dead));
         let doubt = Arc::new(Doubt::default());

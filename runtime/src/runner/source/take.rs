@@ -164,12 +164,11 @@ mod tests {
                 dead: &self.dead,
                 max_payload: self.max_payload,
             };
-            let (queues, names) = (&self.queues, &self.names);
             take(
                 &self.redis,
                 &self.script,
-                queues,
-                names,
+                &self.queues,
+                &self.names,
                 held_in,
                 &HashSet::new(),
                 &oversized,
@@ -191,7 +190,7 @@ mod tests {
             _data: data,
             redis,
             script: Script::new(super::super::scripts::FETCH),
-            names: queues.names().into_iter().map(Arc::from).collect(),
+            names: queues.shared_names(),
             queues,
             dead: DeadSet::new(DeadCaps::default()),
             max_payload,
