@@ -79,6 +79,8 @@ pub struct RunArgs {
     /// process per core, suits Python and JS plugins on fresh instances:
     /// their copy-on-write faults then flush no other core's TLB, which
     /// took ~2.5 ms of CPU per job in one two-thread process (docs/polyglot.md).
+    /// Light jobs at low concurrency gain too (NoopJob at C=10: 1.29× the
+    /// jobs/s), CPU-bound ones lose (FibJob at C=10: half; docs/performance.md).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// Allow plugins that set `limits.fuel` (they alone are metered, 10–25% slower).
