@@ -10,8 +10,9 @@
 //! The same jobs, the same Redis, the same protocol:
 //!
 //! - **Fetch** ([`protocol::FETCH`], the runner's own script): one Lua
-//!   call moves up to *n* jobs from `queue:default` into this process's
-//!   in-progress list (reliable) or pops them (basic). As the runner's
+//!   call moves up to *n* jobs from `queue:default` into a free batch list
+//!   of this process, read in the same round trip (reliable), or pops them
+//!   (basic). As the runner's
 //!   fetch loop does, it holds slots first (a semaphore of C), waits up to
 //!   1 ms for half of them to be free, and fetches as many jobs as it holds
 //!   slots (at most 500 a call).
@@ -26,8 +27,8 @@
 //!   the body to the end; a non-2xx status fails the job. Any other class
 //!   fails.
 //! - **Ack** ([`protocol::ack`]): one writer drains what has finished (up
-//!   to 1,000) into one `MULTI`: `LREM` per job from the in-progress list
-//!   (reliable), and, with the first batch 10 ms after they were last
+//!   to 1,000) into one `MULTI`: `LREM` per job from its batch list, or a
+//!   `DEL` of a batch list whose last jobs these are (reliable), and, with the first batch 10 ms after they were last
 //!   written and at the end, the `stat:processed` / `stat:failed` counters
 //!   summed meanwhile with their daily keys, as the runner's outcome writer
 //!   does.
@@ -142,14 +143,18 @@ async fn run(args: Args) -> Result<()> {
     let conn = redis::aio::ConnectionManager::new(client)
         .await
         .context("connecting to Redis")?;
-    let list = args
-        .reliable
-        .then(|| format!("wasmjobs:inprogress:native-{}", std::process::id()));
+    let lists = args.reliable.then(|| {
+        Arc::new(protocol::Lists::new(format!(
+            "wasmjobs:inprogress:native-{}",
+            std::process::id()
+        )))
+    });
     let http = Arc::new(work::http_client(args.concurrency, args.h2));
     let (tx, rx) = mpsc::channel::<Done>(args.concurrency.max(protocol::MAX_ACK_BATCH));
-    let writer = tokio::spawn(protocol::write_acks(conn.clone(), list.clone(), rx));
+    let writer = tokio::spawn(protocol::write_acks(conn.clone(), lists.clone(), rx));
     let slots = Arc::new(Semaphore::new(args.concurrency));
     let fetch = redis::Script::new(protocol::FETCH);
+    protocol::load(&mut conn.clone(), &fetch).await?;
     eprintln!(
         "wasmjobs-native running (concurrency {}, {} fetch, HTTP/{})",
         args.concurrency,
@@ -160,7 +165,7 @@ async fn run(args: Args) -> Result<()> {
     let mut fetched = 0u64;
     loop {
         let permits = free_slots(&slots, args.concurrency).await?;
-        let jobs = protocol::fetch(&mut conn.clone(), &fetch, list.as_deref(), permits.len()).await?;
+        let jobs = protocol::fetch(&mut conn.clone(), &fetch, lists.as_deref(), permits.len()).await?;
         if jobs.is_empty() {
             match args.jobs {
                 Some(want) if fetched < want => {
@@ -172,12 +177,12 @@ async fn run(args: Args) -> Result<()> {
             }
         }
         fetched += jobs.len() as u64;
-        for (raw, permit) in jobs.into_iter().zip(permits) {
+        for ((raw, held), permit) in jobs.into_iter().zip(permits) {
             let (tx, http) = (tx.clone(), http.clone());
             tokio::spawn(async move {
                 let ok = work::perform(&http, &raw).await;
                 // The writer outlives every job (it ends once all senders are gone).
-                let _ = tx.send(Done { raw, ok }).await;
+                let _ = tx.send(Done { raw, ok, held }).await;
                 drop(permit);
             });
         }

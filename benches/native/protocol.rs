@@ -1,11 +1,16 @@
 //! The work protocol's Redis side, as the runner speaks it: the runner's
-//! own fetch script (`wasmjobs::runner::FETCH_SCRIPT`) and the batched ack
+//! own fetch script (`wasmjobs::runner::FETCH_SCRIPT`) into a free batch
+//! list ([`Lists`], the runner's `runtime/src/runner/source/batches.rs`)
+//! with the list read in the same round trip, and the batched ack
 //! transaction of
 //! `runtime/src/runner/source/record.rs` for jobs that succeeded or failed
-//! without a retry, with the counters summed between writes and written
+//! without a retry (a batch list whose last jobs it acks is deleted whole),
+//! with the counters summed between writes and written
 //! with the first batch [`STATS_LAG`] after the last, and at the end (the
 //! runner's `runner/owed.rs`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -28,44 +33,134 @@ const STATS_TTL_SECS: i64 = 5 * 365 * 24 * 3600;
 /// `owed::STATS_LAG`).
 const STATS_LAG: Duration = Duration::from_millis(10);
 
-/// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[3..]
-/// (in order) to KEYS[1] (reliable), or pops them (basic, ARGV[2] == "0").
+/// The runner's own fetch script: moves up to ARGV[1] jobs from KEYS[4..]
+/// (in order) to the batch list KEYS[3] (reliable, ARGV[4] == "1") or the
+/// in-progress list KEYS[1] (reliable), or pops them (basic, ARGV[2] == "0").
 pub const FETCH: &str = wasmjobs::runner::FETCH_SCRIPT;
 
-/// A job that ended: its raw payload (as fetched) and whether it succeeded.
+/// How many batch lists a process has (the runner's `keys::BATCH_LISTS`).
+const BATCH_LISTS: usize = 32;
+
+/// A reliable worker's lists: its in-progress list, and its batch lists
+/// with which are free.
+pub struct Lists {
+    pub list: String,
+    batches: Vec<String>,
+    free: Mutex<Vec<bool>>,
+}
+
+/// A batch list holding jobs: its key, its slot, and how many of its jobs
+/// are not acked yet.
+pub struct Batch {
+    key: String,
+    slot: usize,
+    left: AtomicUsize,
+}
+
+impl Lists {
+    pub fn new(list: String) -> Self {
+        Self {
+            batches: (0..BATCH_LISTS).map(|slot| format!("{list}:b{slot}")).collect(),
+            list,
+            free: Mutex::new(vec![true; BATCH_LISTS]),
+        }
+    }
+
+    fn claim(&self) -> Option<usize> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = free.iter().position(|&f| f)?;
+        free[slot] = false;
+        Some(slot)
+    }
+
+    fn release(&self, slot: usize) {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner)[slot] = true;
+    }
+
+    /// `jobs` jobs of `batch` were acked: its slot is free once all were.
+    fn leave(&self, batch: &Batch, jobs: usize) {
+        if batch.left.fetch_sub(jobs, Ordering::AcqRel) == jobs {
+            self.release(batch.slot);
+        }
+    }
+}
+
+/// A job that ended: its raw payload (as fetched), whether it succeeded,
+/// and the batch list holding it.
 pub struct Done {
-    /// The payload, byte for byte as it sits in the in-progress list.
+    /// The payload, byte for byte as it sits in its list.
     pub raw: Vec<u8>,
     /// Succeeded (counted as processed) or failed (processed and failed).
     pub ok: bool,
+    /// Its batch list (else it is in the in-progress list, or popped).
+    pub held: Option<Arc<Batch>>,
 }
 
-/// Takes up to `max` jobs from `queue:default`, into `held_in` (reliable)
-/// or popped (basic).
+/// Loads the fetch script (a pipelined call cannot load it on demand).
+pub async fn load(conn: &mut ConnectionManager, script: &redis::Script) -> Result<()> {
+    let _: String = script
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .context("loading the fetch script")?;
+    Ok(())
+}
+
+/// Takes up to `max` jobs from `queue:default`, into a free batch list of
+/// `lists` (reliable; the in-progress list when none is free) or popped
+/// (basic). Returns each job with the batch list holding it.
 pub async fn fetch(
     conn: &mut ConnectionManager,
     script: &redis::Script,
-    held_in: Option<&str>,
+    lists: Option<&Lists>,
     max: usize,
-) -> Result<Vec<Vec<u8>>> {
-    let reply: Vec<redis::Value> = script
-        .key(held_in.unwrap_or("wasmjobs:unused"))
+) -> Result<Vec<(Vec<u8>, Option<Arc<Batch>>)>> {
+    let slot = lists.and_then(Lists::claim);
+    let batch_key = lists.zip(slot).map(|(lists, slot)| lists.batches[slot].as_str());
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .key(lists.map_or("wasmjobs:unused", |l| l.list.as_str()))
         .key(CANCELS_OPEN)
+        .key(batch_key.unwrap_or("wasmjobs:unused"))
         .key(QUEUE)
         .arg(max.min(MAX_FETCH))
-        .arg(if held_in.is_some() { "1" } else { "0" })
+        .arg(if lists.is_some() { "1" } else { "0" })
         // As the runner fetches by default (no `--sidekiq-cancels`).
         .arg("0")
-        .invoke_async(conn)
-        .await
-        .context("fetching jobs")?;
+        .arg(if batch_key.is_some() { "1" } else { "0" });
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(&invocation);
+    pipe.cmd("LRANGE")
+        .arg(batch_key.unwrap_or("wasmjobs:unused"))
+        .arg(0)
+        .arg(-1);
+    let (reply, listed): (Vec<redis::Value>, Vec<Vec<u8>>) = pipe.query_async(conn).await.context("fetching jobs")?;
+    // [[0, n], -1]: the jobs are in the batch list, read behind the script;
     // [runs, marks, job, …]: one queue, so keep the jobs (the script
     // looks the cancel requests up when the runner's would).
+    if reply.get(1) == Some(&redis::Value::Int(-1)) {
+        let (Some(lists), Some(slot)) = (lists, slot) else {
+            anyhow::bail!("the fetch script used a batch list it was not given");
+        };
+        if listed.is_empty() {
+            lists.release(slot);
+            return Ok(Vec::new());
+        }
+        let batch = Arc::new(Batch {
+            key: lists.batches[slot].clone(),
+            slot,
+            left: AtomicUsize::new(listed.len()),
+        });
+        return Ok(listed.into_iter().map(|raw| (raw, Some(batch.clone()))).collect());
+    }
+    if let (Some(lists), Some(slot)) = (lists, slot) {
+        lists.release(slot);
+    }
     reply
         .into_iter()
         .skip(2)
         .map(|job| match job {
-            redis::Value::BulkString(raw) => Ok(raw),
+            redis::Value::BulkString(raw) => Ok((raw, None)),
             other => anyhow::bail!("the fetch script returned a job that is not text: {other:?}"),
         })
         .collect()
@@ -75,7 +170,7 @@ pub async fn fetch(
 /// gone. Returns how many jobs were processed and how many of them failed.
 pub async fn write_acks(
     mut conn: ConnectionManager,
-    held_in: Option<String>,
+    lists: Option<Arc<Lists>>,
     mut rx: mpsc::Receiver<Done>,
 ) -> Result<(u64, u64)> {
     let (mut processed, mut failed) = (0u64, 0u64);
@@ -89,11 +184,16 @@ pub async fn write_acks(
         let due = ended || paid_at.elapsed() >= STATS_LAG;
         let counts = if due { owed } else { (0, 0) };
         let date = utc_date(wasmjobs::redis::now_f64());
-        let pipe = ack(&batch, held_in.as_deref(), &date, counts);
+        let (pipe, leaving) = ack(&batch, lists.as_deref().map(|l| l.list.as_str()), &date, counts);
         if !pipe.is_empty() {
             pipe.query_async::<()>(&mut conn)
                 .await
                 .context("writing job outcomes")?;
+        }
+        if let Some(lists) = &lists {
+            for (held, jobs) in leaving {
+                lists.leave(&held, jobs);
+            }
         }
         if due {
             owed = (0, 0);
@@ -108,16 +208,46 @@ pub async fn write_acks(
     }
 }
 
-/// The transaction recording `batch`: each job leaves the in-progress list
-/// `held_in` (reliable), and the counters and their daily twins move by
-/// `counts` (processed, failed).
-pub fn ack(batch: &[Done], held_in: Option<&str>, date: &str, counts: (u64, u64)) -> redis::Pipeline {
+/// The transaction recording `batch`: each job leaves its batch list or
+/// the in-progress list `held_in` (reliable) — a batch list whose every
+/// remaining job is in `batch` is deleted instead —, and the counters and
+/// their daily twins move by `counts` (processed, failed). Also returns
+/// how many jobs leave each batch list.
+pub fn ack(
+    batch: &[Done],
+    held_in: Option<&str>,
+    date: &str,
+    counts: (u64, u64),
+) -> (redis::Pipeline, Vec<(Arc<Batch>, usize)>) {
     let mut pipe = redis::pipe();
     pipe.atomic();
-    if let Some(list) = held_in {
-        for done in batch {
-            pipe.cmd("LREM").arg(list).arg(-1).arg(&done.raw).ignore();
+    let mut leaving: Vec<(Arc<Batch>, usize)> = Vec::new();
+    for held in batch.iter().filter_map(|done| done.held.as_ref()) {
+        match leaving.iter_mut().find(|(b, _)| Arc::ptr_eq(b, held)) {
+            Some((_, jobs)) => *jobs += 1,
+            None => leaving.push((held.clone(), 1)),
         }
+    }
+    let emptied = |held: &Arc<Batch>| {
+        leaving
+            .iter()
+            .any(|(b, jobs)| Arc::ptr_eq(b, held) && b.left.load(Ordering::Acquire) == *jobs)
+    };
+    for done in batch {
+        match &done.held {
+            Some(held) if emptied(held) => {}
+            Some(held) => {
+                pipe.cmd("LREM").arg(&held.key).arg(-1).arg(&done.raw).ignore();
+            }
+            None => {
+                if let Some(list) = held_in {
+                    pipe.cmd("LREM").arg(list).arg(-1).arg(&done.raw).ignore();
+                }
+            }
+        }
+    }
+    for (held, _) in leaving.iter().filter(|(held, _)| emptied(held)) {
+        pipe.cmd("DEL").arg(&held.key).ignore();
     }
     for (stat, by) in [(STAT_PROCESSED, counts.0), (STAT_FAILED, counts.1)] {
         if by == 0 {
@@ -128,7 +258,7 @@ pub fn ack(batch: &[Done], held_in: Option<&str>, date: &str, counts: (u64, u64)
         pipe.cmd("INCRBY").arg(&daily).arg(by).ignore();
         pipe.cmd("EXPIRE").arg(&daily).arg(STATS_TTL_SECS).ignore();
     }
-    pipe
+    (pipe, leaving)
 }
 
 /// `YYYY-MM-DD` in UTC (the daily stat keys' suffix).
@@ -151,13 +281,15 @@ mod tests {
             Done {
                 raw: b"{\"jid\":\"a\"}".to_vec(),
                 ok: true,
+                held: None,
             },
             Done {
                 raw: b"{\"jid\":\"b\"}".to_vec(),
                 ok: false,
+                held: None,
             },
         ];
-        let packed = commands(&ack(&batch, Some("wasmjobs:inprogress:native-1"), "2026-12-01", (2, 1)));
+        let packed = commands(&ack(&batch, Some("wasmjobs:inprogress:native-1"), "2026-12-01", (2, 1)).0);
         assert!(packed.starts_with("*1\r\n$5\r\nMULTI\r\n"), "{packed}");
         assert_eq!(packed.matches("LREM").count(), 2);
         assert!(packed.contains("{\"jid\":\"b\"}"));
@@ -181,8 +313,9 @@ mod tests {
         let batch = [Done {
             raw: b"{}".to_vec(),
             ok: true,
+            held: None,
         }];
-        let packed = commands(&ack(&batch, None, "2026-12-01", (1, 0)));
+        let packed = commands(&ack(&batch, None, "2026-12-01", (1, 0)).0);
         assert!(!packed.contains("LREM"));
         assert!(!packed.contains("stat:failed"));
         assert!(packed.contains("stat:processed:2026-12-01"));
@@ -193,11 +326,46 @@ mod tests {
         let batch = [Done {
             raw: b"{}".to_vec(),
             ok: true,
+            held: None,
         }];
-        assert!(ack(&batch, None, "2026-12-01", (0, 0)).is_empty());
-        let reliable = commands(&ack(&batch, Some("l"), "2026-12-01", (0, 0)));
+        assert!(ack(&batch, None, "2026-12-01", (0, 0)).0.is_empty());
+        let reliable = commands(&ack(&batch, Some("l"), "2026-12-01", (0, 0)).0);
         assert_eq!(reliable.matches("LREM").count(), 1);
         assert!(!reliable.contains("stat:"), "{reliable}");
+    }
+
+    /// Jobs of a batch list are removed one by one until an ack holds all
+    /// that are left: then the list is deleted whole.
+    #[test]
+    fn the_ack_of_a_batch_lists_last_jobs_deletes_it() {
+        let held = Arc::new(Batch {
+            key: "l:b0".into(),
+            slot: 0,
+            left: AtomicUsize::new(3),
+        });
+        let done = |jid: &str| Done {
+            raw: format!("{{\"jid\":\"{jid}\"}}").into_bytes(),
+            ok: true,
+            held: Some(held.clone()),
+        };
+        let (first, leaving) = ack(&[done("a")], Some("l"), "2026-12-01", (0, 0));
+        let first = commands(&first);
+        assert_eq!(
+            (first.matches("LREM").count(), first.matches("DEL").count()),
+            (1, 0),
+            "{first}"
+        );
+        assert!(first.contains("l:b0"), "{first}");
+        assert_eq!(leaving.len(), 1);
+        held.left.fetch_sub(1, Ordering::AcqRel);
+        let (last, leaving) = ack(&[done("b"), done("c")], Some("l"), "2026-12-01", (0, 0));
+        let last = commands(&last);
+        assert_eq!(
+            (last.matches("LREM").count(), last.matches("DEL").count()),
+            (0, 1),
+            "{last}"
+        );
+        assert_eq!(leaving[0].1, 2);
     }
 
     #[test]

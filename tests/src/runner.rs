@@ -328,6 +328,28 @@ pub async fn jobs_in_progress(conn: &mut redis::aio::MultiplexedConnection) -> u
     held
 }
 
+/// The batch lists a reliable process has beside its in-progress list
+/// (the runner's `keys::BATCH_LISTS`).
+pub const BATCH_LISTS: usize = 32;
+
+/// Every list the process `identity` may hold jobs in: its in-progress
+/// list, then its batch lists.
+pub fn held_lists(identity: &str) -> Vec<String> {
+    std::iter::once(format!("wasmjobs:inprogress:{identity}"))
+        .chain((0..BATCH_LISTS).map(|slot| format!("wasmjobs:inprogress:{identity}:b{slot}")))
+        .collect()
+}
+
+/// The jobs `identity` holds, in all of its lists.
+pub async fn held_by(conn: &mut redis::aio::MultiplexedConnection, identity: &str) -> Vec<String> {
+    let mut held = Vec::new();
+    for list in held_lists(identity) {
+        let jobs: Vec<String> = conn.lrange(&list, 0, -1).await.expect("LRANGE");
+        held.extend(jobs);
+    }
+    held
+}
+
 /// Moves every retry to "due now", as the clock would after the backoff.
 pub async fn make_retries_due(conn: &mut redis::aio::MultiplexedConnection) {
     let members: Vec<String> = conn.zrange("retry", 0, -1).await.expect("ZRANGE");

@@ -18,8 +18,17 @@ pub(crate) const STAT_PROCESSED: &str = "stat:processed";
 pub(crate) const STAT_FAILED: &str = "stat:failed";
 /// Jobs discarded at the guest's request (wasmjobs only).
 pub(crate) const STAT_DISCARDED: &str = "wasmjobs:stat:discarded";
-/// SET of identities that have (or had) an in-progress list, for orphan recovery.
+/// SET of identities that hold (or held) jobs in their in-progress list
+/// and batch lists ([`held_lists`]), for orphan recovery.
+pub(crate) const HOLDERS: &str = "wasmjobs:holders";
+/// SET of identities of processes from before the batch lists (before
+/// 2026-12-06), which hold jobs in their in-progress list alone: still
+/// swept, never written. A separate set, because such a process forgets a
+/// dead owner whose in-progress list is empty, which would strand jobs
+/// left in a newer owner's batch lists.
 pub(crate) const INPROGRESS_OWNERS: &str = "wasmjobs:inprogress";
+/// Both owner sets, newest first.
+pub(crate) const OWNER_SETS: [&str; 2] = [HOLDERS, INPROGRESS_OWNERS];
 /// HASH of identity → where the process runs (boot id, PID namespace, pid,
 /// start time), so a process on the same machine can prove it dead or alive.
 pub(crate) const ORIGINS: &str = "wasmjobs:origins";
@@ -43,6 +52,26 @@ pub(crate) fn minute_stats(minute: u64) -> String {
 /// The in-progress list of the process `identity` (reliable fetch).
 pub(crate) fn inprogress(identity: &str) -> String {
     format!("wasmjobs:inprogress:{identity}")
+}
+
+/// How many batch lists a reliable process may hold jobs in beside its
+/// in-progress list: part of the protocol, since a process recovering a
+/// dead one's jobs looks in exactly these.
+pub(crate) const BATCH_LISTS: usize = 32;
+
+/// The batch list `slot` (below [`BATCH_LISTS`]) of the process
+/// `identity`: where one sorted fetch left its jobs
+/// (`runner/source/batches.rs`).
+pub(crate) fn batch_list(identity: &str, slot: usize) -> String {
+    format!("wasmjobs:inprogress:{identity}:b{slot}")
+}
+
+/// Every list the process `identity` may hold jobs in: its in-progress
+/// list first, then its batch lists.
+pub(crate) fn held_lists(identity: &str) -> Vec<String> {
+    std::iter::once(inprogress(identity))
+        .chain((0..BATCH_LISTS).map(|slot| batch_list(identity, slot)))
+        .collect()
 }
 
 /// The hash of jobs being worked on by `identity`, as Sidekiq ≥ 7 names it.

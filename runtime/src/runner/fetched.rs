@@ -3,6 +3,7 @@
 //! outcome writer. Plain data, below every module that moves it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::mpsc;
 
@@ -25,6 +26,9 @@ pub(crate) struct Fetched {
     /// default shard, with one Redis): its outcome, cancel and unique lock
     /// live there.
     pub(crate) shard: u16,
+    /// The batch list it waits in, when a sorted fetch took it (reliable
+    /// fetch); else it is in the process's in-progress list.
+    pub(crate) held: Option<Held>,
 }
 
 impl Fetched {
@@ -36,7 +40,72 @@ impl Fetched {
             cancel: CancelMark::Unchecked,
             receipt: None,
             shard: 0,
+            held: None,
         }
+    }
+}
+
+/// The batch list one sorted fetch left its jobs in, shared by those
+/// jobs: its key, its slot among the process's batch lists, and how many
+/// of its jobs have not left it yet (so the transaction that acks the last
+/// ones deletes it whole, and its slot is used again once it is empty).
+#[derive(Clone)]
+pub(crate) struct Held(Arc<BatchList>);
+
+struct BatchList {
+    key: Arc<str>,
+    slot: usize,
+    left: AtomicUsize,
+}
+
+impl Held {
+    /// The list `key` (slot `slot`), holding `jobs` jobs.
+    pub(crate) fn new(key: Arc<str>, slot: usize, jobs: usize) -> Self {
+        Self(Arc::new(BatchList {
+            key,
+            slot,
+            left: AtomicUsize::new(jobs),
+        }))
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.0.key
+    }
+
+    pub(crate) fn slot(&self) -> usize {
+        self.0.slot
+    }
+
+    /// How many of its jobs have not left it yet.
+    pub(crate) fn left(&self) -> usize {
+        self.0.left.load(Ordering::Acquire)
+    }
+
+    /// Counts `jobs` more of its jobs as gone (their removal confirmed by
+    /// Redis). Returns whether the list is now empty.
+    pub(crate) fn leave(&self, jobs: usize) -> bool {
+        let before = self.0.left.fetch_sub(jobs, Ordering::AcqRel);
+        debug_assert!(before >= jobs, "more jobs left a batch list than it held");
+        before == jobs
+    }
+
+    /// Whether `other` is the same list.
+    pub(crate) fn same(&self, other: &Held) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.same(other)
+    }
+}
+
+impl Eq for Held {}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Held({}, {} left)", self.key(), self.left())
     }
 }
 

@@ -21,7 +21,7 @@ use wasmjobs_e2e::browser::Browser;
 use wasmjobs_e2e::cli::wasmjobs_in;
 use wasmjobs_e2e::dashboard::{Web, request, wait_listening, wasmjobs_peak_rss};
 use wasmjobs_e2e::redis_server::TestRedis;
-use wasmjobs_e2e::runner::{Runner, identity_of, plugins, push, wait_processed};
+use wasmjobs_e2e::runner::{Runner, held_lists, identity_of, plugins, push, wait_processed};
 use wasmjobs_e2e::sidekiq::SidekiqProcess;
 use wasmjobs_e2e::{EVERY_SECOND_SCHEDULE, eventually};
 
@@ -638,6 +638,34 @@ async fn a_foreign_in_progress_owner_does_not_stop_recovery() {
     runner.wait_running();
     wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
+}
+
+/// The set older processes registered in (`wasmjobs:inprogress`), made a
+/// string by another client, does not stop the recovery of an owner in
+/// `wasmjobs:holders`, whose job waits in one of its batch lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_old_owner_set_does_not_stop_recovery() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let _: () = conn.set("wasmjobs:inprogress", "junk").await.expect("SET");
+    let job = Payload::new("NoopJob", vec![json!("orphan")], "default", now_f64());
+    let _: () = conn.sadd("wasmjobs:holders", "dead-host:1:zz").await.expect("SADD");
+    let _: () = conn
+        .lpush(&held_lists("dead-host:1:zz")[3], job.to_json())
+        .await
+        .expect("LPUSH");
+    let dir = plugins(&["noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
+    runner.wait_running();
+    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    assert!(runner.stop().success());
+    assert!(
+        runner.log().contains("skips the owners in wasmjobs:inprogress"),
+        "{}",
+        runner.log()
+    );
+    let junk: String = conn.get("wasmjobs:inprogress").await.expect("GET");
+    assert_eq!(junk, "junk", "another client's key is left alone");
 }
 
 /// Bytes of the huge jobs.

@@ -15,11 +15,11 @@ use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::http_server::HttpServer;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{
-    Runner, every_id_once_at_least, int, jobs_in_progress, plugins, push, queued, wait_for_lines,
+    Runner, every_id_once_at_least, held_by, held_lists, int, jobs_in_progress, plugins, push, queued, wait_for_lines,
 };
 
-/// The set of processes with an in-progress list.
-const OWNERS: &str = "wasmjobs:inprogress";
+/// The set of processes that hold jobs (in-progress and batch lists).
+const OWNERS: &str = "wasmjobs:holders";
 
 /// Every registered in-progress owner.
 async fn owners(conn: &mut MultiplexedConnection) -> Vec<String> {
@@ -35,13 +35,6 @@ async fn new_owner(conn: &mut MultiplexedConnection, known: &[&str]) -> String {
         .collect();
     assert_eq!(fresh.len(), 1, "one new in-progress owner besides {known:?}: {fresh:?}");
     fresh[0].clone()
-}
-
-/// The in-progress list of `identity`.
-async fn held_by(conn: &mut MultiplexedConnection, identity: &str) -> Vec<String> {
-    conn.lrange(format!("{OWNERS}:{identity}"), 0, -1)
-        .await
-        .expect("LRANGE")
 }
 
 /// Members of a sorted set, as text (lossily).
@@ -366,7 +359,7 @@ async fn every_path_that_buries_trims_the_dead_set() {
     let pill = json!({"class": "ChaosJob", "args": ["ok"], "jid": "trim-e", "queue": "default",
         "wasmjobs_recoveries": 3});
     let _: () = conn
-        .lpush(format!("{OWNERS}:{ghost}"), pill.to_string())
+        .lpush(&held_lists(ghost)[0], pill.to_string())
         .await
         .expect("LPUSH");
     let _: () = conn.sadd(OWNERS, ghost).await.expect("SADD");
@@ -488,7 +481,7 @@ async fn chaos_three_runners_kill_restart_and_lose_nothing() {
     for runner in &mut live {
         assert!(runner.stop().success(), "{}", runner.log());
     }
-    let lists: Vec<String> = conn.keys(format!("{OWNERS}:*")).await.expect("KEYS");
+    let lists: Vec<String> = conn.keys("wasmjobs:inprogress:*").await.expect("KEYS");
     assert!(lists.is_empty(), "in-progress lists left after a clean stop: {lists:?}");
     let left = owners(&mut conn).await;
     assert!(left.is_empty(), "owners left after a clean stop: {left:?}");

@@ -8,7 +8,7 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{
-    Runner, int, jobs_in_progress, lines, make_retries_due, plugins, push, wait_processed, zset,
+    Runner, held_by, held_lists, int, jobs_in_progress, lines, make_retries_due, plugins, push, wait_processed, zset,
 };
 use wasmjobs_e2e::sidekiq::ruby_json;
 
@@ -84,7 +84,7 @@ async fn ten_thousand_noops_and_a_mix_each_run_exactly_once() {
     );
     let left: u64 = conn.llen("queue:default").await.expect("LLEN");
     assert_eq!(left, 0);
-    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    let owners: Vec<String> = conn.smembers("wasmjobs:holders").await.expect("SMEMBERS");
     assert!(
         owners.is_empty(),
         "the in-progress list is gone after a clean stop: {owners:?}"
@@ -224,17 +224,14 @@ async fn kill_9_loses_nothing_in_reliable_mode() {
 
     let mut first = Runner::start(&redis.url(), dir.path(), &["--concurrency", "50"]);
     first.wait_running();
-    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    let owners: Vec<String> = conn.smembers("wasmjobs:holders").await.expect("SMEMBERS");
     assert_eq!(owners.len(), 1);
     while lines(&file).len() < 5_000 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     first.signal("KILL");
     first.wait(Duration::from_secs(10));
-    let in_flight: u64 = conn
-        .llen(format!("wasmjobs:inprogress:{}", owners[0]))
-        .await
-        .expect("LLEN");
+    let in_flight = held_by(&mut conn, &owners[0]).await.len();
     let done_before = lines(&file).len();
     assert!(done_before < 20_000, "the crash must happen mid-run");
 
@@ -263,11 +260,11 @@ async fn kill_9_loses_nothing_in_reliable_mode() {
     );
     let duplicates = all.len() - ids.len();
     assert!(
-        duplicates as u64 <= in_flight,
+        duplicates <= in_flight,
         "{duplicates} duplicates but only {in_flight} jobs were in flight"
     );
     assert!(second.log().contains("recovered"), "{}", second.log());
-    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
+    let owners: Vec<String> = conn.smembers("wasmjobs:holders").await.expect("SMEMBERS");
     assert!(owners.is_empty(), "{owners:?}");
 }
 
@@ -618,23 +615,33 @@ async fn orphans_are_recovered_and_poison_pills_buried() {
     let mut conn = redis.conn().await;
     let dir = plugins(&["file-append"], &[]);
     // A process that died on another host left two jobs behind: one never
-    // recovered before, one already recovered three times.
+    // recovered before (in its in-progress list), one already recovered
+    // three times (in one of its batch lists, where a fetch leaves jobs).
+    // A process from before the batch lists, registered where those were,
+    // left one more.
     let ghost = "ghost-host:999999999:abcdef";
+    let older = "old-host:999999999:abcdef";
+    let old_job = json!({"class": "FileAppendJob", "args": ["orphans.txt", 3], "jid": "a3", "queue": "default"});
     let fresh = json!({"class": "FileAppendJob", "args": ["orphans.txt", 1], "jid": "a1", "queue": "default"});
     let pill = json!({"class": "FileAppendJob", "args": ["orphans.txt", 2], "jid": "a2", "queue": "default",
         "wasmjobs_recoveries": 3});
-    let list = format!("wasmjobs:inprogress:{ghost}");
+    let lists = held_lists(ghost);
+    let _: () = conn.lpush(&lists[0], fresh.to_string()).await.expect("LPUSH");
+    let _: () = conn.lpush(&lists[7], pill.to_string()).await.expect("LPUSH");
+    let _: () = conn.sadd("wasmjobs:holders", ghost).await.expect("SADD");
     let _: () = conn
-        .lpush(&list, vec![fresh.to_string(), pill.to_string()])
+        .lpush(&held_lists(older)[0], old_job.to_string())
         .await
         .expect("LPUSH");
-    let _: () = conn.sadd("wasmjobs:inprogress", ghost).await.expect("SADD");
+    let _: () = conn.sadd("wasmjobs:inprogress", older).await.expect("SADD");
 
-    // The ghost has no heartbeat, so the first sweep (at start) recovers it.
+    // The ghosts have no heartbeat, so the first sweep (at start) recovers them.
     let mut runner = Runner::start(&redis.url(), dir.path(), &[]);
-    wait_processed(&mut conn, 1, Duration::from_secs(30), || runner.log()).await;
+    wait_processed(&mut conn, 2, Duration::from_secs(30), || runner.log()).await;
     assert!(runner.stop().success());
-    assert_eq!(lines(&dir.path().join("file-append/data/orphans.txt")), ["1"]);
+    let mut ran = lines(&dir.path().join("file-append/data/orphans.txt"));
+    ran.sort();
+    assert_eq!(ran, ["1", "3"]);
     let dead = zset(&mut conn, "dead").await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].jid(), "a2");
@@ -643,8 +650,10 @@ async fn orphans_are_recovered_and_poison_pills_buried() {
         dead[0].str("error_message").is_some_and(|m| m.contains("4 processes")),
         "{dead:?}"
     );
-    let left: u64 = conn.llen(&list).await.expect("LLEN");
-    assert_eq!(left, 0);
-    let owners: Vec<String> = conn.smembers("wasmjobs:inprogress").await.expect("SMEMBERS");
-    assert!(owners.is_empty(), "{owners:?}");
+    assert!(held_by(&mut conn, ghost).await.is_empty());
+    assert!(held_by(&mut conn, older).await.is_empty());
+    for set in ["wasmjobs:holders", "wasmjobs:inprogress"] {
+        let owners: Vec<String> = conn.smembers(set).await.expect("SMEMBERS");
+        assert!(owners.is_empty(), "{set}: {owners:?}");
+    }
 }

@@ -131,8 +131,27 @@ pub(super) fn job_of<'a>(raw: &str, wanted: &HashSet<&'a str>) -> Option<&'a str
         .then_some(jid)
 }
 
+/// The lists of `owner` that exist ([`keys::held_lists`]), asked in one
+/// round trip.
+async fn held_lists<C: ConnectionLike + Send>(conn: &mut C, owner: &str) -> Result<Vec<String>> {
+    let lists = keys::held_lists(owner);
+    let mut pipe = redis::pipe();
+    for list in &lists {
+        pipe.cmd("EXISTS").arg(list);
+    }
+    let exist: Vec<bool> = pipe
+        .query_async(conn)
+        .await
+        .with_context(|| format!("cannot list the in-progress lists of {owner}"))?;
+    Ok(lists
+        .into_iter()
+        .zip(exist)
+        .filter_map(|(list, e)| e.then_some(list))
+        .collect())
+}
+
 /// The processes holding each job of `wanted`: in their in-progress list
-/// (reliable fetch, current to the moment) or, for a job in none, their
+/// or batch lists (reliable fetch, current to the moment) or, for a job in none, their
 /// work hash (written with each heartbeat, the only trace of a job taken
 /// in basic mode). One pass over each list and hash for every job.
 pub(super) async fn running<'a, C: ConnectionLike + Send>(
@@ -140,12 +159,20 @@ pub(super) async fn running<'a, C: ConnectionLike + Send>(
     wanted: &HashSet<&'a str>,
 ) -> Result<HashMap<&'a str, Vec<String>>> {
     let mut running: HashMap<&'a str, Vec<String>> = HashMap::new();
-    for owner in members(conn, keys::INPROGRESS_OWNERS).await? {
-        for (jid, _) in entries(conn, "LRANGE", &keys::inprogress(&owner), wanted, Copies::First)
-            .await?
-            .hits
-        {
-            running.entry(jid).or_default().push(owner.clone());
+    let mut owners = Vec::new();
+    for set in keys::OWNER_SETS {
+        owners.extend(members(conn, set).await?);
+    }
+    owners.sort();
+    owners.dedup();
+    for owner in owners {
+        let mut found = HashSet::new();
+        for list in held_lists(conn, &owner).await? {
+            for (jid, _) in entries(conn, "LRANGE", &list, wanted, Copies::First).await?.hits {
+                if found.insert(jid) {
+                    running.entry(jid).or_default().push(owner.clone());
+                }
+            }
         }
     }
     let rest: HashSet<&'a str> = wanted

@@ -11,14 +11,13 @@ use std::sync::Arc;
 use anyhow::Result;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use redis::Script;
 
 use super::dead::{DeadSet, Place};
 use super::doubt::Doubt;
 use super::paused::Paused;
 use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
-use super::{JobSource, Settings, Stats, record, scripts, take};
+use super::{JobSource, Settings, Stats, record, take};
 use crate::redis::{Redis, keys, now_f64};
 use crate::runner::fetched::{Completion, Fetched};
 
@@ -28,7 +27,7 @@ pub(crate) struct Basic {
     settings: Settings,
     /// The queues' names, shared by the jobs fetched from them.
     names: Vec<Arc<str>>,
-    fetch: Script,
+    fetch: take::FetchScript,
     requeue: Requeue,
     dead: Arc<DeadSet>,
     waiting: Waiting,
@@ -54,7 +53,7 @@ impl Basic {
         );
         Self {
             names,
-            fetch: Script::new(scripts::FETCH),
+            fetch: take::FetchScript::new(),
             requeue: Requeue::new(),
             redis,
             settings,
@@ -80,14 +79,14 @@ impl JobSource for Basic {
                     &self.fetch,
                     &self.settings.queues,
                     &self.names,
-                    None,
+                    take::Keep::Pop,
                     &paused,
                     &oversized,
                     self.settings.sidekiq_cancels,
                     max - jobs.len(),
                 );
                 let taken = match taken.await {
-                    Ok(taken) => taken,
+                    Ok(took) => took.jobs,
                     Err(err) if jobs.is_empty() => return Err(err),
                     Err(err) => {
                         tracing::warn!("{err:#}");
@@ -96,13 +95,14 @@ impl JobSource for Basic {
                 };
                 for (raw, queue, cancel) in taken {
                     match String::from_utf8(raw) {
-                        Ok(raw) => jobs.push(Fetched {
-                raw,
-                queue,
-                cancel,
-                receipt: None,
-                shard: 0,
-            }),
+                                Ok(raw) => jobs.push(Fetched {
+                            raw,
+                            queue,
+                            cancel,
+                            receipt: None,
+                            shard: 0,
+                            held: None,
+                        }),
                         Err(err) => {
                             let bytes = err.as_bytes();
                             let buried = self.dead.bury_undecodable(&self.redis, Place::Nowhere, bytes, &queue);
@@ -144,7 +144,7 @@ impl JobSource for Basic {
 
     fn record<'a>(&'a self, batch: &'a [Completion], stats: &'a Stats) -> BoxFuture<'a, Result<()>> {
         async move {
-            let transaction = record::transaction(batch, stats, None, &self.dead, &self.requeue, now_f64());
+            let (transaction, _) = record::transaction(batch, stats, None, &self.dead, &self.requeue, now_f64());
             record::send(transaction, &self.redis).await
         }
         .boxed()

@@ -20,6 +20,7 @@
 //! life through these states.
 
 pub(crate) mod basic;
+mod batches;
 pub(crate) mod dead;
 mod doubt;
 pub(crate) mod due;

@@ -96,21 +96,36 @@ end
     };
 }
 
-/// Moves up to ARGV[1] jobs from KEYS[3..] (in order) to KEYS[1] (reliable),
-/// or pops them (basic, when ARGV[2] == "0"). Returns `[runs, marks,
-/// job, …]`: `runs` lists where the jobs came from as pairs (position of
-/// the queue among KEYS[3..] from 0, how many jobs in a row came from it);
-/// `marks` is `0` when no job has a mark, else one mark per job. Sending
-/// the queue and the mark once per fetch instead of once per job keeps the
-/// reply to one value a job, as it was before cancel marks (each value
-/// costs the script a table entry and both sides a RESP element).
+/// Moves up to ARGV[1] jobs from the queues KEYS[4..] (in order) to the
+/// in-progress list KEYS[1] (reliable), or pops them (basic, when ARGV[2]
+/// == "0"). Returns `[runs, marks, job, …]`: `runs` lists where the jobs
+/// came from as pairs (position of the queue among KEYS[4..] from 0, how
+/// many jobs in a row came from it); `marks` is `0` when no job has a
+/// mark, else one mark per job. Sending the queue and the mark once per
+/// fetch instead of once per job keeps the reply to one value a job, as
+/// it was before cancel marks (each value costs the script a table entry
+/// and both sides a RESP element).
 ///
-/// A job larger than ARGV[4] bytes (0 or absent: no limit) is not taken:
+/// **Sorted** (reliable, ARGV[4] == "1", and no marks to look for): the
+/// jobs of the first queue that has any go to the empty batch list
+/// KEYS[3] instead (`runner/source/batches.rs`), without their bytes
+/// entering Lua: `SORT … BY nosort DESC LIMIT 0 n STORE` copies the
+/// oldest *n* (a list's tail is its oldest end), and `LTRIM` cuts them
+/// off the queue. The reply is then `[[position, count], -1, note, …]`:
+/// the jobs are read with an `LRANGE` of KEYS[3] pipelined behind the
+/// script, and the notes are those of the jobs buried as oversized. A
+/// queue key of another type that `SORT` reads anyway (a set) is left as
+/// it was: its copy is deleted and `LTRIM`'s error returned.
+///
+/// A job larger than ARGV[5] bytes (0 or absent: no limit) is not taken:
 /// it goes to the dead set KEYS[#KEYS] from inside Redis
-/// (`bury_oversized`, settings from ARGV[4]), and its entry in the
+/// (`bury_oversized`, settings from ARGV[5]), and its entry in the
 /// reply is an empty job with the mark `o<size> <jid>`. A huge payload
 /// never crosses the network, so it cannot swell the runner's memory, and
-/// is never written into the heartbeat's `work` hash.
+/// is never written into the heartbeat's `work` hash. The sorted path
+/// looks at payloads only when the batch list's `MEMORY USAGE` is above
+/// the limit (then Lua reads the list, buries the large ones and drops
+/// them from it).
 ///
 /// The cancel mark saves a round trip per job, and is only looked for
 /// when a request may exist that this process would not hear of: when
@@ -135,7 +150,7 @@ end
 /// alone. `redis.pcall`: a key of another type is someone else's, not a
 /// reason to fail a fetch (a KEYS[2] of another type turns the marks on).
 /// The runner reads the reply with `crate::runner::source::take`'s
-/// `Reply`.
+/// `read_reply`.
 pub const FETCH: &str = concat!(
     bury_oversized_lua!(),
     r#"
@@ -150,9 +165,33 @@ if not marks then
     marks = open - redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', redis.call('TIME')[1]) > 0
   end
 end
-local most = tonumber(ARGV[4]) or 0
+local most = tonumber(ARGV[5]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
+if keep and not marks and ARGV[4] == "1" then
+  for i = 4, queues do
+    local n = redis.call('SORT', KEYS[i], 'BY', 'nosort', 'DESC', 'LIMIT', 0, max, 'STORE', KEYS[3])
+    if n > 0 then
+      local trimmed = redis.pcall('LTRIM', KEYS[i], 0, -(n + 1))
+      if type(trimmed) == 'table' and trimmed.err then
+        redis.call('DEL', KEYS[3])
+        return trimmed
+      end
+      local out = {{i - 4, n}, -1}
+      if most > 0 and redis.call('MEMORY', 'USAGE', KEYS[3], 'SAMPLES', 0) > most then
+        for _, job in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+          if #job > most then
+            redis.call('LREM', KEYS[3], 1, job)
+            out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
+          end
+        end
+        out[1][2] = n - (#out - 2)
+      end
+      return out
+    end
+  end
+  return {{}, -1}
+end
 local function request_of(jid)
   local asked, iteration = 'cancelled-' .. jid, 'it-' .. jid
   if redis.call('EXISTS', asked, iteration) == 0 then return '-' end
@@ -169,7 +208,7 @@ local noted = marks
 local jids = {}
 local keys = {}
 local got = 0
-for i = 3, queues do
+for i = 4, queues do
   local need = max - got
   if need <= 0 then break end
   local jobs = redis.call('RPOP', KEYS[i], need)
@@ -187,13 +226,13 @@ for i = 3, queues do
       end
     end
     if keep and #held > 0 then redis.call('LPUSH', KEYS[1], unpack(held)) end
-    runs[#runs + 1] = i - 3
+    runs[#runs + 1] = i - 4
     runs[#runs + 1] = #jobs
     for _, job in ipairs(jobs) do
       got = got + 1
       if most > 0 and #job > most then
         out[got + 2] = ''
-        notes[got] = bury_oversized(job, KEYS[#KEYS], 4)
+        notes[got] = bury_oversized(job, KEYS[#KEYS], 5)
         noted = true
       else
         out[got + 2] = job
@@ -325,16 +364,18 @@ redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[4]) + 1))
 return 1
 "#;
 
-/// Forgets the dead owner ARGV[1] (in the owner set KEYS[2] and the origin
-/// hash KEYS[3]) if its in-progress list KEYS[1] is empty. Returns 1 if it
-/// did.
+/// Forgets the dead owner ARGV[1] (in the owner sets KEYS[#KEYS - 2] and
+/// KEYS[#KEYS - 1], and the origin hash KEYS[#KEYS]) if its lists
+/// KEYS[1..#KEYS - 3] (its in-progress list and batch lists) are all
+/// empty. Returns 1 if it did.
 pub(super) const FORGET: &str = r#"
-if redis.call('LLEN', KEYS[1]) == 0 then
-  redis.call('SREM', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[3], ARGV[1])
-  return 1
+for i = 1, #KEYS - 3 do
+  if redis.call('LLEN', KEYS[i]) > 0 then return 0 end
 end
-return 0
+redis.call('SREM', KEYS[#KEYS - 2], ARGV[1])
+redis.call('SREM', KEYS[#KEYS - 1], ARGV[1])
+redis.call('HDEL', KEYS[#KEYS], ARGV[1])
+return 1
 "#;
 
 #[cfg(test)]

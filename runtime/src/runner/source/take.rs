@@ -1,11 +1,13 @@
 //! The non-blocking fetch both modes share: one Lua call
 //! ([`super::scripts::FETCH`]) takes up to *n* jobs from the queues in
-//! order, moving them into the in-progress list (reliable) or popping them
-//! (basic). Jobs over the payload limit are buried by the script itself
-//! and never leave Redis.
+//! order, moving them into a batch list (reliable, `super::batches`) or
+//! the in-progress list (reliable, when no batch list is free or cancel
+//! marks are needed), or popping them (basic). Jobs over the payload limit
+//! are buried by the script itself and never leave Redis.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use redis::{Script, Value};
@@ -19,6 +21,41 @@ use crate::runner::queues::Queues;
 /// A job taken: its bytes, its queue, and the fetch script's cancel mark.
 pub(super) type Taken = (Vec<u8>, Arc<str>, CancelMark);
 
+/// What a fetch took, and whether it is in the batch list it was given.
+#[derive(Debug, Default)]
+pub(super) struct Took {
+    pub(super) jobs: Vec<Taken>,
+    /// The jobs are in the batch list (else in the in-progress list, or
+    /// popped).
+    pub(super) in_batch: bool,
+}
+
+/// The fetch script, and whether this process loaded it into Redis (a
+/// pipelined call cannot load it on demand; after any failed call it is
+/// loaded again, in case Redis restarted empty).
+pub(super) struct FetchScript {
+    script: Script,
+    loaded: AtomicBool,
+}
+
+impl FetchScript {
+    pub(super) fn new() -> Self {
+        Self {
+            script: Script::new(super::scripts::FETCH),
+            loaded: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Where a fetch keeps what it takes: reliable fetch keeps jobs in a list
+/// (the in-progress list `list`, or the empty batch list `batch`); basic
+/// fetch pops them.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Keep<'a> {
+    Pop,
+    Hold { list: &'a str, batch: Option<&'a str> },
+}
+
 /// What a fetch does with payloads over the limit: bury them in `dead`
 /// from inside Redis (0: no limit).
 pub(super) struct Oversized<'a> {
@@ -26,52 +63,83 @@ pub(super) struct Oversized<'a> {
     pub(super) max_payload: usize,
 }
 
-/// Takes up to `max` jobs from `queues` (in this fetch's order), into
-/// `held_in` when given, leaving out the queues in `paused`. A job over
-/// the payload limit is buried instead, logged, and not returned. Cancel
-/// requests are looked up at fetch when Ruby clients may write them
-/// (`sidekiq_cancels`) or a `wasmjobs cancel` is open (the script's marks).
+/// Takes up to `max` jobs from `queues` (in this fetch's order), kept as
+/// `keep` says, leaving out the queues in `paused`. A job over the payload
+/// limit is buried instead, logged, and not returned. Cancel requests are
+/// looked up at fetch when Ruby clients may write them (`sidekiq_cancels`)
+/// or a `wasmjobs cancel` is open (the script's marks); then the jobs go to
+/// the in-progress list, never to the batch list.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn take(
     redis: &Redis,
-    script: &Script,
+    script: &FetchScript,
     queues: &Queues,
     names: &[Arc<str>],
-    held_in: Option<&str>,
+    keep: Keep<'_>,
     paused: &HashSet<String>,
     oversized: &Oversized<'_>,
     sidekiq_cancels: bool,
     max: usize,
-) -> Result<Vec<Taken>> {
+) -> Result<Took> {
     let mut order = queues.fetch_order();
     if !paused.is_empty() {
         order.retain(|&i| !paused.contains(&*names[i]));
         if order.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Took::default());
         }
     }
-    let mut invocation = script.prepare_invoke();
-    // Basic mode names no list; the script ignores KEYS[1] then.
-    invocation.key(held_in.unwrap_or("wasmjobs:unused"));
+    let (list, batch) = match keep {
+        Keep::Pop => (None, None),
+        Keep::Hold { list, batch } => (Some(list), batch.filter(|_| !sidekiq_cancels)),
+    };
+    let mut invocation = script.script.prepare_invoke();
+    // Basic mode names no list, and a fetch without a batch list none; the
+    // script ignores those keys then.
+    invocation.key(list.unwrap_or("wasmjobs:unused"));
     invocation.key(keys::CANCELS_OPEN);
+    invocation.key(batch.unwrap_or("wasmjobs:unused"));
     for &i in &order {
         invocation.key(keys::queue(&names[i]));
     }
     invocation
         .arg(max.min(MAX_BATCH))
-        .arg(if held_in.is_some() { "1" } else { "0" })
-        .arg(if sidekiq_cancels { "1" } else { "0" });
+        .arg(if list.is_some() { "1" } else { "0" })
+        .arg(if sidekiq_cancels { "1" } else { "0" })
+        .arg(if batch.is_some() { "1" } else { "0" });
     if oversized.max_payload > 0 {
         invocation.key(keys::DEAD);
         oversized
             .dead
             .cap_args(&mut invocation, oversized.max_payload, now_f64());
     }
-    let reply: Value = invocation
-        .invoke_async(&mut redis.conn())
-        .await
-        .context("fetching jobs")?;
-    let entries = read_reply(reply)?;
+    let (reply, listed) = match batch {
+        None => {
+            let reply = invocation
+                .invoke_async(&mut redis.conn())
+                .await
+                .context("fetching jobs")?;
+            (reply, None)
+        }
+        Some(batch) => {
+            // The batch list is read in the same round trip.
+            let mut pipe = redis::pipe();
+            let load = !script.loaded.swap(true, Ordering::AcqRel);
+            if load {
+                pipe.load_script(&script.script).ignore();
+            }
+            pipe.invoke_script(&invocation);
+            pipe.cmd("LRANGE").arg(batch).arg(0).arg(-1);
+            let replies: Result<(Value, Value)> = pipe.query_async(&mut redis.conn()).await.context("fetching jobs");
+            match replies {
+                Ok((reply, listed)) => (reply, Some(listed)),
+                Err(err) => {
+                    script.loaded.store(false, Ordering::Release);
+                    return Err(err);
+                }
+            }
+        }
+    };
+    let (entries, in_batch) = read_reply(reply, listed)?;
     let mut jobs = Vec::with_capacity(entries.len());
     for Entry { position, raw, mark } in entries {
         let queue = order
@@ -85,12 +153,12 @@ pub(super) async fn take(
         };
         jobs.push((raw, queue.clone(), mark));
     }
-    Ok(jobs)
+    Ok(Took { jobs, in_batch })
 }
 
 /// One job of the fetch script's reply: the position of its queue among
 /// the queues fetched, its bytes, and its mark (none: `n`, no cancel to
-/// look for).
+/// look for). A job buried as oversized is an empty job with its `o` mark.
 #[derive(Debug, PartialEq)]
 struct Entry {
     position: usize,
@@ -98,11 +166,15 @@ struct Entry {
     mark: Option<Vec<u8>>,
 }
 
-/// Reads the fetch script's reply, `[runs, marks, job, …]`
-/// ([`super::scripts::FETCH`]): `runs` are pairs (queue position, how
-/// many jobs in a row), `marks` is `0` or one mark per job. Anything else
+/// Reads the fetch script's reply ([`super::scripts::FETCH`]), with the
+/// `LRANGE` of the batch list pipelined behind it when there is one
+/// (`listed`): `[runs, marks, job, …]` (`runs` are pairs of queue position
+/// and how many jobs in a row, `marks` is `0` or one mark per job), or,
+/// when the jobs went to the batch list, `[[position, count], -1, note,
+/// …]` with the jobs in `listed` and a note per job buried as oversized.
+/// Returns the jobs and whether they are in the batch list. Anything else
 /// is an error: a reply that does not add up is never half read.
-fn read_reply(reply: Value) -> Result<Vec<Entry>> {
+fn read_reply(reply: Value, listed: Option<Value>) -> Result<(Vec<Entry>, bool)> {
     let Value::Array(items) = reply else {
         bail!("the fetch script's reply is not a list: {reply:?}");
     };
@@ -110,17 +182,23 @@ fn read_reply(reply: Value) -> Result<Vec<Entry>> {
     let (Some(Value::Array(runs)), Some(marks)) = (items.next(), items.next()) else {
         bail!("the fetch script's reply does not start with its runs and marks");
     };
+    if marks == Value::Int(-1) {
+        return read_batch(&runs, items, listed).map(|entries| (entries, true));
+    }
     let mut marks = match marks {
         Value::Int(0) => None,
         Value::Array(marks) if marks.len() == items.len() => Some(marks.into_iter()),
         other => bail!("the fetch script's marks are not 0 or one per job: {other:?}"),
     };
+    if listed
+        .as_ref()
+        .is_some_and(|l| !matches!(l, Value::Array(a) if a.is_empty()))
+    {
+        bail!("the batch list holds jobs the fetch script did not put there: {listed:?}");
+    }
     let mut entries = Vec::with_capacity(items.len());
     for run in runs.chunks(2) {
-        let &[Value::Int(position), Value::Int(count)] = run else {
-            bail!("the fetch script's runs are not pairs of numbers: {runs:?}");
-        };
-        let position = usize::try_from(position).context("a negative queue position")?;
+        let (position, count) = run_of(run, &runs)?;
         for _ in 0..count {
             let Some(Value::BulkString(raw)) = items.next() else {
                 bail!("the fetch script's reply has fewer jobs than its runs say");
@@ -136,7 +214,59 @@ fn read_reply(reply: Value) -> Result<Vec<Entry>> {
     if items.next().is_some() {
         bail!("the fetch script's reply has more jobs than its runs say");
     }
+    Ok((entries, false))
+}
+
+/// The jobs of a sorted fetch: `listed` (the batch list, oldest first),
+/// all of the one queue `runs` names, then an entry per oversized job
+/// buried (`notes`).
+fn read_batch(runs: &[Value], notes: impl Iterator<Item = Value>, listed: Option<Value>) -> Result<Vec<Entry>> {
+    let (position, count) = match runs {
+        [] => (0, 0),
+        [_, _] => run_of(runs, runs)?,
+        _ => bail!("the fetch script's runs of a batch are not one pair: {runs:?}"),
+    };
+    let Some(Value::Array(listed)) = listed else {
+        bail!("a sorted fetch without its batch list read: {listed:?}");
+    };
+    if listed.len() != count {
+        bail!(
+            "the batch list holds {} jobs, the fetch script says {count}",
+            listed.len()
+        );
+    }
+    let mut entries = Vec::with_capacity(count);
+    for raw in listed {
+        let Value::BulkString(raw) = raw else {
+            bail!("a job in the batch list is not text: {raw:?}");
+        };
+        entries.push(Entry {
+            position,
+            raw,
+            mark: None,
+        });
+    }
+    for note in notes {
+        let Value::BulkString(mark) = note else {
+            bail!("the fetch script's note is not text: {note:?}");
+        };
+        entries.push(Entry {
+            position,
+            raw: Vec::new(),
+            mark: Some(mark),
+        });
+    }
     Ok(entries)
+}
+
+/// One run of the reply: (queue position, how many jobs).
+fn run_of(run: &[Value], runs: &[Value]) -> Result<(usize, usize)> {
+    let &[Value::Int(position), Value::Int(count)] = run else {
+        bail!("the fetch script's runs are not pairs of numbers: {runs:?}");
+    };
+    let position = usize::try_from(position).context("a negative queue position")?;
+    let count = usize::try_from(count).context("a negative job count")?;
+    Ok((position, count))
 }
 
 #[cfg(test)]
@@ -150,7 +280,7 @@ mod tests {
     struct Fixture {
         _data: tempfile::TempDir,
         redis: Redis,
-        script: Script,
+        script: FetchScript,
         queues: Queues,
         names: Vec<Arc<str>>,
         dead: DeadSet,
@@ -160,6 +290,17 @@ mod tests {
     impl Fixture {
         /// Takes up to 10 jobs, into `held_in` when given, none paused.
         async fn take(&self, held_in: Option<&str>, sidekiq_cancels: bool) -> Vec<Taken> {
+            let keep = match held_in {
+                Some(list) => Keep::Hold { list, batch: None },
+                None => Keep::Pop,
+            };
+            let took = self.take_into(keep, sidekiq_cancels, 10).await.expect("take");
+            assert!(!took.in_batch);
+            took.jobs
+        }
+
+        /// Takes up to `max` jobs as `keep` says, none paused.
+        async fn take_into(&self, keep: Keep<'_>, sidekiq_cancels: bool, max: usize) -> Result<Took> {
             let oversized = Oversized {
                 dead: &self.dead,
                 max_payload: self.max_payload,
@@ -169,14 +310,13 @@ mod tests {
                 &self.script,
                 &self.queues,
                 &self.names,
-                held_in,
+                keep,
                 &HashSet::new(),
                 &oversized,
                 sidekiq_cancels,
-                10,
+                max,
             )
             .await
-            .expect("take")
         }
     }
 
@@ -189,7 +329,7 @@ mod tests {
         Fixture {
             _data: data,
             redis,
-            script: Script::new(super::super::scripts::FETCH),
+            script: FetchScript::new(),
             names: queues.shared_names(),
             queues,
             dead: DeadSet::new(DeadCaps::default()),
@@ -220,7 +360,7 @@ mod tests {
     #[test]
     fn the_reply_is_read_back_into_one_entry_a_job() {
         let reply = Value::Array(vec![runs(&[]), Value::Int(0)]);
-        assert_eq!(read_reply(reply).expect("empty"), []);
+        assert_eq!(read_reply(reply, None).expect("empty").0, []);
         let reply = Value::Array(vec![
             runs(&[0, 2, 2, 1]),
             Value::Int(0),
@@ -229,13 +369,13 @@ mod tests {
             text("c"),
         ]);
         assert_eq!(
-            read_reply(reply).expect("no marks"),
+            read_reply(reply, None).expect("no marks").0,
             [entry(0, "a", None), entry(0, "b", None), entry(2, "c", None)]
         );
         let marks = Value::Array(vec![text("n"), text("o99 j")]);
         let reply = Value::Array(vec![runs(&[1, 2]), marks, text("a"), text("")]);
         assert_eq!(
-            read_reply(reply).expect("marks"),
+            read_reply(reply, None).expect("marks").0,
             [entry(1, "a", Some("n")), entry(1, "", Some("o99 j"))]
         );
     }
@@ -274,7 +414,7 @@ mod tests {
             ),
         ];
         for (what, reply) in bad {
-            assert!(read_reply(reply).is_err(), "{what}");
+            assert!(read_reply(reply, None).is_err(), "{what}");
         }
     }
 
@@ -312,21 +452,9 @@ mod tests {
             .map(|(jid, queue)| (job(jid, 0), queue.to_string(), CancelMark::Unneeded))
             .collect();
         assert_eq!(got, want);
-        let held: Vec<String> = redis::cmd("LRANGE")
-            .arg("held")
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .expect("LRANGE");
+        let held = list(&mut conn, "held").await;
         assert_eq!(held.len(), 3, "the large job is not held: {held:?}");
-        let buried: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys::DEAD)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .expect("ZRANGE");
+        let buried = range(&mut conn, "ZRANGE", keys::DEAD).await;
         assert_eq!(buried.len(), 1);
         assert!(buried[0].contains(r#""jid":"a2""#), "{buried:?}");
     }
@@ -403,5 +531,228 @@ mod tests {
             .expect("setup");
         let taken = fixture.take(None, false).await;
         assert_eq!(taken[0].2, asked);
+    }
+
+    /// The jobs (as text) and the queue of each, of what a fetch took.
+    fn texts(took: &Took) -> Vec<(String, String)> {
+        took.jobs
+            .iter()
+            .map(|(raw, queue, _)| (String::from_utf8_lossy(raw).into_owned(), queue.to_string()))
+            .collect()
+    }
+
+    async fn list(conn: &mut redis::aio::ConnectionManager, key: &str) -> Vec<String> {
+        range(conn, "LRANGE", key).await
+    }
+
+    /// `LRANGE` or `ZRANGE` `key` `0 -1`.
+    async fn range(conn: &mut redis::aio::ConnectionManager, command: &str, key: &str) -> Vec<String> {
+        redis::cmd(command)
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .expect(command)
+    }
+
+    /// A sorted fetch, on a real Redis: the oldest jobs of the first queue
+    /// that has any go to the batch list, oldest first, and off the queue;
+    /// one queue a fetch, so the next fetch takes the rest, then the next
+    /// queue's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sorted_fetch_moves_the_oldest_jobs_into_the_batch_list() {
+        let fixture = fixture("a,b", 0).await;
+        let mut conn = fixture.redis.conn();
+        for jid in ["a1", "a2", "a3", "a4", "a5"] {
+            let _: () = redis::cmd("LPUSH")
+                .arg(keys::queue("a"))
+                .arg(jid)
+                .query_async(&mut conn)
+                .await
+                .expect("LPUSH");
+        }
+        let _: () = redis::cmd("LPUSH")
+            .arg(keys::queue("b"))
+            .arg("b1")
+            .query_async(&mut conn)
+            .await
+            .expect("LPUSH");
+        let keep = |batch| Keep::Hold {
+            list: "held",
+            batch: Some(batch),
+        };
+        let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs.iter().map(|(j, q)| ((*j).to_owned(), (*q).to_owned())).collect()
+        };
+        let first = fixture.take_into(keep("b0"), false, 3).await.expect("take");
+        assert!(first.in_batch);
+        assert_eq!(texts(&first), owned(&[("a1", "a"), ("a2", "a"), ("a3", "a")]));
+        assert!(first.jobs.iter().all(|(_, _, mark)| *mark == CancelMark::Unneeded));
+        assert_eq!(list(&mut conn, "b0").await, ["a1", "a2", "a3"], "oldest first");
+        assert_eq!(list(&mut conn, &keys::queue("a")).await, ["a5", "a4"]);
+        assert!(list(&mut conn, "held").await.is_empty());
+        let second = fixture.take_into(keep("b1"), false, 10).await.expect("take");
+        assert_eq!(texts(&second), owned(&[("a4", "a"), ("a5", "a")]));
+        let third = fixture.take_into(keep("b2"), false, 10).await.expect("take");
+        assert_eq!(texts(&third), owned(&[("b1", "b")]));
+        let none = fixture.take_into(keep("b3"), false, 10).await.expect("take");
+        assert!(none.in_batch && none.jobs.is_empty());
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("b3")
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        assert!(!exists, "an empty fetch leaves no list");
+    }
+
+    /// A sorted fetch buries a job over the payload limit from inside
+    /// Redis: it leaves the batch list, the others stay, none is lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sorted_fetch_buries_the_oversized_job_and_holds_the_others() {
+        let fixture = fixture("a", 200).await;
+        let mut conn = fixture.redis.conn();
+        let job = |jid: &str, pad: usize| format!(r#"{{"class":"A","args":["{}"],"jid":"{jid}"}}"#, "x".repeat(pad));
+        for (jid, pad) in [("a1", 0), ("a2", 300), ("a3", 0)] {
+            let _: () = redis::cmd("LPUSH")
+                .arg(keys::queue("a"))
+                .arg(job(jid, pad))
+                .query_async(&mut conn)
+                .await
+                .expect("LPUSH");
+        }
+        let took = fixture
+            .take_into(
+                Keep::Hold {
+                    list: "held",
+                    batch: Some("b0"),
+                },
+                false,
+                10,
+            )
+            .await
+            .expect("take");
+        assert!(took.in_batch);
+        let jobs: Vec<String> = texts(&took).into_iter().map(|(raw, _)| raw).collect();
+        assert_eq!(jobs, [job("a1", 0), job("a3", 0)]);
+        assert_eq!(list(&mut conn, "b0").await, [job("a1", 0), job("a3", 0)]);
+        let buried = range(&mut conn, "ZRANGE", keys::DEAD).await;
+        assert_eq!(buried.len(), 1);
+        assert!(
+            buried[0].contains(r#""jid":"a2""#) && buried[0].contains("PayloadTooLarge"),
+            "{buried:?}"
+        );
+    }
+
+    /// Marks are read from payloads, so with a cancel open, or with
+    /// `--sidekiq-cancels`, a fetch given a batch list takes its jobs into
+    /// the in-progress list the old way, marked; the batch list is not
+    /// touched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_marks_to_read_a_fetch_holds_jobs_in_the_in_progress_list() {
+        let fixture = fixture("default", 0).await;
+        let mut conn = fixture.redis.conn();
+        let job = r#"{"class":"A","args":[],"jid":"abc"}"#;
+        let keep = Keep::Hold {
+            list: "held",
+            batch: Some("b0"),
+        };
+        let checked = CancelMark::Checked {
+            jid: "abc".into(),
+            request: None,
+        };
+        let open_later = now_f64() + 60.0;
+        for (open, sidekiq_cancels) in [(true, false), (false, true)] {
+            let _: () = redis::pipe()
+                .del(keys::CANCELS_OPEN)
+                .del("held")
+                .rpush(keys::queue("default"), job)
+                .query_async(&mut conn)
+                .await
+                .expect("setup");
+            if open {
+                let _: () = redis::cmd("ZADD")
+                    .arg(keys::CANCELS_OPEN)
+                    .arg(open_later)
+                    .arg("zzz")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ZADD");
+            }
+            let took = fixture.take_into(keep, sidekiq_cancels, 10).await.expect("take");
+            assert!(!took.in_batch, "open {open}, --sidekiq-cancels {sidekiq_cancels}");
+            assert_eq!(took.jobs.len(), 1);
+            assert_eq!(took.jobs[0].2, checked);
+            assert_eq!(list(&mut conn, "held").await, [job]);
+            assert!(list(&mut conn, "b0").await.is_empty());
+        }
+    }
+
+    /// A queue key that another client made a set: `SORT` reads sets too,
+    /// but the fetch fails with `LTRIM`'s error and leaves everything as it
+    /// was (the set whole, no batch list); a string fails at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queue_of_another_type_fails_the_fetch_and_is_left_alone() {
+        let fixture = fixture("a", 0).await;
+        let mut conn = fixture.redis.conn();
+        let _: () = redis::cmd("SADD")
+            .arg(keys::queue("a"))
+            .arg("x")
+            .arg("y")
+            .query_async(&mut conn)
+            .await
+            .expect("SADD");
+        let keep = Keep::Hold {
+            list: "held",
+            batch: Some("b0"),
+        };
+        let err = fixture.take_into(keep, false, 10).await.expect_err("a set is no queue");
+        assert!(format!("{err:#}").contains("WRONGTYPE"), "{err:#}");
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::queue("a"))
+            .query_async(&mut conn)
+            .await
+            .expect("SMEMBERS");
+        assert_eq!(members.len(), 2);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("b0")
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        assert!(!exists, "the set's copy is gone");
+        let _: () = redis::pipe()
+            .del(keys::queue("a"))
+            .set(keys::queue("a"), "junk")
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        assert!(fixture.take_into(keep, false, 10).await.is_err());
+        // And the fetch works again once the queue is a list.
+        let _: () = redis::pipe()
+            .del(keys::queue("a"))
+            .lpush(keys::queue("a"), "j")
+            .query_async(&mut conn)
+            .await
+            .expect("LPUSH");
+        let took = fixture.take_into(keep, false, 10).await.expect("take");
+        assert_eq!(texts(&took), [("j".to_owned(), "a".to_owned())]);
+    }
+
+    /// A sorted reply whose batch list does not hold what it says, or a
+    /// reply with jobs in the batch list it did not use, is refused.
+    #[test]
+    fn a_batch_reply_that_does_not_add_up_is_refused() {
+        let sorted = |count: i64| Value::Array(vec![runs(&[0, count]), Value::Int(-1)]);
+        let listed = |jobs: &[&str]| Some(Value::Array(jobs.iter().map(|j| text(j)).collect()));
+        let (entries, in_batch) = read_reply(sorted(2), listed(&["a", "b"])).expect("sorted");
+        assert!(in_batch);
+        assert_eq!(entries, [entry(0, "a", None), entry(0, "b", None)]);
+        let with_note = Value::Array(vec![runs(&[0, 1]), Value::Int(-1), text("o999 big")]);
+        let (entries, _) = read_reply(with_note, listed(&["a"])).expect("a burial noted");
+        assert_eq!(entries, [entry(0, "a", None), entry(0, "", Some("o999 big"))]);
+        assert!(read_reply(sorted(3), listed(&["a", "b"])).is_err(), "fewer than said");
+        assert!(read_reply(sorted(1), None).is_err(), "not read");
+        let old = Value::Array(vec![runs(&[0, 1]), Value::Int(0), text("a")]);
+        assert!(read_reply(old, listed(&["x"])).is_err(), "a batch list it did not fill");
     }
 }
