@@ -107,10 +107,12 @@ impl Batches {
     }
 
     /// A reconcile emptied every list of what nobody here holds: the
-    /// suspect slots are free.
-    pub(super) fn reconciled(&self) {
-        for slot in self.slots().iter_mut() {
-            if *slot == Slot::Suspect {
+    /// suspect slots are free, but those in `kept` (whose lists still hold
+    /// an entry with the text of a job held here: a payload pushed twice,
+    /// which one copy is which cannot be told) until a later reconcile.
+    pub(super) fn reconciled(&self, kept: &[usize]) {
+        for (at, slot) in self.slots().iter_mut().enumerate() {
+            if *slot == Slot::Suspect && !kept.contains(&at) {
                 *slot = Slot::Free;
             }
         }
@@ -150,8 +152,12 @@ mod tests {
         for slot in 3..keys::BATCH_LISTS {
             assert_eq!(batches.claim(), Some(slot));
         }
+        batches.suspect(3);
         assert_eq!(batches.claim(), None, "all busy or suspect");
-        batches.reconciled();
+        batches.reconciled(&[3]);
         assert_eq!(batches.claim(), Some(1), "a reconcile frees the suspect slot");
+        assert_eq!(batches.claim(), None, "but not one whose list kept an entry");
+        batches.reconciled(&[]);
+        assert_eq!(batches.claim(), Some(3));
     }
 }

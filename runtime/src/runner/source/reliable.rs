@@ -288,9 +288,14 @@ impl JobSource for Reliable {
     fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
         async move {
             let mut requeued = 0;
-            for (list, entries) in self.listed().await? {
+            // The batch lists (by slot) that keep an entry.
+            let mut kept = Vec::new();
+            for (at, (list, entries)) in self.listed().await?.into_iter().enumerate() {
                 for raw in entries {
                     if std::str::from_utf8(&raw).is_ok_and(|text| known.contains(text)) {
+                        if let Some(slot) = at.checked_sub(1) {
+                            kept.push(slot);
+                        }
                         continue;
                     }
                     if self.put_back(list, &raw).await? {
@@ -299,7 +304,7 @@ impl JobSource for Reliable {
                 }
             }
             // What a lost fetch left in a batch list is back in its queue.
-            self.batches.reconciled();
+            self.batches.reconciled(&kept);
             Ok(requeued)
         }
         .boxed()

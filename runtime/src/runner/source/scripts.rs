@@ -115,7 +115,10 @@ end
 /// the jobs are read with an `LRANGE` of KEYS[3] pipelined behind the
 /// script, and the notes are those of the jobs buried as oversized. A
 /// queue key of another type that `SORT` reads anyway (a set) is left as
-/// it was: its copy is deleted and `LTRIM`'s error returned.
+/// it was: its copy is deleted and `LTRIM`'s error returned. A Redis that
+/// refuses `SORT` (renamed, or denied by an ACL) gets the jobs moved the
+/// old way, and one whose `MEMORY USAGE` is refused has Lua look at each
+/// payload's size.
 ///
 /// A job larger than ARGV[5] bytes (0 or absent: no limit) is not taken:
 /// it goes to the dead set KEYS[#KEYS] from inside Redis
@@ -168,9 +171,18 @@ end
 local most = tonumber(ARGV[5]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
-if keep and not marks and ARGV[4] == "1" then
+local sorted = keep and not marks and ARGV[4] == "1"
+if sorted then
   for i = 4, queues do
-    local n = redis.call('SORT', KEYS[i], 'BY', 'nosort', 'DESC', 'LIMIT', 0, max, 'STORE', KEYS[3])
+    local n = redis.pcall('SORT', KEYS[i], 'BY', 'nosort', 'DESC', 'LIMIT', 0, max, 'STORE', KEYS[3])
+    if type(n) ~= 'number' then
+      -- A queue key of another type fails the fetch, as RPOP's error
+      -- would; a SORT this Redis refuses (renamed, denied by an ACL)
+      -- leaves the jobs to the path below.
+      if string.find(n.err, 'WRONGTYPE', 1, true) then return n end
+      sorted = false
+      break
+    end
     if n > 0 then
       local trimmed = redis.pcall('LTRIM', KEYS[i], 0, -(n + 1))
       if type(trimmed) == 'table' and trimmed.err then
@@ -178,19 +190,22 @@ if keep and not marks and ARGV[4] == "1" then
         return trimmed
       end
       local out = {{i - 4, n}, -1}
-      if most > 0 and redis.call('MEMORY', 'USAGE', KEYS[3], 'SAMPLES', 0) > most then
-        for _, job in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
-          if #job > most then
-            redis.call('LREM', KEYS[3], 1, job)
-            out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
+      if most > 0 then
+        local usage = redis.pcall('MEMORY', 'USAGE', KEYS[3], 'SAMPLES', 0)
+        if type(usage) ~= 'number' or usage > most then
+          for _, job in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+            if #job > most then
+              redis.call('LREM', KEYS[3], 1, job)
+              out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
+            end
           end
+          out[1][2] = n - (#out - 2)
         end
-        out[1][2] = n - (#out - 2)
       end
       return out
     end
   end
-  return {{}, -1}
+  if sorted then return {{}, -1} end
 end
 local function request_of(jid)
   local asked, iteration = 'cancelled-' .. jid, 'it-' .. jid

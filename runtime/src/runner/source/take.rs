@@ -121,22 +121,8 @@ pub(super) async fn take(
             (reply, None)
         }
         Some(batch) => {
-            // The batch list is read in the same round trip.
-            let mut pipe = redis::pipe();
-            let load = !script.loaded.swap(true, Ordering::AcqRel);
-            if load {
-                pipe.load_script(&script.script).ignore();
-            }
-            pipe.invoke_script(&invocation);
-            pipe.cmd("LRANGE").arg(batch).arg(0).arg(-1);
-            let replies: Result<(Value, Value)> = pipe.query_async(&mut redis.conn()).await.context("fetching jobs");
-            match replies {
-                Ok((reply, listed)) => (reply, Some(listed)),
-                Err(err) => {
-                    script.loaded.store(false, Ordering::Release);
-                    return Err(err);
-                }
-            }
+            let (reply, listed) = take_pipelined(redis, script, &invocation, batch).await?;
+            (reply, Some(listed))
         }
     };
     let (entries, in_batch) = read_reply(reply, listed)?;
@@ -154,6 +140,40 @@ pub(super) async fn take(
         jobs.push((raw, queue.clone(), mark));
     }
     Ok(Took { jobs, in_batch })
+}
+
+/// Runs the fetch script with the `LRANGE` of the batch list `batch`
+/// pipelined behind it (one round trip), loading the script first when
+/// this process has not, or may have lost it. A Redis that lost its
+/// scripts (a restart) answers `NOSCRIPT` without running anything: then
+/// the script is loaded and the fetch asked again, once.
+async fn take_pipelined(
+    redis: &Redis,
+    script: &FetchScript,
+    invocation: &redis::ScriptInvocation<'_>,
+    batch: &str,
+) -> Result<(Value, Value)> {
+    let mut retried = false;
+    loop {
+        let mut pipe = redis::pipe();
+        if !script.loaded.swap(true, Ordering::AcqRel) {
+            pipe.load_script(&script.script).ignore();
+        }
+        pipe.invoke_script(invocation);
+        pipe.cmd("LRANGE").arg(batch).arg(0).arg(-1);
+        match pipe.query_async(&mut redis.conn()).await {
+            Ok(replies) => return Ok(replies),
+            Err(err) => {
+                script.loaded.store(false, Ordering::Release);
+                let lost = err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
+                if lost && !retried {
+                    retried = true;
+                    continue;
+                }
+                return Err(err).context("fetching jobs");
+            }
+        }
+    }
 }
 
 /// One job of the fetch script's reply: the position of its queue among
@@ -736,6 +756,51 @@ mod tests {
             .expect("LPUSH");
         let took = fixture.take_into(keep, false, 10).await.expect("take");
         assert_eq!(texts(&took), [("j".to_owned(), "a".to_owned())]);
+    }
+
+    /// A Redis that refuses `MEMORY` or `SORT` (here an ACL; renamed
+    /// commands answer alike) still serves fetches and keeps the payload
+    /// limit: without `MEMORY USAGE`, Lua looks at each payload's size;
+    /// without `SORT`, the jobs go to the in-progress list the old way.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redis_that_refuses_sort_or_memory_still_fetches() {
+        let fixture = fixture("a", 200).await;
+        let mut conn = fixture.redis.conn();
+        let job = |jid: &str, pad: usize| format!(r#"{{"class":"A","args":["{}"],"jid":"{jid}"}}"#, "x".repeat(pad));
+        let keep = Keep::Hold {
+            list: "held",
+            batch: Some("b0"),
+        };
+        for (refused, small, large, in_batch, buried) in
+            [("-memory", "a1", "a2", true, 1), ("-sort", "a3", "a4", false, 2)]
+        {
+            for (jid, pad) in [(small, 0), (large, 300)] {
+                let _: () = redis::cmd("LPUSH")
+                    .arg(keys::queue("a"))
+                    .arg(job(jid, pad))
+                    .query_async(&mut conn)
+                    .await
+                    .expect("LPUSH");
+            }
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg(refused)
+                .query_async(&mut conn)
+                .await
+                .expect("ACL SETUSER");
+            let took = fixture.take_into(keep, false, 10).await.expect("take");
+            assert_eq!(took.in_batch, in_batch, "{refused}");
+            assert_eq!(texts(&took), [(job(small, 0), "a".to_owned())], "{refused}");
+            let held = if in_batch { "b0" } else { "held" };
+            assert_eq!(list(&mut conn, held).await, [job(small, 0)], "{refused}");
+            assert_eq!(
+                range(&mut conn, "ZRANGE", keys::DEAD).await.len(),
+                buried,
+                "{refused}: the large one buried"
+            );
+            let _: () = redis::cmd("DEL").arg("b0").query_async(&mut conn).await.expect("DEL");
+        }
     }
 
     /// A sorted reply whose batch list does not hold what it says, or a
