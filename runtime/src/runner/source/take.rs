@@ -565,6 +565,16 @@ mod tests {
         range(conn, "LRANGE", key).await
     }
 
+    /// Pushes `job` onto the queue `queue`, as Sidekiq pushes (`LPUSH`).
+    async fn push(conn: &mut redis::aio::ConnectionManager, queue: &str, job: impl redis::ToRedisArgs) {
+        let _: () = redis::cmd("LPUSH")
+            .arg(keys::queue(queue))
+            .arg(job)
+            .query_async(conn)
+            .await
+            .expect("LPUSH");
+    }
+
     /// `LRANGE` or `ZRANGE` `key` `0 -1`.
     async fn range(conn: &mut redis::aio::ConnectionManager, command: &str, key: &str) -> Vec<String> {
         redis::cmd(command)
@@ -585,19 +595,9 @@ mod tests {
         let fixture = fixture("a,b", 0).await;
         let mut conn = fixture.redis.conn();
         for jid in ["a1", "a2", "a3", "a4", "a5"] {
-            let _: () = redis::cmd("LPUSH")
-                .arg(keys::queue("a"))
-                .arg(jid)
-                .query_async(&mut conn)
-                .await
-                .expect("LPUSH");
+            push(&mut conn, "a", jid).await;
         }
-        let _: () = redis::cmd("LPUSH")
-            .arg(keys::queue("b"))
-            .arg("b1")
-            .query_async(&mut conn)
-            .await
-            .expect("LPUSH");
+        push(&mut conn, "b", "b1").await;
         let keep = |batch| Keep::Hold {
             list: "held",
             batch: Some(batch),
@@ -634,12 +634,7 @@ mod tests {
         let mut conn = fixture.redis.conn();
         let job = |jid: &str, pad: usize| format!(r#"{{"class":"A","args":["{}"],"jid":"{jid}"}}"#, "x".repeat(pad));
         for (jid, pad) in [("a1", 0), ("a2", 300), ("a3", 0)] {
-            let _: () = redis::cmd("LPUSH")
-                .arg(keys::queue("a"))
-                .arg(job(jid, pad))
-                .query_async(&mut conn)
-                .await
-                .expect("LPUSH");
+            push(&mut conn, "a", job(jid, pad)).await;
         }
         let took = fixture
             .take_into(
@@ -775,12 +770,7 @@ mod tests {
             [("-memory", "a1", "a2", true, 1), ("-sort", "a3", "a4", false, 2)]
         {
             for (jid, pad) in [(small, 0), (large, 300)] {
-                let _: () = redis::cmd("LPUSH")
-                    .arg(keys::queue("a"))
-                    .arg(job(jid, pad))
-                    .query_async(&mut conn)
-                    .await
-                    .expect("LPUSH");
+                push(&mut conn, "a", job(jid, pad)).await;
             }
             let _: () = redis::cmd("ACL")
                 .arg("SETUSER")
