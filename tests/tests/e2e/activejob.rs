@@ -1,13 +1,15 @@
 //! ActiveJob jobs end to end: a Rails app's `perform_later` (Debian's
 //! ruby-activejob 6.1 with its Sidekiq adapter, ruby-globalid) and the
-//! payloads Rails 8.0 + Sidekiq 8.1 write, run by a plugin listing the job's
-//! own class (`tests/guests/activejob`, which reports what it sees), with
+//! payloads Rails 8.0 + Sidekiq 8.1 write (built in the test, and as they
+//! are pushed, from `tests/fixtures/activejob/`), run by a plugin listing
+//! the job's own class (`tests/guests/activejob`, which reports what it sees), with
 //! Sidekiq's Ruby API reading what is left behind.
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use wasmjobs::redis::payload::Payload;
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::runner::{Runner, free_addr, http_get, lines, plugins, zset};
@@ -170,6 +172,22 @@ puts JSON.generate({ display_class: entry.display_class, display_args: entry.dis
     runner.stop();
 }
 
+/// `class`'s worst queue latency on the runner's `/stats` at `addr`: its
+/// jobs were enqueued 1.5 s before the runner started, in integer
+/// milliseconds; read as seconds, the latency would be years (or negative).
+fn assert_queue_latency_from_milliseconds(addr: &str, class: &str) {
+    let stats: Value = serde_json::from_str(&http_get(addr, "/stats")).expect("JSON");
+    let entry = stats["classes"]
+        .as_array()
+        .and_then(|classes| classes.iter().find(|c| c["class"] == class))
+        .unwrap_or_else(|| panic!("no {class} in {stats}"));
+    let latency = entry["queue_latency_ms"]["max"].as_f64().expect("latency");
+    assert!(
+        (1_400.0..60_000.0).contains(&latency),
+        "queue latency {latency} ms: {entry}"
+    );
+}
+
 /// A Rails 8.0 + Sidekiq 8.1 payload (the ActiveJob reference's example):
 /// `Sidekiq::ActiveJob::Wrapper`, integer-millisecond timestamps.
 fn sidekiq_8(class: &str, arguments: Value, enqueued_ms: u64, jid: &str) -> String {
@@ -253,16 +271,7 @@ async fn sidekiq_8_payloads_run_keep_milliseconds_and_refuse_unknown_serializers
     )
     .await;
     // Queue latency from the millisecond timestamps: 1.5 s and a little.
-    let stats: Value = serde_json::from_str(&http_get(&addr, "/stats")).expect("JSON");
-    let class = stats["classes"]
-        .as_array()
-        .and_then(|classes| classes.iter().find(|c| c["class"] == "ReportJob"))
-        .unwrap_or_else(|| panic!("no ReportJob in {stats}"));
-    let latency = class["queue_latency_ms"]["max"].as_f64().expect("latency");
-    assert!(
-        (1_400.0..60_000.0).contains(&latency),
-        "queue latency {latency} ms: {class}"
-    );
+    assert_queue_latency_from_milliseconds(&addr, "ReportJob");
 
     let retry = zset(&mut conn, "retry").await.remove(0);
     assert_eq!(retry.class(), "Sidekiq::ActiveJob::Wrapper");
@@ -287,6 +296,172 @@ async fn sidekiq_8_payloads_run_keep_milliseconds_and_refuse_unknown_serializers
         dead.get("failed_at")
     );
     assert_eq!(seen(dir.path()).len(), 1, "the refused job never ran");
+    runner.stop();
+}
+
+/// The payloads in `tests/fixtures/activejob/`, byte for byte as Sidekiq
+/// 8.1 with Rails 8.0/8.1 pushes them, their integer-millisecond
+/// `created_at`/`enqueued_at` moved to `created_ms`/`enqueued_ms`.
+fn fixture(name: &str, created_ms: u64, enqueued_ms: u64) -> String {
+    let path = wasmjobs_e2e::guests::repo_root()
+        .join("tests/fixtures/activejob")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let moved = text
+        .trim_end()
+        .replace("1764756930123", &created_ms.to_string())
+        .replace("1764756930124", &enqueued_ms.to_string());
+    serde_json::from_str::<Value>(&moved).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+    moved
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidekiq_8_fixtures_run_decoded_and_what_is_written_back_keeps_milliseconds() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["activejob"]);
+    // The reference's example is a `WelcomeJob`: the report guest serves it too.
+    let manifest = dir.path().join("activejob/wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    let served = text.replace(r#"classes = ["ReportJob","#, r#"classes = ["WelcomeJob", "ReportJob","#);
+    assert_ne!(served, text, "the manifest lists its classes");
+    std::fs::write(&manifest, served).expect("manifest");
+
+    let now_ms = (wasmjobs::redis::now_f64() * 1000.0) as u64;
+    let (created_ms, enqueued_ms) = (now_ms - 2_000, now_ms - 1_500);
+    let queued: Vec<String> = [
+        "welcome.sidekiq-8.1.json",
+        "every-serializer.sidekiq-8.1.json",
+        "legacy-wrapper-name.sidekiq-8.1.json",
+        "continuation.rails-8.1.json",
+        "retried-failing.sidekiq-8.1.json",
+    ]
+    .iter()
+    .map(|name| fixture(name, created_ms, enqueued_ms))
+    .collect();
+    let scheduled = fixture("scheduled-failing.sidekiq-8.1.json", created_ms, enqueued_ms);
+    let at = wasmjobs::redis::now_f64() + 1.0;
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("default")
+        .cmd("LPUSH")
+        .arg("queue:default")
+        .arg(&queued)
+        .cmd("ZADD")
+        .arg("schedule")
+        .arg(at)
+        .arg(&scheduled)
+        .query_async(&mut conn)
+        .await
+        .expect("push");
+
+    let addr = free_addr();
+    let mut runner = Runner::start(
+        &url,
+        dir.path(),
+        &["-q", "default", "--poll-interval", "0.1", "--metrics-addr", &addr],
+    );
+    wait_seen(dir.path(), 4, &runner).await;
+    let seen = seen(dir.path());
+    let by_jid = |jid: &str| {
+        seen.iter()
+            .find(|s| s["jid"] == jid)
+            .unwrap_or_else(|| panic!("{jid} not run: {seen:?}"))
+            .clone()
+    };
+
+    let welcome = by_jid("b4a5c6d7e8f90a1b2c3d4e5f");
+    assert_eq!(welcome["class"], "WelcomeJob", "{welcome}");
+    assert_eq!(
+        welcome["args"],
+        json!(["gid://myapp/User/42", {"send_at": "2026-12-03T10:20:30.123456789Z", "tag": "vip"}]),
+        "{welcome}"
+    );
+    assert_eq!(
+        welcome["enqueued_at_ms"], enqueued_ms,
+        "milliseconds read as milliseconds"
+    );
+    assert_eq!(welcome["context"]["job_id"], "8c1e7f52-3a4b-4c5d-9e6f-0a1b2c3d4e5f");
+    assert_eq!(welcome["context"]["priority"], Value::Null);
+    assert_eq!(welcome["context"]["enqueued_at"], "2026-12-03T10:15:30.123456789Z");
+
+    let every = by_jid("c1d2e3f405162738495a6b7c");
+    assert_eq!(
+        every["args"],
+        json!([
+            "x", 1, 2.5, null, true, [1, [2, "three"]],
+            "2026-12-03T10:20:30.123456789Z",
+            "2026-12-03T11:20:30.000000000+01:00",
+            "2026-12-03",
+            300,
+            "9.99",
+            {"begin": "2026-12-01", "end": "2026-12-31", "exclude_end": true},
+            "Admin::Report",
+            {"plan": "pro", "seats": 3},
+            {"filter": {"since": "yesterday"}},
+            {"notify": false}
+        ]),
+        "{every}"
+    );
+    assert_eq!(every["context"]["priority"], 10);
+    assert_eq!(every["context"]["locale"], "de");
+    assert_eq!(every["context"]["timezone"], "Europe/Berlin");
+
+    let legacy = by_jid("d2e3f405162738495a6b7c8d");
+    assert_eq!(
+        (&legacy["class"], &legacy["args"]),
+        (&json!("ReportJob"), &json!(["legacy"]))
+    );
+    let resumed = by_jid("e3f405162738495a6b7c8d9e");
+    assert_eq!(resumed["args"], json!(["resumed"]), "{resumed}");
+    assert_eq!(resumed["context"]["executions"], 1);
+    assert_eq!(resumed["raw"]["resumptions"], 1, "Rails 8.1's keys reach the raw hash");
+
+    // Queue latency from the millisecond timestamps: 1.5 s and a little.
+    assert_queue_latency_from_milliseconds(&addr, "WelcomeJob");
+
+    // Both failing jobs end in `retry`, everything written in milliseconds.
+    eventually(
+        Duration::from_secs(30),
+        || runner.log(),
+        || {
+            let mut conn = conn.clone();
+            async move { zset(&mut conn, "retry").await.len() == 2 }
+        },
+    )
+    .await;
+    let retry = zset(&mut conn, "retry").await;
+    let entry = |jid: &str| {
+        retry
+            .iter()
+            .find(|p| p.jid() == jid)
+            .unwrap_or_else(|| panic!("{jid} not in retry"))
+    };
+    let integer_ms = |p: &Payload, key: &str| {
+        p.get(key)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("{key} not integer milliseconds: {:?}", p.get(key)))
+    };
+    // Scheduled: the poller's `enqueued_at` and the failure's `failed_at`.
+    let was_scheduled = entry("f405162738495a6b7c8d9e0f");
+    assert_eq!(was_scheduled.str("wrapped"), Some("FailingJob"));
+    assert!(integer_ms(was_scheduled, "enqueued_at") as f64 >= (at * 1000.0).floor());
+    assert!(integer_ms(was_scheduled, "failed_at") >= now_ms);
+    assert_eq!(integer_ms(was_scheduled, "created_at"), created_ms);
+    assert_eq!(was_scheduled.get("retry_count"), Some(&json!(0)));
+    // Retried once by Sidekiq: its first `failed_at` stays, `retried_at` is new.
+    let again = entry("0516273849a5b6c7d8e9f0a1");
+    assert_eq!(again.get("retry_count"), Some(&json!(1)));
+    assert_eq!(integer_ms(again, "failed_at"), 1_764_756_930_125);
+    assert!(integer_ms(again, "retried_at") >= now_ms);
+    assert!(again.str("error_message").is_some_and(|m| m.contains("on purpose")));
+    assert_eq!(
+        again.get("args").map(|a| &a[0]["arguments"]),
+        Some(&json!(["again"])),
+        "the ActiveJob hash is written back as it came"
+    );
     runner.stop();
 }
 
