@@ -19,6 +19,7 @@ use super::carrier::Carrier;
 use super::host::JobTrace;
 use super::settings::Propagation;
 use crate::job::Job;
+use wasmjobs_client::payload::epoch_secs;
 
 /// Longest string attribute taken from a payload (jid, class, queue).
 const MAX_ATTRIBUTE: usize = 256;
@@ -85,7 +86,8 @@ impl JobSpan {
             ("created_at", &carrier.created_at),
             ("enqueued_at", &carrier.enqueued_at),
         ] {
-            if let Some(time) = at.number().and_then(epoch) {
+            // Sidekiq 8 writes integer milliseconds, older ones float seconds.
+            if let Some(time) = at.number().map(epoch_secs).and_then(epoch) {
                 span.add_event_with_timestamp(name, time, Vec::new());
             }
         }
@@ -343,6 +345,53 @@ mod tests {
                 }
             }
             println!("{name}: {} ns per job", started.elapsed().as_nanos() / u128::from(n));
+        }
+    }
+
+    /// The `created_at`/`enqueued_at` events of a Sidekiq 8 payload
+    /// (integer milliseconds) and of an older one (float seconds) land at
+    /// the same instant.
+    #[test]
+    fn timestamp_events_read_milliseconds_and_seconds_alike() {
+        let at = |raw: &str| {
+            let (tracer, exporter, provider) = provider(opentelemetry_sdk::trace::Sampler::AlwaysOn);
+            let job = job();
+            let span = start(
+                &tracer,
+                Propagation::None,
+                &Start {
+                    raw,
+                    queue: "q",
+                    job: Some(&job),
+                },
+            );
+            span.end("success");
+            provider.force_flush().unwrap();
+            let spans = exporter.get_finished_spans().unwrap();
+            let events: Vec<(String, SystemTime)> = spans[0]
+                .events
+                .iter()
+                .map(|e| (e.name.to_string(), e.timestamp))
+                .collect();
+            events
+        };
+        let seconds = at(r#"{"class":"K","jid":"j","created_at":1764756930.123,"enqueued_at":1764756930.5}"#);
+        let millis = at(r#"{"class":"K","jid":"j","created_at":1764756930123,"enqueued_at":1764756930500}"#);
+        let created = SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_756_930_123);
+        let near = |events: &[(String, SystemTime)], name: &str, when: SystemTime| {
+            let (_, t) = events
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("no {name} event in {events:?}"));
+            let apart = t.duration_since(when).unwrap_or_else(|e| e.duration());
+            assert!(
+                apart < Duration::from_millis(2),
+                "{name} at {t:?}, {apart:?} from {when:?}"
+            );
+        };
+        for events in [&seconds, &millis] {
+            near(events, "created_at", created);
+            near(events, "enqueued_at", created + Duration::from_millis(377));
         }
     }
 
