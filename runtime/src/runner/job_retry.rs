@@ -75,6 +75,16 @@ pub(crate) enum Write {
     /// its queue exactly as it came, for that process: not processed, not
     /// failed.
     HandBack,
+    /// Not run: handed back as [`Write::HandBack`] so often in a row that
+    /// no Ruby process seems to take it now: into `schedule` until `at`,
+    /// exactly as it came (`payload`), for whoever polls it then. Not
+    /// processed, not failed.
+    HandBackLater {
+        /// When.
+        at: f64,
+        /// The job's payload as fetched.
+        payload: String,
+    },
 }
 
 impl Write {
@@ -100,7 +110,7 @@ impl Write {
             Write::Dead { .. } => Counted::Dead,
             Write::Drop => Counted::Drop,
             Write::Cancelled { .. } => Counted::Cancelled,
-            Write::Reschedule { .. } | Write::HandBack => return None,
+            Write::Reschedule { .. } | Write::HandBack | Write::HandBackLater { .. } => return None,
         })
     }
 }

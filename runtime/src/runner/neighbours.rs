@@ -17,16 +17,24 @@
 //! [`REST`] (left out of fetches like a paused one,
 //! [`Paused::rest`]) so the Ruby process takes it instead of this one
 //! fetching it again at once. A Ruby process counts while its beat is
-//! fresh ([`crate::redis::sharing::LIVE_FOR`]); a job this process has
-//! handed back [`MAX_HAND_BACKS`] times is treated as unserved after all,
-//! so neither a lying process record nor a Ruby process that never
-//! fetches can keep a job bouncing. On a queue only wasmjobs serves, such a job
-//! is retried as "no plugin", as before.
+//! fresh ([`crate::redis::sharing::LIVE_FOR`]). A job this process has
+//! handed back [`MAX_HAND_BACKS`] times in a row waits [`DEFER`] in
+//! `schedule` instead, still untouched (`Write::HandBackLater`), so
+//! neither a Ruby process busy for minutes nor a process record that
+//! lies keeps a job bouncing, and none of them turns a Ruby job into a
+//! failure.
+//!
+//! A job of a class no plugin serves, on a queue no Ruby process is known
+//! to share, first has the processes read again ([`Neighbours::recheck`]):
+//! a Ruby process started since the last read (they are read every
+//! [`REFRESH`]) is found before its job would be retried as "no plugin".
+//! On a queue only wasmjobs serves, such a job is retried as "no plugin",
+//! as before.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
@@ -44,9 +52,13 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(10);
 /// back from it.
 pub(crate) const REST: Duration = Duration::from_secs(1);
 
-/// How many times one job is handed back before it is treated as a class no
-/// plugin serves (retried as unserved).
+/// How many times in a row one job is handed back to the front of its
+/// queue before it waits [`DEFER`] in `schedule`.
 pub(crate) const MAX_HAND_BACKS: u32 = 5;
+
+/// How long a job that no Ruby process took after [`MAX_HAND_BACKS`]
+/// hand-backs waits in `schedule` (whoever polls it then puts it back).
+pub(crate) const DEFER: Duration = Duration::from_secs(30);
 
 /// Most jobs whose hand-backs are counted at once (then the counts start
 /// over).
@@ -56,6 +68,16 @@ const MAX_TRACKED: usize = 10_000;
 /// description of each: identity, host, pid).
 type Sharing = BTreeMap<String, Vec<String>>;
 
+/// Where a job of a class no plugin here serves goes, on a queue a Ruby
+/// Sidekiq process shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Bounce {
+    /// Back to the front of its queue.
+    Front,
+    /// Into `schedule`, due after this long.
+    Later(Duration),
+}
+
 /// This process's view of who else fetches its queues.
 pub(crate) struct Neighbours {
     queues: Vec<String>,
@@ -64,6 +86,10 @@ pub(crate) struct Neighbours {
     metrics: Arc<Metrics>,
     /// How many times each job was handed back.
     bounced: Mutex<HashMap<String, u32>>,
+    /// When the last read of the processes started (held while they are
+    /// read, so jobs waiting on a [`recheck`](Neighbours::recheck) use its
+    /// result).
+    read: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Neighbours {
@@ -75,6 +101,7 @@ impl Neighbours {
             paused,
             metrics,
             bounced: Mutex::new(HashMap::new()),
+            read: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -83,17 +110,16 @@ impl Neighbours {
         self.sharing.load().contains_key(queue)
     }
 
-    /// Whether the job `jid` of `queue`, of a class no plugin serves, goes
-    /// back to the Ruby processes sharing the queue; if so it is counted and
-    /// the queue rests. Not when none shares it, nor when this process has
-    /// already handed that job back [`MAX_HAND_BACKS`] times (no Ruby
-    /// process takes it: a Ruby process that is busy for good, or a
-    /// process record that lies), so a job cannot bounce for ever.
-    pub(crate) fn hand_back(&self, queue: &str, jid: &str) -> bool {
+    /// Where the job `jid` of `queue`, of a class no plugin serves, goes
+    /// for the Ruby processes sharing the queue, if any does: back to the
+    /// front (the queue then rests), or, after [`MAX_HAND_BACKS`] in a row,
+    /// [`DEFER`] into `schedule` (no Ruby process takes it: one busy for
+    /// long, or a process record that lies). Counted either way.
+    pub(crate) fn hand_back(&self, queue: &str, jid: &str) -> Option<Bounce> {
         if !self.shares(queue) {
-            return false;
+            return None;
         }
-        {
+        let bounce = {
             let mut bounced = self.bounced.lock().unwrap_or_else(PoisonError::into_inner);
             if bounced.len() >= MAX_TRACKED && !bounced.contains_key(jid) {
                 bounced.clear();
@@ -101,18 +127,54 @@ impl Neighbours {
             let times = bounced.entry(jid.to_owned()).or_insert(0);
             if *times >= MAX_HAND_BACKS {
                 bounced.remove(jid);
-                tracing::warn!(jid = %jid, queue = %queue, "handed back {MAX_HAND_BACKS} times and no Ruby Sidekiq process took it: treated as a class no plugin serves");
-                return false;
+                Bounce::Later(DEFER)
+            } else {
+                *times += 1;
+                Bounce::Front
             }
-            *times += 1;
-        }
+        };
         self.metrics.process.handed_back.fetch_add(1, Ordering::Relaxed);
-        self.paused.rest(queue, REST);
-        true
+        match bounce {
+            Bounce::Front => self.paused.rest(queue, REST),
+            Bounce::Later(after) => tracing::warn!(
+                jid = %jid,
+                queue = %queue,
+                "handed back {MAX_HAND_BACKS} times and no Ruby Sidekiq process took it: it waits {}s in schedule, untouched",
+                after.as_secs()
+            ),
+        }
+        Some(bounce)
+    }
+
+    /// [`hand_back`](Neighbours::hand_back), after reading the processes
+    /// again if `queue` is not known to be shared and no read has started
+    /// since this call: a Ruby process that started after the last read
+    /// (they are read every [`REFRESH`]) is found before its job is retried
+    /// as "no plugin". One read at a time; the jobs that wait for it use
+    /// its result, so a batch of such jobs costs a read or two, not one
+    /// each. A failed read keeps the last view.
+    pub(crate) async fn recheck(&self, redis: &Redis, queue: &str, jid: &str) -> Option<Bounce> {
+        if !self.shares(queue) {
+            let asked = Instant::now();
+            let mut read = self.read.lock().await;
+            if read.is_none_or(|started| started < asked) {
+                *read = Some(Instant::now());
+                if let Err(err) = self.read_processes(redis).await {
+                    tracing::debug!("{err:#}; keeping the last known Ruby Sidekiq processes sharing our queues");
+                }
+            }
+        }
+        self.hand_back(queue, jid)
     }
 
     /// Reads the live processes once; warns about each new sharer.
     pub(crate) async fn refresh(&self, redis: &Redis) -> anyhow::Result<()> {
+        let mut read = self.read.lock().await;
+        *read = Some(Instant::now());
+        self.read_processes(redis).await
+    }
+
+    async fn read_processes(&self, redis: &Redis) -> anyhow::Result<()> {
         let processes = api::processes(&mut redis.conn()).await?;
         let sharing: Sharing = sidekiq_sharing(&processes, &self.queues, crate::redis::now_f64())
             .into_iter()
@@ -187,12 +249,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_job_goes_back_only_to_a_sharer_and_a_bounded_number_of_times() {
+    fn a_job_goes_back_only_to_a_sharer_and_waits_in_schedule_after_bouncing() {
         let paused = Paused::new(vec!["default".into()], None);
         let metrics = Arc::new(Metrics::new(false));
         let neighbours = Neighbours::new(vec!["default".into()], paused.clone(), metrics.clone());
         assert!(
-            !neighbours.hand_back("default", "j1"),
+            neighbours.hand_back("default", "j1").is_none(),
             "no Ruby process shares the queue"
         );
         neighbours.sharing.store(Arc::new(Sharing::from([(
@@ -200,21 +262,27 @@ mod tests {
             vec!["ruby".to_owned()],
         )])));
         for _ in 0..MAX_HAND_BACKS {
-            assert!(neighbours.hand_back("default", "j1"));
+            assert_eq!(neighbours.hand_back("default", "j1"), Some(Bounce::Front));
         }
         assert!(
             paused.current().contains("default"),
             "the queue rests after a hand-back"
         );
-        assert!(
-            !neighbours.hand_back("default", "j1"),
-            "bounced enough: unserved after all"
+        assert_eq!(
+            neighbours.hand_back("default", "j1"),
+            Some(Bounce::Later(DEFER)),
+            "bounced enough: it waits in schedule, still handed back"
         );
-        assert!(neighbours.hand_back("default", "j2"));
-        assert!(!neighbours.hand_back("other", "j3"));
+        assert_eq!(
+            neighbours.hand_back("default", "j1"),
+            Some(Bounce::Front),
+            "back from schedule: counted from the start"
+        );
+        assert_eq!(neighbours.hand_back("default", "j2"), Some(Bounce::Front));
+        assert_eq!(neighbours.hand_back("other", "j3"), None);
         assert_eq!(
             metrics.process.handed_back.load(Ordering::Relaxed),
-            u64::from(MAX_HAND_BACKS) + 1
+            u64::from(MAX_HAND_BACKS) + 3
         );
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
+use redis::AsyncCommands;
 use serde_json::Value;
 use wasmjobs_e2e::eventually;
 use wasmjobs_e2e::redis_server::{TestRedis, command_calls};
@@ -243,5 +244,113 @@ async fn on_a_shared_queue_ruby_jobs_are_handed_back_untouched_and_the_sharing_i
             .is_some_and(|c| c.iter().any(|c| c["class"] == "(unserved)")),
         "a handed-back job is not counted as run: {stats}"
     );
+    runner.stop();
+}
+
+/// A Ruby Sidekiq process's record, as Sidekiq 6.4 writes its heartbeat,
+/// fetching `queues`: a process that never takes a job (it is busy for
+/// good, or its record lies).
+async fn write_ruby_record(conn: &mut redis::aio::MultiplexedConnection, identity: &str, queues: &[&str]) {
+    let now = wasmjobs::redis::now_f64();
+    let info = serde_json::json!({
+        "hostname": "rails-1", "started_at": now, "pid": 4242, "tag": "app", "concurrency": 10,
+        "queues": queues, "labels": [], "identity": identity, "version": "6.4.1",
+    });
+    let _: () = redis::pipe()
+        .atomic()
+        .sadd("processes", identity)
+        .ignore()
+        .hset_multiple(
+            identity,
+            &[
+                ("info", info.to_string()),
+                ("beat", now.to_string()),
+                ("busy", "10".to_owned()),
+                ("quiet", "false".to_owned()),
+            ],
+        )
+        .ignore()
+        .expire(identity, 60)
+        .ignore()
+        .query_async(conn)
+        .await
+        .expect("write the process record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ruby_process_that_appears_later_and_never_takes_its_jobs_gets_them_in_schedule_untouched() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&[], &["activejob"]);
+    let metrics = free_addr();
+    let mut runner = Runner::start(&url, dir.path(), &["-q", "default", "--metrics-addr", &metrics]);
+    runner.wait_running();
+    // The Ruby process starts after the runner read the processes: it is
+    // found when its first job comes, not up to ten seconds later.
+    write_ruby_record(&mut conn, "rails-1:4242:0a1b2c3d4e5f", &["default"]).await;
+    let now = wasmjobs::redis::now_f64();
+    let pushed = [
+        format!(
+            r#"{{"class":"RubyJob","args":[1],"retry":false,"queue":"default","jid":"0123456789abcdef01234501","created_at":{now},"enqueued_at":{now}}}"#
+        ),
+        format!(
+            r#"{{"class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"RubyActiveJob","queue":"default","args":[{{"job_class":"RubyActiveJob","job_id":"5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9","provider_job_id":null,"queue_name":"default","priority":null,"arguments":[2],"executions":0,"exception_executions":{{}},"locale":"en","timezone":"UTC","enqueued_at":"2026-12-06T10:00:00Z"}}],"retry":true,"jid":"0123456789abcdef01234502","created_at":{now},"enqueued_at":{now}}}"#
+        ),
+    ];
+    let _: () = redis::pipe()
+        .sadd("queues", "default")
+        .ignore()
+        .lpush("queue:default", &pushed)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("push");
+
+    // Handed back to the front a few times, then into `schedule`, as pushed.
+    let jobs = pushed.len();
+    eventually(
+        Duration::from_secs(60),
+        || runner.log(),
+        || {
+            let mut conn = conn.clone();
+            async move { zset(&mut conn, "schedule").await.len() == jobs }
+        },
+    )
+    .await;
+    let scheduled: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg("schedule")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .expect("ZRANGE");
+    for job in &pushed {
+        let (_, at) = scheduled
+            .iter()
+            .find(|(payload, _)| payload == job)
+            .unwrap_or_else(|| panic!("not in schedule byte for byte: {job}\n{scheduled:?}"));
+        assert!(
+            *at > now + 10.0,
+            "it waits a while, not a busy loop: due {:.1} s on",
+            at - now
+        );
+    }
+    assert!(
+        zset(&mut conn, "retry").await.is_empty(),
+        "not retried: {}",
+        runner.log()
+    );
+    assert!(zset(&mut conn, "dead").await.is_empty(), "not dead (retry: false)");
+    let failed: Option<u64> = conn.get("stat:failed").await.expect("GET");
+    assert_eq!(failed.unwrap_or(0), 0, "not counted as failed");
+    let text = http_get(&metrics, "/metrics");
+    let handed: u64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("wasmjobs_jobs_handed_back_total ")?.parse().ok())
+        .expect("the handed-back counter");
+    assert!(handed > pushed.len() as u64, "handed back to the front first: {handed}");
+    assert!(runner.log().contains("rails-1:4242:0a1b2c3d4e5f"), "{}", runner.log());
     runner.stop();
 }

@@ -6,7 +6,8 @@
 //! version is on its way) is retried with backoff, so it runs once a plugin
 //! for it appears ([`job_retry::unserved`]) — unless a live Ruby Sidekiq
 //! process shares the queue, which gets the job back untouched
-//! ([`Write::HandBack`], `runner::neighbours`).
+//! ([`Write::HandBack`], or [`Write::HandBackLater`] once it bounced a few
+//! times; `runner::neighbours`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +16,9 @@ use super::finish::{self, MALFORMED, UNSERVED};
 use super::started::{Started, failed};
 use crate::metrics::Metrics;
 use crate::plugin::{Catalog, Plugin};
-use crate::redis::now_f64;
+use crate::redis::{Redis, now_f64};
 use crate::runner::job_retry::{self, Write};
-use crate::runner::neighbours::Neighbours;
+use crate::runner::neighbours::{Bounce, Neighbours};
 use crate::runner::unit::TypedJob;
 
 /// The job `typed` holds, or the dead-set write of a payload that is not one.
@@ -52,9 +53,10 @@ pub(super) fn parse<'a>(
 /// The plugin serving the job's class in `catalog` (the catalog as it was
 /// when the job started), noted on the job's span; or the job's write when
 /// none does.
-pub(super) fn plugin(
+pub(super) async fn plugin(
     metrics: &Metrics,
     neighbours: &Neighbours,
+    redis: &Redis,
     catalog: &Catalog,
     started: &Started<'_>,
 ) -> Result<Arc<Plugin>, Write> {
@@ -65,9 +67,18 @@ pub(super) fn plugin(
         }
         return Ok(plugin.clone());
     }
-    if neighbours.hand_back(&typed.fetched.queue, &job.jid) {
-        tracing::debug!(jid = %job.jid, class = %job.class, queue = %typed.fetched.queue, "not ours: handed back to the Ruby Sidekiq process sharing the queue");
-        return Err(Write::HandBack);
+    match neighbours.recheck(redis, &typed.fetched.queue, &job.jid).await {
+        Some(Bounce::Front) => {
+            tracing::debug!(jid = %job.jid, class = %job.class, queue = %typed.fetched.queue, "not ours: handed back to the Ruby Sidekiq process sharing the queue");
+            return Err(Write::HandBack);
+        }
+        Some(Bounce::Later(after)) => {
+            return Err(Write::HandBackLater {
+                at: now_f64() + after.as_secs_f64(),
+                payload: typed.fetched.raw.clone(),
+            });
+        }
+        None => {}
     }
     tracing::warn!(jid = %job.jid, class = %job.class, "no plugin serves this class; it will be retried");
     let message = format!(

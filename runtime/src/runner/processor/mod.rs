@@ -158,6 +158,7 @@ fn outcome(write: &Write) -> &'static str {
         Write::Reschedule { .. } => "rescheduled",
         Write::Cancelled { .. } => "cancelled",
         Write::HandBack => "handed back",
+        Write::HandBackLater { .. } => "handed back later",
     }
 }
 
@@ -182,7 +183,7 @@ async fn process(
         } = processor;
         let shard = typed.fetched.shard;
         let mut job = dispatch::parse(metrics, typed, span)?;
-        let plugin = dispatch::plugin(metrics, neighbours.get(shard), catalog, &job)?;
+        let plugin = dispatch::plugin(metrics, neighbours.get(shard), redis.get(shard), catalog, &job).await?;
         dispatch::refuse_activejob(metrics, &job, &plugin)?;
         let _plugin_slot = admit::plugin_slot(&job, &plugin, &mut slots).await?;
         let admitted = admit::cluster_limits(metrics, limiter, &mut job, &plugin, &mut slots).await?;

@@ -95,7 +95,7 @@ pub(super) fn transaction(
                 pipe.cmd("ZADD").arg(keys::RETRY).arg(*at).arg(payload).ignore();
             }
             Write::Dead { payload } => buried.push(payload.as_str()),
-            Write::Reschedule { at, payload } => {
+            Write::Reschedule { at, payload } | Write::HandBackLater { at, payload } => {
                 pipe.cmd("ZADD").arg(keys::SCHEDULE).arg(*at).arg(payload).ignore();
             }
             Write::Cancelled { jid, payload } => {

@@ -25,7 +25,7 @@ use crate::runner::job_retry::Write;
 pub(crate) fn releases(write: &Write) -> bool {
     match write {
         Write::Ack | Write::Discard | Write::Dead { .. } | Write::Drop | Write::Cancelled { .. } => true,
-        Write::Retry { .. } | Write::Reschedule { .. } | Write::HandBack => false,
+        Write::Retry { .. } | Write::Reschedule { .. } | Write::HandBack | Write::HandBackLater { .. } => false,
     }
 }
 

@@ -60,7 +60,11 @@ impl Plan {
             match &completion.finish {
                 Finish::Requeue | Finish::Outcome(Write::HandBack) => plan.release.push(receipt),
                 Finish::Outcome(Write::Ack | Write::Drop | Write::Discard) => plan.ack.push(receipt),
-                Finish::Outcome(Write::Retry { at, payload } | Write::Reschedule { at, payload }) => {
+                Finish::Outcome(
+                    Write::Retry { at, payload }
+                    | Write::Reschedule { at, payload }
+                    | Write::HandBackLater { at, payload },
+                ) => {
                     match storable(payload) {
                         Some(payload) => {
                             plan.later.push(receipt);
