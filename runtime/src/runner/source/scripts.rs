@@ -65,9 +65,19 @@ local function bury_oversized(job, dead, at)
   local size = #job
   local jid = jid_of(string.sub(job, -4096)) or jid_of(string.sub(job, 1, 4096)) or ''
   -- failed_at in the payload's own style: integer milliseconds when its
-  -- created_at is (Sidekiq 8), float seconds otherwise.
+  -- created_at (else enqueued_at) is (Sidekiq 8), float seconds otherwise.
+  -- Sidekiq writes them after args, so the last one near the end is the
+  -- job's own, not one inside its arguments.
   local failed_at = now
-  local stamp = string.match(string.sub(job, -4096), '"created_at"%s*:%s*([%d%.eE+-]+)') or
+  local last_4k = string.sub(job, -4096)
+  local function last_stamp(key)
+    local found
+    for value in string.gmatch(last_4k, '"' .. key .. '"%s*:%s*([%d%.eE+-]+)') do
+      found = value
+    end
+    return found
+  end
+  local stamp = last_stamp('created_at') or last_stamp('enqueued_at') or
     string.match(string.sub(job, 1, 4096), '"created_at"%s*:%s*([%d%.eE+-]+)')
   if stamp and not string.find(stamp, '[%.eE]') and #stamp >= 12 then
     failed_at = string.format('%.0f', math.floor(tonumber(now) * 1000))

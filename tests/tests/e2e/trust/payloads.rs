@@ -82,8 +82,13 @@ async fn payloads_over_the_limit_go_to_dead_whole_without_the_runner_reading_the
     runner.wait_running();
     wait_dead(&mut conn, 1, &runner).await;
 
-    // Due in `schedule`, written as Sidekiq 8 writes times (milliseconds).
-    let mut scheduled = quoted_job("NoopJob", quotes, &[json!("scheduled")]);
+    // Due in `schedule`, written as Sidekiq 8 writes times (milliseconds);
+    // its last argument has a `created_at` of its own, in seconds.
+    let mut scheduled = quoted_job(
+        "NoopJob",
+        quotes,
+        &[json!("scheduled"), json!({"created_at": 1_700_000_000})],
+    );
     let created_ms = (wasmjobs::redis::now_f64() * 1000.0) as u64;
     scheduled.set("created_at", json!(created_ms));
     let scheduled = scheduled.to_json();
