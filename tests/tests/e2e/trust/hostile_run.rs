@@ -171,13 +171,15 @@ fn good_job(i: usize, good: usize) -> Payload {
 }
 
 /// What foreign writers leave in Redis: a Sidekiq process record with no
-/// plugins, a string where a process hash should be, a hash listed as a
-/// queue, a string in the cron set.
+/// plugins (on another queue: one sharing `default` would get the
+/// unknown-class jobs handed back, `beside_sidekiq.rs`), a string where a
+/// process hash should be, a hash listed as a queue, a string in the cron
+/// set.
 async fn foreign_entries(conn: &mut MultiplexedConnection) {
     let now = wasmjobs::redis::now_f64();
     let info = json!({
         "hostname": "ruby.example", "started_at": now, "pid": 4242, "tag": "shop",
-        "concurrency": 5, "queues": ["default"], "labels": [], "identity": "ruby.example:4242:abcd",
+        "concurrency": 5, "queues": ["mailers"], "labels": [], "identity": "ruby.example:4242:abcd",
         "version": "7.3.9",
     });
     let _: () = redis::pipe()
