@@ -160,12 +160,8 @@ impl Entry {
                 bytes: Bytes::Whole(raw),
             };
         };
-        let class = payload
-            .str("wrapped")
-            .filter(|w| !w.is_empty())
-            .unwrap_or(payload.job_class())
-            .to_owned();
-        let args = payload.get("args").map(Value::to_string).unwrap_or_default();
+        let class = payload.job_class().to_owned();
+        let args = display_args(&payload);
         let error = match (payload.str("error_class"), payload.str("error_message")) {
             (None, None) => None,
             (class, message) => Some(format!("{}: {}", class.unwrap_or("Error"), message.unwrap_or(""))),
@@ -232,7 +228,12 @@ impl Entry {
             text,
             parsed: false,
             jid: string("jid").unwrap_or_default(),
-            class: string("wrapped").or_else(|| string("class")).unwrap_or_default(),
+            class: match string("class") {
+                Some(class) if wasmjobs_client::activejob::is_wrapper(&class) => {
+                    string("wrapped").filter(|w| !w.is_empty()).unwrap_or(class)
+                }
+                class => class.unwrap_or_default(),
+            },
             queue: string("queue").unwrap_or_default(),
             args: String::new(),
             error,
@@ -570,6 +571,21 @@ pub async fn signal<C: ConnectionLike + Send>(conn: &mut C, identity: &str, sign
         .context("cannot signal the process")
 }
 
+/// The arguments a person reads for `payload`, as Sidekiq Web's
+/// `display_args` shows them: an ActiveJob wrapper's job arguments,
+/// decoded (markers removed, GlobalIDs as their strings); any other
+/// payload's `args` as they are (and a wrapper's, if they do not decode).
+fn display_args(payload: &Payload) -> String {
+    let args = payload.get("args");
+    if wasmjobs_client::activejob::is_wrapper(payload.class())
+        && let Some(arguments) = args.and_then(|a| a.get(0)).and_then(|hash| hash.get("arguments"))
+        && let Ok(decoded) = wasmjobs_client::activejob::decode_arguments(arguments.clone())
+    {
+        return decoded.to_string();
+    }
+    args.map(Value::to_string).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,12 +605,12 @@ mod tests {
 
     #[test]
     fn a_payload_shows_its_class_args_and_error() {
-        let raw = br#"{"class":"A","wrapped":"Real","args":[1,"<b>"],"jid":"j1","queue":"q","error_class":"E","error_message":"boom","error_backtrace":["a.rb:1"],"retry_count":3,"enqueued_at":5.0}"#;
+        let raw = br#"{"class":"A","args":[1,"<b>"],"jid":"j1","queue":"q","error_class":"E","error_message":"boom","error_backtrace":["a.rb:1"],"retry_count":3,"enqueued_at":5.0}"#;
         let entry = Entry::read(raw.to_vec(), None);
         assert!(entry.parsed);
         assert_eq!(
             (entry.jid.as_str(), entry.class.as_str(), entry.queue.as_str()),
-            ("j1", "Real", "q")
+            ("j1", "A", "q")
         );
         assert_eq!(entry.args, r#"[1,"<b>"]"#);
         assert_eq!(entry.error.as_deref(), Some("E: boom"));
@@ -602,6 +618,26 @@ mod tests {
         assert_eq!(entry.retry_count, Some(3));
         assert_eq!(entry.at, Some(5.0));
         assert!(entry.pretty.contains("\n"));
+    }
+
+    /// As Sidekiq Web's `display_class` and `display_args`: an ActiveJob
+    /// wrapper shows its job's class and decoded arguments; `wrapped` on
+    /// another class is just a field.
+    #[test]
+    fn an_activejob_wrapper_shows_its_jobs_class_and_arguments() {
+        let raw = br#"{"class":"Sidekiq::ActiveJob::Wrapper","wrapped":"WelcomeJob","args":[{"job_class":"WelcomeJob","arguments":[{"_aj_globalid":"gid://app/User/42"},{"tag":{"_aj_serialized":"ActiveJob::Serializers::SymbolSerializer","value":"vip"},"_aj_ruby2_keywords":["tag"]}]}],"jid":"j1","queue":"q","created_at":1764756930123}"#;
+        let entry = Entry::read(raw.to_vec(), None);
+        assert_eq!(entry.class, "WelcomeJob");
+        assert_eq!(entry.args, r#"["gid://app/User/42",{"tag":"vip"}]"#);
+        let unknown = br#"{"class":"Sidekiq::ActiveJob::Wrapper","wrapped":"W","args":[{"job_class":"W","arguments":[{"_aj_serialized":"MoneySerializer"}]}],"jid":"j2"}"#;
+        let entry = Entry::read(unknown.to_vec(), None);
+        assert!(
+            entry.args.contains("MoneySerializer"),
+            "shown as written: {}",
+            entry.args
+        );
+        let plain = br#"{"class":"A","wrapped":"B","args":[1],"jid":"j3"}"#;
+        assert_eq!(Entry::read(plain.to_vec(), None).class, "A");
     }
 
     #[test]

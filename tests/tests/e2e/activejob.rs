@@ -72,7 +72,21 @@ async fn rails_perform_later_runs_as_a_plugin_with_plain_json_arguments() {
     let url = redis.url();
     let conn = redis.conn().await;
     let dir = plugins(&[], &["activejob"]);
-    let mut runner = Runner::start(&url, dir.path(), &["-q", "wasm", "--poll-interval", "0.1"]);
+    let (metrics, web) = (free_addr(), free_addr());
+    let mut runner = Runner::start(
+        &url,
+        dir.path(),
+        &[
+            "-q",
+            "wasm",
+            "--poll-interval",
+            "0.1",
+            "--metrics-addr",
+            &metrics,
+            "--web",
+            &web,
+        ],
+    );
     runner.wait_running();
 
     let pushed = rails(
@@ -169,7 +183,29 @@ puts JSON.generate({ display_class: entry.display_class, display_args: entry.dis
     );
     // Sidekiq 6.4 wrote float seconds: the failure times keep that style.
     assert!(item["failed_at"].is_f64() && item["created_at"].is_f64(), "{item}");
-    runner.stop();
+
+    // Everything a person reads names the job's own class, never the wrapper.
+    let wrapper = "JobWrapper";
+    let text = http_get(&metrics, "/metrics");
+    assert!(
+        text.contains(r#"class="ReportJob""#) && text.contains(r#"class="FailingJob""#),
+        "{text}"
+    );
+    assert!(!text.contains(wrapper), "{text}");
+    let page = http_get(&web, "/retries");
+    assert!(
+        page.contains("FailingJob") && page.contains("[&quot;boom&quot;]"),
+        "{page}"
+    );
+    assert!(
+        !page.contains(wrapper) && !page.contains("job_class"),
+        "the job's arguments are shown, not the ActiveJob hash: {page}"
+    );
+    let log = runner.log();
+    assert!(log.contains("class=FailingJob"), "{log}");
+    assert!(runner.stop().success(), "{}", runner.log());
+    let summary = runner.log();
+    assert!(summary.contains("ReportJob") && !summary.contains(wrapper), "{summary}");
 }
 
 /// `class`'s worst queue latency on the runner's `/stats` at `addr`: its
