@@ -375,6 +375,20 @@ where
     })
 }
 
+/// The members of `processes` (none if another client left a key of
+/// another type there), in one round trip: what tells a reader whether
+/// any process has started since it last read the records.
+pub(crate) async fn process_identities<C>(conn: &mut C) -> Result<Vec<Vec<u8>>>
+where
+    C: ConnectionLike + Send,
+{
+    Ok(
+        bounded::tolerate(redis::cmd("SMEMBERS").arg(keys::PROCESSES).query_async(conn).await)
+            .context("cannot read the process set from Redis")?
+            .unwrap_or_default(),
+    )
+}
+
 /// The live processes alone (what `wasmjobs enqueue` checks), in two
 /// round trips, pruned as [`stats`] prunes them.
 pub(crate) async fn processes<C>(conn: &mut C) -> Result<Vec<ProcessInfo>>

@@ -31,7 +31,7 @@
 //! On a queue only wasmjobs serves, such a job is retried as "no plugin",
 //! as before.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -86,10 +86,12 @@ pub(crate) struct Neighbours {
     metrics: Arc<Metrics>,
     /// How many times each job was handed back.
     bounced: Mutex<HashMap<String, u32>>,
-    /// When the last read of the processes started (held while they are
+    /// When the last look at the processes started (held while they are
     /// read, so jobs waiting on a [`recheck`](Neighbours::recheck) use its
     /// result).
     read: tokio::sync::Mutex<Option<Instant>>,
+    /// The members of `processes` when the records were last read.
+    seen: Mutex<HashSet<Vec<u8>>>,
 }
 
 impl Neighbours {
@@ -102,6 +104,7 @@ impl Neighbours {
             metrics,
             bounced: Mutex::new(HashMap::new()),
             read: tokio::sync::Mutex::new(None),
+            seen: Mutex::new(HashSet::new()),
         })
     }
 
@@ -146,20 +149,30 @@ impl Neighbours {
         Some(bounce)
     }
 
-    /// [`hand_back`](Neighbours::hand_back), after reading the processes
-    /// again if `queue` is not known to be shared and no read has started
-    /// since this call: a Ruby process that started after the last read
-    /// (they are read every [`REFRESH`]) is found before its job is retried
-    /// as "no plugin". One read at a time; the jobs that wait for it use
-    /// its result, so a batch of such jobs costs a read or two, not one
-    /// each. A failed read keeps the last view.
+    /// [`hand_back`](Neighbours::hand_back), after looking at the
+    /// processes again if `queue` is not known to be shared and no look has
+    /// started since this call: a Ruby process that started after the last
+    /// read (they are read every [`REFRESH`]) is found before its job is
+    /// retried as "no plugin". A look is one `SMEMBERS processes`; the
+    /// records are read only if a member is new since they were last read
+    /// (a Sidekiq process that starts is a new identity). One look at a
+    /// time, and the jobs that wait for it use its result, so a flood of
+    /// such jobs costs a command or two a fetched batch. A failed read
+    /// keeps the last view.
     pub(crate) async fn recheck(&self, redis: &Redis, queue: &str, jid: &str) -> Option<Bounce> {
         if !self.shares(queue) {
             let asked = Instant::now();
             let mut read = self.read.lock().await;
             if read.is_none_or(|started| started < asked) {
                 *read = Some(Instant::now());
-                if let Err(err) = self.read_processes(redis).await {
+                let members = api::process_identities(&mut redis.conn()).await;
+                let known = |members: &[Vec<u8>]| {
+                    let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                    members.iter().all(|m| seen.contains(m))
+                };
+                if !members.as_deref().is_ok_and(known)
+                    && let Err(err) = self.read_processes(redis).await
+                {
                     tracing::debug!("{err:#}; keeping the last known Ruby Sidekiq processes sharing our queues");
                 }
             }
@@ -175,7 +188,9 @@ impl Neighbours {
     }
 
     async fn read_processes(&self, redis: &Redis) -> anyhow::Result<()> {
+        let members = api::process_identities(&mut redis.conn()).await?;
         let processes = api::processes(&mut redis.conn()).await?;
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = members.into_iter().collect();
         let sharing: Sharing = sidekiq_sharing(&processes, &self.queues, crate::redis::now_f64())
             .into_iter()
             .map(|(queue, sharers)| (queue, sharers.iter().map(|p| describe(p)).collect()))
