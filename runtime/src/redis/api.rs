@@ -416,17 +416,35 @@ where
             Vec::new()
         }
     };
+    let processes = records_of(conn, identities, &mut damage).await?;
+    Ok((processes, damage.0))
+}
+
+/// The live processes among `identities` (members of `processes` the
+/// caller read), in one round trip, pruned as [`stats`] prunes them.
+pub(crate) async fn processes_of<C>(conn: &mut C, identities: Vec<Vec<u8>>) -> Result<Vec<ProcessInfo>>
+where
+    C: ConnectionLike + Send,
+{
+    records_of(conn, identities, &mut Damage::default()).await
+}
+
+/// The heartbeats of `identities`, read and pruned; members that are not
+/// heartbeat hashes are noted in `damage`.
+async fn records_of<C>(conn: &mut C, identities: Vec<Vec<u8>>, damage: &mut Damage) -> Result<Vec<ProcessInfo>>
+where
+    C: ConnectionLike + Send,
+{
     let (identities, cmd) = heartbeats_cmd(identities);
     let Some(cmd) = cmd else {
-        return Ok((Vec::new(), damage.0));
+        return Ok(Vec::new());
     };
     let reply: Value = cmd
         .query_async(conn)
         .await
         .context("cannot read heartbeats from Redis")?;
     let heartbeats = bounded::parse_hash_fields(reply, identities.len())?;
-    let processes = live(conn, identities, heartbeats, &mut damage).await?;
-    Ok((processes, damage.0))
+    live(conn, identities, heartbeats, damage).await
 }
 
 /// `identities` sorted (as text), and the command reading their

@@ -189,7 +189,7 @@ impl Neighbours {
 
     async fn read_processes(&self, redis: &Redis) -> anyhow::Result<()> {
         let members = api::process_identities(&mut redis.conn()).await?;
-        let processes = api::processes(&mut redis.conn()).await?;
+        let processes = api::processes_of(&mut redis.conn(), members.clone()).await?;
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = members.into_iter().collect();
         let sharing: Sharing = sidekiq_sharing(&processes, &self.queues, crate::redis::now_f64())
             .into_iter()
