@@ -11,6 +11,7 @@
 //! plugin directory and returns a new catalog plus what changed; jobs hold
 //! the `Arc<Plugin>` they started with, so they finish on that version.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use anyhow::{Context, Result, bail};
 
 use super::cache::{CacheUse, CompileCache, sha256_hex};
 use super::describe::{self, Described, History};
+use super::dev_sources::{self, DevSources};
 pub use super::loaded::{Broken, Change, Plugin};
 use super::manifest::plugin_name;
 use super::manifest::{MANIFEST_FILE, Manifest};
@@ -281,9 +283,15 @@ pub fn plugin_roots(dir: &Path) -> Result<Vec<PathBuf>> {
 struct Source {
     started: Instant,
     manifest: Manifest,
+    /// The component as the engine compiles it (without the sources a
+    /// development build carries).
     bytes: Vec<u8>,
+    /// The SHA-256 of `bytes`: the compile cache's key.
     content_hash: String,
+    /// Of the component file and the manifest together.
     version: String,
+    /// The sources of a development build ([`dev_sources`]).
+    dev: Option<DevSources>,
 }
 
 /// Reads and checks the manifest and component of one plugin, and computes
@@ -312,14 +320,24 @@ fn read_plugin(manifest_path: &Path) -> Result<Source> {
             }
         );
     }
-    let content_hash = sha256_hex(&bytes);
-    let version = sha256_hex(format!("{content_hash}\n{}", sha256_hex(&manifest_text)).as_bytes())[..12].to_owned();
+    let file_hash = sha256_hex(&bytes);
+    let version = sha256_hex(format!("{file_hash}\n{}", sha256_hex(&manifest_text)).as_bytes())[..12].to_owned();
+    let (compiled, dev) = dev_sources::split(&bytes)
+        .with_context(|| format!("{}: {}", manifest_path.display(), manifest.component.display()))?;
+    let (bytes, content_hash) = match compiled {
+        Cow::Borrowed(_) => (bytes, file_hash),
+        Cow::Owned(compiled) => {
+            let hash = sha256_hex(&compiled);
+            (compiled, hash)
+        }
+    };
     Ok(Source {
         started,
         manifest,
         bytes,
         content_hash,
         version,
+        dev,
     })
 }
 
@@ -337,8 +355,9 @@ pub fn check_component(
     if !is_component(bytes) {
         bail!("not a WebAssembly component");
     }
+    let (bytes, _) = dev_sources::split(bytes)?;
     let engine = executor.engine_for(false, concurrent).unwrap_or(executor.engine());
-    let (component, cache_use) = cache.component(engine, bytes, &sha256_hex(bytes), label)?;
+    let (component, cache_use) = cache.component(engine, &bytes, &sha256_hex(&bytes), label)?;
     executor.prepare(&component)?;
     Ok(cache_use)
 }
@@ -354,13 +373,17 @@ fn build_plugin(
 ) -> Result<Plugin> {
     let Source {
         started,
-        manifest,
+        mut manifest,
         bytes,
         content_hash,
         version,
+        dev,
     } = source;
     let manifest_path = manifest.path.clone();
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
+    if let Some(sources) = &dev {
+        grant_dev_sources(&mut manifest, cache, sources)?;
+    }
     let handles = files::check(manifest.file_grants(), protected)?;
     // Refused before compiling: no artifact for a plugin that cannot run.
     let concurrent = manifest.instances.concurrent.is_some();
@@ -421,6 +444,44 @@ fn build_plugin(
         slots,
         loaded,
     })
+}
+
+/// Grants a development build the sources it carries: unpacked into the
+/// compile cache's directory, read-only at [`dev_sources::GUEST_DIR`]
+/// (added to the manifest's grants, so they are opened and shown like
+/// any other).
+fn grant_dev_sources(manifest: &mut Manifest, cache: &CompileCache, sources: &DevSources) -> Result<()> {
+    let display = manifest.path.display().to_string();
+    let reserved = Path::new(dev_sources::GUEST_DIR).parent().unwrap_or(Path::new("/"));
+    if let Some(clash) = manifest
+        .files
+        .iter()
+        .find(|f| Path::new(&f.guest).starts_with(reserved))
+    {
+        bail!(
+            "{display}: files: {} is where a development build (`wasmjobs build --dev`) sees its own sources; grant another guest path",
+            clash.guest
+        );
+    }
+    let Some(dir) = cache.dir() else {
+        bail!(
+            "{display}: a development build (`wasmjobs build --dev`) needs the compile cache, where its sources are unpacked"
+        );
+    };
+    let host = dev_sources::unpack(dir, sources)
+        .with_context(|| format!("{display}: cannot unpack the sources of this development build"))?;
+    tracing::warn!(
+        plugin = %manifest.plugin_name(),
+        "a development build (`wasmjobs build --dev`): its {} Python file(s) are imported when an instance starts its first job; build without --dev for production",
+        sources.files.len()
+    );
+    manifest.files.push(files::Preopen {
+        host,
+        guest: dev_sources::GUEST_DIR.to_owned(),
+        mode: files::Mode::ReadOnly,
+        outside: true,
+    });
+    Ok(())
 }
 
 impl Plugin {

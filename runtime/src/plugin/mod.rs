@@ -5,7 +5,9 @@
 //! from the [`cache`]), checks that it implements the job world, that its
 //! grants are usable and within the runner's caps ([`caps`]), and pre-links it once so that each job only has to
 //! instantiate. The [`Catalog`] maps job classes to loaded plugins and keeps
-//! the reasons broken plugins were refused. A manifest's `[[schedule]]`
+//! the reasons broken plugins were refused. A development build carries
+//! its Python sources, which are unpacked and granted read-only
+//! ([`dev_sources`]). A manifest's `[[schedule]]`
 //! entries (periodic jobs) are parsed by [`schedule`]; what a runner
 //! publishes about its plugins is built by [`describe`].
 
@@ -14,6 +16,7 @@ mod caps;
 pub mod catalog;
 pub mod cluster_limits;
 pub mod describe;
+pub mod dev_sources;
 mod function_pack;
 pub mod instances;
 pub mod limits;

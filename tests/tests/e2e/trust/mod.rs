@@ -4,6 +4,7 @@
 //! components, servers and files.
 
 mod cache;
+mod dev_sources;
 mod disk;
 mod files;
 mod hostile;
