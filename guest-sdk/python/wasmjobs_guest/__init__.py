@@ -48,7 +48,7 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import wasmjobs_job_types as _types
 
-from . import activejob, http, log, sql
+from . import _dev, activejob, http, log, sql
 
 __all__ = ["WitWorld", "job", "JobInfo", "Retry", "Discard", "Dead", "http", "log", "sql"]
 
@@ -169,6 +169,7 @@ def _run(wit_job):
         retry_count=wit_job.retry_count,
         enqueued_at_ms=wit_job.enqueued_at_ms,
     )
+    _dev.load()
     if _perform is None:
         raise Dead("the plugin registered no job: decorate its function with @wasmjobs_guest.job")
     quoted = info.args[:_ARGS_IN_MESSAGE]

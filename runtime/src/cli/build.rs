@@ -8,7 +8,8 @@
 //! then loads it at once), and it is put where the manifest's `component`
 //! says by write-then-rename, so a runner watching the directory reloads a
 //! whole file, never half of one. With `--watch` it builds again after
-//! each change to the sources ([`super::build_watch`]).
+//! each change to the sources ([`super::build_watch`]); with `--dev` a
+//! Python plugin is a development build ([`super::build_dev`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -35,6 +36,12 @@ pub struct BuildArgs {
     /// change (a failed build waits for the next one); Ctrl-C stops.
     #[arg(long)]
     pub watch: bool,
+    /// A development build (Python): the interpreter and the modules the
+    /// app imports are built once, the app's sources travel beside them
+    /// and are imported when an instance starts, so an edit builds in
+    /// about a second. Not for production: build without it to deploy.
+    #[arg(long)]
+    pub dev: bool,
 }
 
 /// Runs the command.
@@ -62,8 +69,8 @@ fn build_once(cli: &Cli, args: &BuildArgs, dir: &Path) -> Result<()> {
     let name = manifest.component_name();
     let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let concurrent = manifest.instances.concurrent.is_some();
-    let built =
-        build(language, &dir, &sdk, &temporary, concurrent).and_then(|()| check(cli, &temporary, &name, concurrent));
+    let built = build(language, &dir, &sdk, &temporary, concurrent, args.dev)
+        .and_then(|()| check(cli, &temporary, &name, concurrent));
     let size = match built {
         Ok(size) => size,
         Err(err) => {
@@ -74,7 +81,8 @@ fn build_once(cli: &Cli, args: &BuildArgs, dir: &Path) -> Result<()> {
     std::fs::rename(&temporary, &manifest.component)
         .with_context(|| format!("cannot move the component to {}", manifest.component.display()))?;
 
-    println!("built {} ({size} bytes)", manifest.component.display());
+    let kind = if args.dev { ", a development build" } else { "" };
+    println!("built {} ({size} bytes{kind})", manifest.component.display());
     let parent = dir.parent().unwrap_or(&dir);
     for class in &manifest.classes {
         println!(
@@ -113,7 +121,12 @@ fn detect(dir: &Path) -> Result<Language> {
 /// `async-plugin` if `concurrent` (`[instances] concurrent`), else
 /// `plugin`; for Rust the source decides (`export_async_job!` or
 /// `export_job!`), and [`check`] refuses a mismatch.
-fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool) -> Result<()> {
+fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool, dev: bool) -> Result<()> {
+    if dev && language != Language::Python {
+        bail!(
+            "--dev builds Python plugins (a JavaScript or Rust plugin has no interpreter to keep apart from the app)"
+        );
+    }
     if language == Language::Js && concurrent {
         bail!(
             "{}: [instances] concurrent needs an async-plugin component, whose perform is an `async func`, and componentize-js 0.23 cannot build async exports: remove `concurrent` (`reuse` keeps instances warm)",
@@ -123,8 +136,8 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
     let world = if concurrent { "async-plugin" } else { "plugin" };
     match language {
         Language::Rust => build_rust(dir, sdk, out),
+        Language::Python if dev => super::build_dev::build(dir, sdk, world, out),
         Language::Python => {
-            let tool = sdk::componentize_py()?;
             eprintln!("componentize-py: building {} (~10 s)", dir.display());
             // componentize-py imports the app to snapshot it, and writes
             // `__pycache__/` beside the sources whatever
@@ -132,20 +145,7 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
             // lands in the plugin directory.
             let stage = tempfile::tempdir().context("cannot create a staging directory")?;
             stage_sources(dir, stage.path())?;
-            sdk::run_quietly(
-                Command::new(tool)
-                    .env("PYTHONDONTWRITEBYTECODE", "1")
-                    .arg("-d")
-                    .arg(sdk.wit())
-                    .args(["-w", world, "componentize", "-p"])
-                    .arg(stage.path())
-                    .arg("-p")
-                    .arg(sdk.python())
-                    .arg("app")
-                    .arg("-o")
-                    .arg(out),
-                "componentize-py",
-            )
+            componentize_py(sdk, world, stage.path(), "app", out)
         }
         Language::Js => {
             sdk::componentize_js(sdk)?;
@@ -160,6 +160,26 @@ fn build(language: Language, dir: &Path, sdk: &Sdk, out: &Path, concurrent: bool
             )
         }
     }
+}
+
+/// Runs componentize-py on the module `module` of `stage` (with the SDK on
+/// the path) for `world`, writing the component to `out`.
+pub(super) fn componentize_py(sdk: &Sdk, world: &str, stage: &Path, module: &str, out: &Path) -> Result<()> {
+    let tool = sdk::componentize_py()?;
+    sdk::run_quietly(
+        Command::new(tool)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg("-d")
+            .arg(sdk.wit())
+            .args(["-w", world, "componentize", "-p"])
+            .arg(stage)
+            .arg("-p")
+            .arg(sdk.python())
+            .arg(module)
+            .arg("-o")
+            .arg(out),
+        "componentize-py",
+    )
 }
 
 /// Copies `dir`'s files to `stage`, leaving out build output and caches

@@ -22,6 +22,7 @@
 //! unique job.
 
 pub mod build;
+mod build_dev;
 mod build_watch;
 pub mod cancel;
 pub mod enqueue;

@@ -243,6 +243,42 @@ fn a_javascript_plugin_from_new_to_run_outside_the_repo() {
     first_plugin("js", "JsGreet", &["job.js"], "arg 1 must be string, got an integer 42");
 }
 
+/// Starts the installed wasmjobs in `home` with `args`, both its streams
+/// into `home/<name>.log` in the order they were written; the process and
+/// a reader of what it has said so far.
+fn spawn_logged(home: &Path, args: &[&str], name: &str) -> (std::process::Child, impl Fn() -> String + use<>) {
+    let log = home.join(format!("{name}.log"));
+    let file = std::fs::File::create(&log).expect("log file");
+    let mut command = installed();
+    command
+        .current_dir(home)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stderr(file.try_clone().expect("log file"))
+        .stdout(file);
+    let child = command.spawn().expect("start wasmjobs");
+    (child, move || std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// Waits until what `said` returns satisfies `done`, failing with it after
+/// `timeout`.
+fn wait_until(what: &str, timeout: Duration, said: &dyn Fn() -> String, done: &dyn Fn(&str) -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done(&said()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {timeout:?}: {what}\n{}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// How many builds a `build --watch` has finished.
+fn builds(text: &str) -> usize {
+    text.lines().filter(|l| l.starts_with("built ")).count()
+}
+
 /// `build --watch` builds again after an edit, prints a broken edit's
 /// error and keeps watching, and builds the fix.
 #[test]
@@ -261,34 +297,8 @@ fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
     assert_success(&new, "wasmjobs new");
     let source = home.join("plugins/watched/src/lib.rs");
     let original = std::fs::read_to_string(&source).expect("lib.rs");
-    let (out, err) = (home.join("watch.out"), home.join("watch.err"));
-    let mut command = installed();
-    command
-        .current_dir(home)
-        .args(["build", "--watch", "plugins/watched"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&out).expect("stdout file"))
-        .stderr(std::fs::File::create(&err).expect("stderr file"));
-    let mut watch = command.spawn().expect("start wasmjobs build --watch");
-    let said = || {
-        format!(
-            "{}{}",
-            std::fs::read_to_string(&out).unwrap_or_default(),
-            std::fs::read_to_string(&err).unwrap_or_default()
-        )
-    };
-    let wait = |what: &str, timeout: Duration, done: &dyn Fn(&str) -> bool| {
-        let deadline = std::time::Instant::now() + timeout;
-        while !done(&said()) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "not within {timeout:?}: {what}\n{}",
-                said()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    let builds = |text: &str| text.lines().filter(|l| l.starts_with("built ")).count();
+    let (mut watch, said) = spawn_logged(home, &["build", "--watch", "plugins/watched"], "watch");
+    let wait = |what: &str, timeout: Duration, done: &dyn Fn(&str) -> bool| wait_until(what, timeout, &said, done);
     let watching = |text: &str| text.lines().filter(|l| l.starts_with("watching ")).count();
     wait("the first build", BUILD, &|t| builds(t) == 1 && watching(t) == 1);
 
@@ -327,4 +337,141 @@ fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
     assert!(printed(&exec).contains("hi again, world!"), "{}", printed(&exec));
     let _ = watch.kill();
     let _ = watch.wait();
+}
+
+/// The Python edit loop a newcomer runs: `build --watch --dev` beside
+/// `run --plugins plugins`. The first build makes the development loader
+/// (componentize-py, once); an edit then builds with neither
+/// componentize-py nor a native compile, the running runner reloads it,
+/// and the next job runs the edit, its traceback quoting the edited line.
+/// An edit that imports a module the loader lacks builds a new loader.
+#[test]
+fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let home = home.path();
+    let new = wasmjobs(
+        home,
+        &["new", "python", "plugins/devloop", "--class", "DevGreet"],
+        QUICK,
+    );
+    assert_success(&new, "wasmjobs new");
+    let app = home.join("plugins/devloop/app.py");
+    let original = std::fs::read_to_string(&app).expect("app.py");
+
+    // An edit is saved as many editors save, by renaming a hidden new file
+    // over the old one: the watch never sees a half-written file.
+    let save = |path: &Path, text: &str| {
+        let name = path.file_name().expect("a file name").to_string_lossy();
+        let temporary = path.with_file_name(format!(".{name}.new"));
+        std::fs::write(&temporary, text).expect("write the edit");
+        std::fs::rename(&temporary, path).expect("save the edit");
+    };
+    // The app's own module is there from the start: the edit below is one
+    // save of app.py.
+    std::fs::write(
+        home.join("plugins/devloop/helpers.py"),
+        "def shout(name):\n    return name.upper()\n",
+    )
+    .expect("write helpers.py");
+    let spawn = |args: &[&str], name: &str| spawn_logged(home, args, name);
+    let wait = wait_until;
+
+    let (mut watch, watched) = spawn(&["build", "--watch", "--dev", "plugins/devloop"], "watch");
+    wait("the first build", BUILD, &watched, &|t| builds(t) == 1);
+    // The loader is built once per machine for these imports (this test
+    // run again finds it built).
+    assert!(
+        (watched().contains("building the development loader for 2 import(s)")
+            || watched().contains("loader for its 2 import(s) is built already"))
+            && watched().contains("a development build)"),
+        "{}",
+        watched()
+    );
+    let (mut run, ran) = spawn(&["run", "--plugins", "plugins"], "run");
+    let enqueue = |args: &str| {
+        let out = wasmjobs(home, &["enqueue", "DevGreet", args], QUICK);
+        assert_success(&out, "wasmjobs enqueue");
+    };
+    enqueue(r#"["one"]"#);
+    wait("the first job", QUICK, &ran, &|t| t.contains("hello, one!"));
+    assert!(ran().contains("a development build"), "the runner says so: {}", ran());
+
+    // An edit that uses the app's own module.
+    let edited = original
+        .replace(
+            "from wasmjobs_guest import",
+            "from helpers import shout\nfrom wasmjobs_guest import",
+        )
+        .replace(
+            r#"    log.info(f"hello, {name}! (job {info.jid})")"#,
+            "    if name == \"boom\":\n        raise ValueError(\"kaboom \" + shout(name))\n    log.info(f\"howdy, {shout(name)}!\")",
+        );
+    assert_ne!(edited, original, "the scaffold changed: update this test");
+    let first_len = watched().len();
+    save(&app, &edited);
+    wait("a build of the edit", BUILD, &watched, &|t| builds(t) >= 2);
+    let second = watched();
+    let second = &second[first_len..];
+    assert!(
+        !second.contains("componentize-py") && !second.contains("compiling"),
+        "the edit ran componentize-py or compiled:\n{second}"
+    );
+    assert!(
+        second.contains("loader for its 2 import(s) is built already"),
+        "{second}"
+    );
+    // The runner reloads the new file (a job enqueued before that runs
+    // the version it had).
+    let replaced = |text: &str| text.matches("plugin replaced").count();
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 1);
+    enqueue(r#"["two"]"#);
+    wait("the edited job", QUICK, &ran, &|t| t.contains("howdy, TWO!"));
+    enqueue(r#"["boom"]"#);
+    wait("the edited job's traceback", QUICK, &ran, &|t| {
+        t.contains(r#"raise ValueError("kaboom " + shout(name))"#)
+    });
+    assert!(ran().contains("/.wasmjobs/app/app.py"), "{}", ran());
+
+    // A module the loader has not imported: a new loader.
+    let built = builds(&watched());
+    let before = watched().len();
+    save(
+        &app,
+        &format!(
+            "import csv\nimport io\n{}",
+            edited.replace(
+                r#"log.info(f"howdy, {shout(name)}!")"#,
+                "row = io.StringIO()\n    csv.writer(row).writerow([name, shout(name)])\n    log.info(f\"csv row {row.getvalue().strip()}\")"
+            )
+        ),
+    );
+    wait("a build with a new import", BUILD, &watched, &|t| builds(t) > built);
+    let third = watched();
+    let third = &third[before..];
+    assert!(
+        third.contains("building the development loader for 4 import(s)")
+            || third.contains("loader for its 4 import(s) is built already"),
+        "csv and io make a loader of 4 imports: {third}"
+    );
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 2);
+    enqueue(r#"["three"]"#);
+    wait("the job using csv", QUICK, &ran, &|t| t.contains("csv row three,THREE"));
+
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let stop = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(stop.success());
+    let stopped = run.wait().expect("the runner stops");
+    assert!(stopped.success(), "{}", ran());
+    assert_eq!(
+        files(&home.join("plugins/devloop")),
+        ["app.py", "helpers.py", "wasmjobs.toml", "devloop.wasm"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        "nothing but sources, the manifest and the component"
+    );
 }
