@@ -92,6 +92,13 @@ _params = []
 _signature = None
 
 
+def _forget_job():
+    """Forgets the registered job: a development build's app whose import
+    failed after its ``@job`` ran registers it again on the next try."""
+    global _perform, _params, _signature
+    _perform, _params, _signature = None, [], None
+
+
 def job(function):
     """Registers ``function(info, *args)`` as the plugin's job (one per plugin)."""
     global _perform, _params, _signature
@@ -169,7 +176,6 @@ def _run(wit_job):
         retry_count=wit_job.retry_count,
         enqueued_at_ms=wit_job.enqueued_at_ms,
     )
-    _dev.load()
     if _perform is None:
         raise Dead("the plugin registered no job: decorate its function with @wasmjobs_guest.job")
     quoted = info.args[:_ARGS_IN_MESSAGE]
@@ -212,6 +218,7 @@ if _ASYNC_WORLD:
 
         async def perform(self, wit_job):
             try:
+                _dev.load(_forget_job)
                 running = _run(wit_job)
                 if inspect.isawaitable(running):
                     await running
@@ -226,6 +233,7 @@ else:
 
         def perform(self, wit_job):
             try:
+                _dev.load(_forget_job)
                 if inspect.iscoroutinefunction(_perform):
                     raise Dead(
                         f"{_perform.__name__} is an async def, which needs the async-plugin world: "

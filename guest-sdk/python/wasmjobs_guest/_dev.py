@@ -5,8 +5,9 @@ A development build is a *loader* component: its snapshot holds this SDK
 and every module the app's sources import at module level (found when it
 was built, :func:`preimport`), but not the app. The host unpacks the app's
 ``.py`` files, which the component carries, read-only at ``/.wasmjobs/app``;
-:func:`load` puts that directory first on ``sys.path`` and imports the app,
-whose ``@job`` then registers as in a release build. So an edit to the app
+:func:`load`, called by the job's ``perform`` before anything else on an
+instance's first job, puts that directory first on ``sys.path`` and imports
+the app, whose ``@job`` then registers as in a release build. So an edit to the app
 needs no new snapshot and no native compile.
 
 What differs from a release build: the app's module-level code runs in each
@@ -42,9 +43,10 @@ def arm(directory, module):
     _pending = (directory, module)
 
 
-def load():
-    """Imports the app if this is a development build that has not yet; an
-    import that fails raises, and the next job tries again."""
+def load(forget_job):
+    """Imports the app if this is a development build that has not yet. An
+    import that fails raises, after ``forget_job()`` undoes a registration
+    it made, and the next job tries again."""
     global _pending
     if _pending is None:
         return
@@ -55,6 +57,7 @@ def load():
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as error:
+        forget_job()
         if error.name in _missing:
             raise ModuleNotFoundError(
                 f"{error} (neither the standard library nor the plugin directory has it; "
@@ -67,6 +70,9 @@ def load():
                 f"import {error.name} at the top of a module of the plugin, then build again)",
                 name=error.name,
             ) from None
+        raise
+    except BaseException:
+        forget_job()
         raise
     _pending = None
 

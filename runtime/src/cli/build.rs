@@ -38,8 +38,8 @@ pub struct BuildArgs {
     pub watch: bool,
     /// A development build (Python): the interpreter and the modules the
     /// app imports are built once, the app's sources travel beside them
-    /// and are imported when an instance starts, so an edit builds in
-    /// about a second. Not for production: build without it to deploy.
+    /// and are imported on an instance's first job, so an edit builds in
+    /// well under a second. Not for production: build without it to deploy.
     #[arg(long)]
     pub dev: bool,
 }

@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use super::sdk::{self, Sdk};
 use crate::plugin::dev_sources::{self, DevSources};
 
-/// How many loaders the toolchains directory keeps (the newest; ~19 MB each).
+/// How many loaders the toolchains directory keeps (those used last; ~19 MB each).
 const LOADERS_KEPT: usize = 6;
 
 /// Lists the modules the sources given on stdin import at module level
@@ -88,7 +88,7 @@ for name, text in request["files"].items():
         visit(ast.parse(text, filename=name).body)
     except SyntaxError as error:
         print(f"{name}:{error.lineno}: python3 {sys.version.split()[0]} cannot parse it ({error.msg}); its imports are read line by line", file=sys.stderr)
-        for match in re.finditer(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import)", text, re.M):
+        for match in re.finditer(r"^\s*(?:import\s+([A-Za-z_][\w.]*)|from\s+([A-Za-z_][\w.]*)\s+import)", text, re.M):
             add(match.group(1) or match.group(2))
 
 json.dump(sorted(found), sys.stdout)
@@ -159,7 +159,7 @@ fn scan(files: &BTreeMap<String, String>, sdk_python: &Path) -> Result<Vec<Strin
         "files": files,
     });
     let mut child = Command::new("python3")
-        .args(["-I", "-c", SCAN])
+        .args(["-I", "-B", "-c", SCAN])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -223,20 +223,26 @@ fn loader(sdk: &Sdk, world: &str, imports: &[String]) -> Result<PathBuf> {
         sdk::COMPONENTIZE_PY_VERSION
     ));
     for root in [sdk.python(), sdk.wit()] {
-        for entry in walkdir::WalkDir::new(&root).sort_by_file_name() {
+        let walk = walkdir::WalkDir::new(&root)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| !super::sources::not_a_source(e));
+        for entry in walk {
             let entry = entry.with_context(|| format!("cannot read {}", root.display()))?;
-            if entry.file_type().is_file() && !super::sources::not_a_source(&entry) {
-                digest.update(
-                    entry
-                        .path()
-                        .strip_prefix(&root)
-                        .unwrap_or(entry.path())
-                        .to_string_lossy()
-                        .as_bytes(),
-                );
-                digest.update(
-                    std::fs::read(entry.path()).with_context(|| format!("cannot read {}", entry.path().display()))?,
-                );
+            if entry.file_type().is_file() {
+                let name = entry
+                    .path()
+                    .strip_prefix(&root)
+                    .unwrap_or(entry.path())
+                    .to_string_lossy()
+                    .into_owned();
+                let text =
+                    std::fs::read(entry.path()).with_context(|| format!("cannot read {}", entry.path().display()))?;
+                // Each part with its length: no two lists of files hash alike.
+                for part in [name.as_bytes(), &text] {
+                    digest.update((part.len() as u64).to_le_bytes());
+                    digest.update(part);
+                }
             }
         }
     }
@@ -248,6 +254,14 @@ fn loader(sdk: &Sdk, world: &str, imports: &[String]) -> Result<PathBuf> {
             "development build: the loader for its {} import(s) is built already",
             imports.len()
         );
+        // Used now: the prune keeps the loaders used last.
+        if let Err(err) = std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        {
+            eprintln!("cannot mark {} used: {err}", path.display());
+        }
         return Ok(path);
     }
     eprintln!(
@@ -271,7 +285,7 @@ fn loader(sdk: &Sdk, world: &str, imports: &[String]) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Keeps the newest [`LOADERS_KEPT`] loaders in `dir` (and `just_built`).
+/// Keeps the [`LOADERS_KEPT`] loaders in `dir` used last (and `just_built`).
 fn prune(dir: &Path, just_built: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -363,7 +377,10 @@ def perform(info):
     #[test]
     fn a_file_python_cannot_parse_is_read_line_by_line() {
         let found = scan(
-            &files(&[("app.py", "import csv\ndef broken(:\n    import zlib\n")]),
+            &files(&[(
+                "app.py",
+                "import csv\nfrom .sibling import x\ndef broken(:\n    import zlib\n",
+            )]),
             Path::new("/nonexistent"),
         )
         .unwrap();

@@ -16,10 +16,13 @@
 //!
 //! The section is hostile input like the rest of the component: every
 //! name is checked to be a relative path of plain components ending in
-//! `.py` ([`check_name`]), the count and the total size are capped, and
-//! the files are written by the host under a fresh directory that is
-//! renamed into place whole. The guest sees only what it carried, read
-//! only. (The custom section is one top-level section of the component
+//! `.py` ([`check_name`]), the files, the directories they make, their
+//! depth and the total size are capped (the count while the JSON is
+//! read), and the files are written by the host under a fresh directory
+//! that is renamed into place whole, in a cache directory only this user
+//! can write. The guest sees only what it carried, read only. Each load
+//! touches its directory; one untouched for [`UNUSED_FOR`] is removed by
+//! the next unpack ([`prune`]). (The custom section is one top-level section of the component
 //! binary: an id byte `0`, a LEB128 size, the LEB128-prefixed name, the
 //! data. Only top-level sections are looked at: a nested module's custom
 //! sections are the toolchain's.)
@@ -30,7 +33,7 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use super::cache::sha256_hex;
+use super::cache::{UNUSED_FOR, sha256_hex};
 use super::private_files::private_dir;
 
 /// The name of the custom section holding the sources.
@@ -39,12 +42,15 @@ pub const SECTION: &str = "wasmjobs-dev-sources";
 /// Where the guest sees the unpacked sources (read-only).
 pub const GUEST_DIR: &str = "/.wasmjobs/app";
 
-/// At most this many files in one component.
+/// At most this many files in one component, and this many directories.
 const MAX_FILES: usize = 10_000;
 /// At most this many bytes of sources in one component.
 const MAX_BYTES: usize = 64 << 20;
+/// At most this many bytes of JSON in the section (escapes make the JSON
+/// longer than the sources).
+const MAX_SECTION: usize = 2 * MAX_BYTES;
 /// At most this deep a path.
-const MAX_DEPTH: usize = 32;
+const MAX_DEPTH: usize = 16;
 
 /// The section's content: the app's files by relative path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +60,31 @@ pub struct DevSources {
     pub version: u32,
     /// Each `.py` file's text, by its path relative to the plugin
     /// directory (`/`-separated).
+    #[serde(deserialize_with = "at_most_max_files")]
     pub files: BTreeMap<String, String>,
+}
+
+/// Reads the files map, failing as soon as it has more than [`MAX_FILES`]
+/// entries (not after building all of them).
+fn at_most_max_files<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Files;
+    impl<'de> serde::de::Visitor<'de> for Files {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "a map of at most {MAX_FILES} file names to texts")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut files = BTreeMap::new();
+            while let Some((name, text)) = map.next_entry::<String, String>()? {
+                if files.len() == MAX_FILES {
+                    return Err(serde::de::Error::custom(format!("more than {MAX_FILES} files")));
+                }
+                files.insert(name, text);
+            }
+            Ok(files)
+        }
+    }
+    deserializer.deserialize_map(Files)
 }
 
 impl DevSources {
@@ -79,6 +109,14 @@ impl DevSources {
         }
         for name in self.files.keys() {
             check_name(name)?;
+        }
+        let directories: std::collections::BTreeSet<&str> = self
+            .files
+            .keys()
+            .flat_map(|name| name.match_indices('/').map(|(at, _)| &name[..at]))
+            .collect();
+        if directories.len() > MAX_FILES {
+            bail!("{} directories, more than {MAX_FILES}", directories.len());
         }
         Ok(())
     }
@@ -188,6 +226,12 @@ pub fn split(bytes: &[u8]) -> Result<(std::borrow::Cow<'_, [u8]>, Option<DevSour
     let Some((range, data)) = found else {
         return Ok((std::borrow::Cow::Borrowed(bytes), None));
     };
+    if data.len() > MAX_SECTION {
+        bail!(
+            "the {SECTION} section is refused: {} bytes, more than {MAX_SECTION}",
+            data.len()
+        );
+    }
     let sources: DevSources =
         serde_json::from_slice(data).with_context(|| format!("the {SECTION} section is not what wasmjobs writes"))?;
     sources
@@ -200,16 +244,26 @@ pub fn split(bytes: &[u8]) -> Result<(std::borrow::Cow<'_, [u8]>, Option<DevSour
 }
 
 /// Writes `sources` under `dev-sources/<digest>` in the cache directory
-/// `cache` (once: an existing directory of that digest is reused) and
-/// returns that directory. The files are written under a temporary name
-/// renamed into place whole, so a directory of that name is complete.
+/// `cache` (once: an existing directory of that digest is reused, and
+/// touched) and returns that directory. The cache directory must be
+/// private to this user, as for compiled code; the files are written under
+/// a temporary name renamed into place whole, so a directory of that name
+/// is complete.
 pub fn unpack(cache: &Path, sources: &DevSources) -> Result<PathBuf> {
+    private_dir(cache)?;
     let root = cache.join("dev-sources");
     private_dir(&root)?;
     let digest = sha256_hex(&serde_json::to_vec(sources).context("cannot encode the sources")?);
     let dir = root.join(&digest[..32]);
-    if dir.is_dir() {
-        return Ok(dir);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.is_dir() => {
+            private_dir(&dir)?;
+            touch(&dir);
+            return Ok(dir);
+        }
+        Ok(_) => bail!("{} is not a directory", dir.display()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err).with_context(|| format!("cannot inspect {}", dir.display())),
     }
     let staging = tempfile::Builder::new()
         .prefix(".tmp")
@@ -230,7 +284,37 @@ pub fn unpack(cache: &Path, sources: &DevSources) -> Result<PathBuf> {
             return Err(err).with_context(|| format!("cannot move the sources to {}", dir.display()));
         }
     }
+    prune(&root, std::time::SystemTime::now());
     Ok(dir)
+}
+
+/// Marks `dir` used now (its modification time), so [`prune`] keeps it.
+fn touch(dir: &Path) {
+    if let Err(err) = std::fs::File::open(dir).and_then(|d| d.set_modified(std::time::SystemTime::now())) {
+        tracing::warn!(dir = %dir.display(), "cannot mark the unpacked sources used: {err}");
+    }
+}
+
+/// Removes the unpacked sources in `root` that no load has touched for
+/// [`UNUSED_FOR`], and staging directories a crash left behind for as
+/// long. (A runner still running such a version has imported them in its
+/// warm instances; a new instance of it would not find them.)
+fn prune(root: &Path, now: std::time::SystemTime) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let age = entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|modified| now.duration_since(modified).ok());
+        if age.is_some_and(|age| age > UNUSED_FOR)
+            && let Err(err) = std::fs::remove_dir_all(entry.path())
+        {
+            tracing::warn!(dir = %entry.path().display(), "cannot remove unused unpacked sources: {err}");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -291,6 +375,13 @@ mod tests {
         }
         let deep = format!("{}x.py", "d/".repeat(MAX_DEPTH));
         assert!(DevSources::new(sources(&[(&deep, "")])).is_err());
+        // Few files, many directories.
+        let spread: Vec<(String, String)> = (0..MAX_FILES / 4)
+            .map(|i| (format!("a{i}/b/c/d/e/x.py"), String::new()))
+            .collect();
+        let spread: BTreeMap<String, String> = spread.into_iter().collect();
+        let err = DevSources::new(spread).unwrap_err();
+        assert!(err.to_string().contains("directories"), "{err}");
         // A hostile section is refused when read, not only when written.
         let data = br#"{"version":1,"files":{"../../x.py":"boom"}}"#;
         let err = split(&with_section(SECTION, data)).unwrap_err();
@@ -313,7 +404,11 @@ mod tests {
         twice.extend_from_slice(&with_section(SECTION, br#"{"version":1,"files":{}}"#)[8..]);
         assert!(format!("{:#}", split(&twice).unwrap_err()).contains("two"));
         let many: BTreeMap<String, String> = (0..=MAX_FILES).map(|i| (format!("m{i}.py"), String::new())).collect();
-        assert!(DevSources::new(many).is_err());
+        assert!(DevSources::new(many.clone()).is_err());
+        // Refused while reading, with the count.
+        let json = serde_json::json!({ "version": 1, "files": many }).to_string();
+        let err = split(&with_section(SECTION, json.as_bytes())).unwrap_err();
+        assert!(format!("{err:#}").contains("more than 10000 files"), "{err:#}");
     }
 
     #[test]
@@ -327,11 +422,38 @@ mod tests {
         assert_eq!(unpack(cache.path(), &files).unwrap(), dir);
         let other = DevSources::new(sources(&[("app.py", "x = 2\n")])).unwrap();
         assert_ne!(unpack(cache.path(), &other).unwrap(), dir);
+        // A directory of that name that is not a directory is refused.
+        let planted = DevSources::new(sources(&[("app.py", "x = 3\n")])).unwrap();
+        let digest = sha256_hex(&serde_json::to_vec(&planted).unwrap());
+        let at = cache.path().join("dev-sources").join(&digest[..32]);
+        std::os::unix::fs::symlink(cache.path(), &at).unwrap();
+        assert!(unpack(cache.path(), &planted).is_err(), "a symlink in its place");
+        std::fs::remove_file(&at).unwrap();
         let left: Vec<_> = std::fs::read_dir(cache.path().join("dev-sources"))
             .unwrap()
             .filter_map(|e| e.ok())
             .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
             .collect();
         assert!(left.is_empty(), "no staging directory is left behind");
+    }
+
+    #[test]
+    fn unpacked_sources_untouched_for_a_week_are_pruned_and_a_load_touches_them() {
+        let cache = tempfile::tempdir().unwrap();
+        let old = DevSources::new(sources(&[("app.py", "old = 1\n")])).unwrap();
+        let kept = DevSources::new(sources(&[("app.py", "kept = 1\n")])).unwrap();
+        let (old_dir, kept_dir) = (
+            unpack(cache.path(), &old).unwrap(),
+            unpack(cache.path(), &kept).unwrap(),
+        );
+        let long_ago = std::time::SystemTime::now() - UNUSED_FOR - std::time::Duration::from_secs(60);
+        for dir in [&old_dir, &kept_dir] {
+            std::fs::File::open(dir).unwrap().set_modified(long_ago).unwrap();
+        }
+        // Loading `kept` again touches it; the next new unpack prunes `old`.
+        assert_eq!(unpack(cache.path(), &kept).unwrap(), kept_dir);
+        let new = DevSources::new(sources(&[("app.py", "new = 1\n")])).unwrap();
+        let new_dir = unpack(cache.path(), &new).unwrap();
+        assert!(!old_dir.exists() && kept_dir.is_dir() && new_dir.is_dir());
     }
 }

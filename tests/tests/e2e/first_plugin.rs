@@ -357,6 +357,10 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
     assert_success(&new, "wasmjobs new");
     let app = home.join("plugins/devloop/app.py");
     let original = std::fs::read_to_string(&app).expect("app.py");
+    // Warm instances: one runs job after job, importing the app once.
+    let manifest = home.join("plugins/devloop/wasmjobs.toml");
+    let text = std::fs::read_to_string(&manifest).expect("wasmjobs.toml");
+    std::fs::write(&manifest, format!("{text}\n[instances]\nreuse = 100\n")).expect("wasmjobs.toml");
 
     // An edit is saved as many editors save, by renaming a hidden new file
     // over the old one: the watch never sees a half-written file.
@@ -391,6 +395,9 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
     let enqueue = |args: &str| {
         let out = wasmjobs(home, &["enqueue", "DevGreet", args], QUICK);
         assert_success(&out, "wasmjobs enqueue");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        let jid = said.split("(jid ").nth(1).and_then(|rest| rest.split(')').next());
+        jid.unwrap_or_else(|| panic!("no jid in {said}")).to_owned()
     };
     enqueue(r#"["one"]"#);
     wait("the first job", QUICK, &ran, &|t| t.contains("hello, one!"));
@@ -456,6 +463,37 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
     wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 2);
     enqueue(r#"["three"]"#);
     wait("the job using csv", QUICK, &ran, &|t| t.contains("csv row three,THREE"));
+
+    // An `async def` job in the plain world is dead with the reason on
+    // an instance's first job too (where the app is imported).
+    let built = builds(&watched());
+    save(&app, &original.replace("def perform", "async def perform"));
+    wait("a build of the async job", BUILD, &watched, &|t| builds(t) > built);
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 3);
+    let four = enqueue(r#"["four"]"#);
+    wait("the async job's outcome", QUICK, &ran, &|t| {
+        t.lines()
+            .any(|l| l.contains(&four) && l.contains("dead") && l.contains("is an async def"))
+    });
+
+    // An app whose import fails after its @job registered: each job on the
+    // warm instance tries again and fails the same way.
+    let built = builds(&watched());
+    save(&app, &format!("{original}\nraise RuntimeError(\"broken at import\")\n"));
+    wait("a build of the broken app", BUILD, &watched, &|t| builds(t) > built);
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 4);
+    for args in [r#"["five"]"#, r#"["six"]"#] {
+        let jid = enqueue(args);
+        wait("the broken app's job", QUICK, &ran, &|t| {
+            t.lines()
+                .any(|l| l.contains(&jid) && l.contains("job failed") && l.contains("broken at import"))
+        });
+    }
+    assert!(
+        !ran().contains("already registered"),
+        "the second import hid the error: {}",
+        ran()
+    );
 
     let _ = watch.kill();
     let _ = watch.wait();
