@@ -110,11 +110,7 @@ pub(super) fn build(dir: &Path, sdk: &Sdk, world: &str, out: &Path) -> Result<()
 /// staging and `--watch` do.
 fn read_sources(dir: &Path) -> Result<BTreeMap<String, String>> {
     let mut files = BTreeMap::new();
-    for entry in walkdir::WalkDir::new(dir)
-        .min_depth(1)
-        .into_iter()
-        .filter_entry(|e| !super::sources::not_a_source(e) && !e.file_name().to_string_lossy().starts_with('.'))
-    {
+    for entry in super::sources::visible_sources(dir) {
         let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
         if !entry.file_type().is_file() || entry.path().extension().is_none_or(|e| e != "py") {
             continue;

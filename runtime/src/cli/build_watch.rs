@@ -32,10 +32,7 @@ type Fingerprint = BTreeMap<PathBuf, (u64, Option<SystemTime>)>;
 
 /// The sources of the plugin in `dir`, as a [`Fingerprint`].
 fn fingerprint(dir: &Path) -> Fingerprint {
-    walkdir::WalkDir::new(dir)
-        .min_depth(1)
-        .into_iter()
-        .filter_entry(|e| !super::sources::not_a_source(e) && !e.file_name().to_string_lossy().starts_with('.'))
+    super::sources::visible_sources(dir)
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_file())
         .filter_map(|e| {
