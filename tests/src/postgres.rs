@@ -202,6 +202,11 @@ impl TestPostgres {
             .unwrap_or_else(|| panic!("no tps in pgbench's output:\n{stdout}"))
     }
 
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
     fn log_tail(&self) -> String {
         match std::fs::read_to_string(self.log_path()) {
             Ok(text) => {

@@ -71,6 +71,24 @@ impl TestRedis {
         self.spawn();
     }
 
+    /// Freezes the server with SIGSTOP: connections stay open and nothing
+    /// answers, as when packets are dropped.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP, "SIGSTOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT, "SIGCONT");
+    }
+
+    fn signal(&self, signal: libc::c_int, name: &str) {
+        let child = self.child.as_ref().expect("the test redis-server is running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+        // SAFETY: signalling the child this struct started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "{name} redis-server");
+    }
+
     /// Kills the server with SIGKILL (no flush) and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -8,7 +8,6 @@
 //! the runner does not know — neither running nor awaiting its outcome
 //! write — goes back to its queue. The loop never knows the fetch mode.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,8 +82,10 @@ pub(crate) async fn run(
 /// Puts back what the source holds for this process that nobody here
 /// knows about: jobs moved by a call whose reply was lost.
 async fn reconcile(source: &dyn JobSource, fetched: &[Fetched], inflight: &InFlightTable) {
-    let mut known: HashSet<String> = inflight.raws();
-    known.extend(fetched.iter().map(|job| job.raw.clone()));
+    let mut known = inflight.known();
+    for job in fetched {
+        known.add(job);
+    }
     match source.reconcile(&known).await {
         Ok(0) => {}
         Ok(n) => tracing::warn!(

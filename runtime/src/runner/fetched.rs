@@ -109,6 +109,27 @@ impl std::fmt::Debug for Held {
     }
 }
 
+/// The jobs this process holds and knows of (running, or awaiting their
+/// outcome write): what a reconcile after a lost reply leaves alone. A
+/// Redis list holds payloads, a PostgreSQL claim is a row.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Known {
+    /// Their payload texts.
+    pub(crate) raws: std::collections::HashSet<String>,
+    /// Their rows in `wasmjobs.jobs`, for those that have one.
+    pub(crate) rows: std::collections::HashSet<i64>,
+}
+
+impl Known {
+    /// Adds `job`.
+    pub(crate) fn add(&mut self, job: &Fetched) {
+        self.raws.insert(job.raw.clone());
+        if let Some(receipt) = job.receipt {
+            self.rows.insert(receipt.row);
+        }
+    }
+}
+
 /// Which row of `wasmjobs.jobs` a job is, and which claim of it this
 /// process holds: its completion is written only if the row is still this
 /// claim's (the fencing token), so a process whose lease was taken over

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::fetched::Fetched;
+use super::fetched::{Fetched, Known};
 
 /// A job being worked on.
 #[derive(Debug, Clone)]
@@ -131,9 +131,13 @@ impl InFlightTable {
         self.len() == 0
     }
 
-    /// The payload texts of the jobs not recorded yet.
-    pub(crate) fn raws(&self) -> HashSet<String> {
-        self.inner().entries.values().map(|e| e.info.job.raw.clone()).collect()
+    /// The jobs not recorded yet.
+    pub(crate) fn known(&self) -> Known {
+        let mut known = Known::default();
+        for entry in self.inner().entries.values() {
+            known.add(&entry.info.job);
+        }
+        known
     }
 
     /// The ids of the jobs in flight from `shard` (what

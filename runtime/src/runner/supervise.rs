@@ -15,6 +15,14 @@
 //! Whatever a service must keep across a restart (a channel's receiver, a
 //! listening socket) it shares with its maker rather than owning it.
 //!
+//! Some services are **vital**: without them the process holds jobs it
+//! cannot serve (the fetch loop; the PostgreSQL lease keeper and wake
+//! listener). They restart like the others, and while one is down (from
+//! its failure until it runs again) the process's heartbeat is not
+//! written ([`vital_down`]): a process whose fetch loop keeps dying stops
+//! looking alive, and the others recover its jobs, instead of it holding
+//! them forever behind a fresh heartbeat.
+//!
 //! A test can make the services fail on purpose: [`set_fault_hook`]
 //! installs a function every service start calls first, inside the
 //! supervision (the end-to-end tests' build of the binary installs one
@@ -55,6 +63,80 @@ static FAULT_HOOK: OnceLock<FaultHook> = OnceLock::new();
 /// the supervision; the first hook installed stays.
 pub fn set_fault_hook(hook: FaultHook) {
     let _ = FAULT_HOOK.set(hook);
+}
+
+/// The vital services that are down now (see the module docs).
+static VITALS_DOWN: std::sync::Mutex<std::collections::BTreeSet<&'static str>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// The first vital service that is down now, if any.
+pub(crate) fn vital_down() -> Option<&'static str> {
+    VITALS_DOWN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .first()
+        .copied()
+}
+
+fn set_vital(name: &'static str, up: bool) {
+    let mut down = VITALS_DOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match up {
+        true => down.remove(name),
+        false => down.insert(name),
+    };
+}
+
+/// Runs `make()`'s future as the vital service `name` until it returns a
+/// value (it ends by itself only when the runner stops), restarting it
+/// after a panic as [`supervise`] does and marking it down meanwhile
+/// ([`vital_down`]); `restarted` is called before each restart (to count
+/// it, or to raise a job source's doubt). Returns `None` if `stop` came
+/// while it was down.
+pub(crate) async fn vital<T, F>(
+    name: &'static str,
+    stop: &CancellationToken,
+    mut make: impl FnMut() -> F,
+    mut restarted: impl FnMut(),
+) -> Option<T>
+where
+    F: Future<Output = T> + Send,
+{
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let run = make();
+        let started = Instant::now();
+        let ended = AssertUnwindSafe(async move {
+            if let Some(hook) = FAULT_HOOK.get() {
+                hook(name);
+            }
+            run.await
+        })
+        .catch_unwind()
+        .await;
+        let panic = match ended {
+            Ok(value) => {
+                set_vital(name, true);
+                return Some(value);
+            }
+            Err(panic) => panic,
+        };
+        set_vital(name, false);
+        if started.elapsed() >= STEADY {
+            pause = FIRST_PAUSE;
+        }
+        tracing::error!(
+            service = name,
+            "background service {name} panicked: {}; restarting it in {pause:?} (the heartbeat waits until it runs)",
+            panic_message(panic.as_ref())
+        );
+        restarted();
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = stop.cancelled() => return None,
+        }
+        set_vital(name, true);
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
 }
 
 /// Runs the service `name` on `tasks`, restarting it (see the module

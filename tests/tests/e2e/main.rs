@@ -29,6 +29,7 @@ mod protocol;
 mod redis_commands;
 mod reload;
 mod run;
+mod shard_outage;
 mod sharded_runs;
 mod shards;
 mod sidekiq_interop;

@@ -5,7 +5,6 @@
 //! process, so there is nothing to register, reconcile or recover; jobs
 //! taken but not started are pushed back at shutdown.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -19,7 +18,7 @@ use super::requeue::Requeue;
 use super::waiters::{Wait, Waiting};
 use super::{JobSource, Settings, Stats, record, take};
 use crate::redis::{Redis, keys, now_f64};
-use crate::runner::fetched::{Completion, Fetched};
+use crate::runner::fetched::{Completion, Fetched, Known};
 
 /// The basic job source of one process.
 pub(crate) struct Basic {
@@ -136,7 +135,7 @@ impl JobSource for Basic {
         false
     }
 
-    fn reconcile<'a>(&'a self, _known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+    fn reconcile<'a>(&'a self, _known: &'a Known) -> BoxFuture<'a, Result<usize>> {
         async { Ok(0) }.boxed()
     }
 

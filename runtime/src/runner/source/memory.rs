@@ -4,7 +4,7 @@
 //! switches that make it fail the way Redis can (a lost reply, refused
 //! writes).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Instant;
@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use super::doubt::Doubt;
 use super::{JobSource, Stats};
-use crate::runner::fetched::{Completion, Fetched, Finish};
+use crate::runner::fetched::{Completion, Fetched, Finish, Known};
 use crate::runner::job_retry::Write;
 
 /// What the source holds.
@@ -48,6 +48,10 @@ pub(crate) struct MemorySource {
     pub(crate) refuse_records: AtomicU32,
     /// Every fetch fails (its Redis is down), moving nothing.
     pub(crate) fail_fetches: AtomicBool,
+    /// Every fetch hangs (its Redis stopped answering) until
+    /// [`MemorySource::answer_again`], then takes jobs as usual.
+    pub(crate) hang_fetches: AtomicBool,
+    answering: Notify,
     /// The queue's name (`q` when not given).
     name: Option<String>,
 }
@@ -73,6 +77,12 @@ impl MemorySource {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Ends the hang of [`MemorySource::hang_fetches`].
+    pub(crate) fn answer_again(&self) {
+        self.hang_fetches.store(false, Ordering::Release);
+        self.answering.notify_waiters();
+    }
+
     /// Adds a job at the back of the queue.
     pub(crate) fn push(&self, job: &str) {
         self.state().queue.push_back(job.to_owned());
@@ -94,6 +104,13 @@ impl MemorySource {
 impl JobSource for MemorySource {
     fn fetch(&self, max: usize) -> BoxFuture<'_, Result<Vec<Fetched>>> {
         async move {
+            loop {
+                let answering = self.answering.notified();
+                if !self.hang_fetches.load(Ordering::Acquire) {
+                    break;
+                }
+                answering.await;
+            }
             if self.fail_fetches.load(Ordering::Acquire) {
                 return Err(anyhow!("Connection refused (os error 111)"));
             }
@@ -132,10 +149,10 @@ impl JobSource for MemorySource {
         self.doubt.take(Instant::now())
     }
 
-    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+    fn reconcile<'a>(&'a self, known: &'a Known) -> BoxFuture<'a, Result<usize>> {
         async move {
             let mut state = self.state();
-            let (keep, lost): (Vec<String>, Vec<String>) = state.held.drain(..).partition(|j| known.contains(j));
+            let (keep, lost): (Vec<String>, Vec<String>) = state.held.drain(..).partition(|j| known.raws.contains(j));
             state.held = keep;
             let n = lost.len();
             for job in lost.into_iter().rev() {

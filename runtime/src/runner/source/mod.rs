@@ -40,7 +40,6 @@ mod take;
 pub(crate) mod unique;
 mod waiters;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,7 +52,7 @@ pub use dead::DeadCaps;
 pub use scripts::FETCH as FETCH_SCRIPT;
 pub(crate) use stats::Stats;
 
-use super::fetched::{Completion, Fetched};
+use super::fetched::{Completion, Fetched, Known};
 use super::queues::Queues;
 use crate::redis::Redis;
 
@@ -126,7 +125,7 @@ pub(crate) trait JobSource: Send + Sync {
     /// Puts back in their queues the jobs held for this process that are
     /// not in `known` (running, or awaiting their outcome write). Returns
     /// how many.
-    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>>;
+    fn reconcile<'a>(&'a self, known: &'a Known) -> BoxFuture<'a, Result<usize>>;
 
     /// Adds this process's registration to a heartbeat transaction, so a
     /// process is registered as long as it beats.
@@ -183,13 +182,15 @@ pub(crate) trait JobSource: Send + Sync {
 }
 
 /// The length of `queues` in Redis, summed.
+/// A queue key of another type (another client's) counts as empty: it is
+/// skipped by the fetch too.
 pub(crate) async fn redis_waiting(redis: &Redis, queues: &[impl AsRef<str>]) -> Result<u64> {
-    let mut pipe = ::redis::pipe();
+    let script = ::redis::Script::new(scripts::WAITING);
+    let mut invocation = script.prepare_invoke();
     for queue in queues {
-        pipe.cmd("LLEN").arg(crate::redis::keys::queue(queue.as_ref()));
+        invocation.key(crate::redis::keys::queue(queue.as_ref()));
     }
-    let lengths: Vec<u64> = pipe.query_async(&mut redis.conn()).await?;
-    Ok(lengths.iter().sum())
+    Ok(invocation.invoke_async(&mut redis.conn()).await?)
 }
 
 /// Where jobs are kept.

@@ -9,7 +9,6 @@
 //! reply lost while Redis is away raises doubt, and the lists are
 //! reconciled with what the runner holds ([`super::doubt`]).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +28,7 @@ use super::{JobSource, Settings, Stats, record, take};
 use crate::job::DEFAULT_QUEUE;
 use crate::redis::payload::{self, Payload};
 use crate::redis::{Redis, keys, now_f64};
-use crate::runner::fetched::{CancelMark, Completion, Fetched, Held};
+use crate::runner::fetched::{CancelMark, Completion, Fetched, Held, Known};
 
 /// The reliable job source of one process.
 pub(crate) struct Reliable {
@@ -285,14 +284,14 @@ impl JobSource for Reliable {
         self.doubt.take(Instant::now())
     }
 
-    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+    fn reconcile<'a>(&'a self, known: &'a Known) -> BoxFuture<'a, Result<usize>> {
         async move {
             let mut requeued = 0;
             // The batch lists (by slot) that keep an entry.
             let mut kept = Vec::new();
             for (at, (list, entries)) in self.listed().await?.into_iter().enumerate() {
                 for raw in entries {
-                    if std::str::from_utf8(&raw).is_ok_and(|text| known.contains(text)) {
+                    if std::str::from_utf8(&raw).is_ok_and(|text| known.raws.contains(text)) {
                         if let Some(slot) = at.checked_sub(1) {
                             kept.push(slot);
                         }

@@ -123,9 +123,12 @@ end
 /// oldest *n* (a list's tail is its oldest end), and `LTRIM` cuts them
 /// off the queue. The reply is then `[[position, count], -1, note, …]`:
 /// the jobs are read with an `LRANGE` of KEYS[3] pipelined behind the
-/// script, and the notes are those of the jobs buried as oversized. A
-/// queue key of another type that `SORT` reads anyway (a set) is left as
-/// it was: its copy is deleted and `LTRIM`'s error returned. A Redis that
+/// script, and the notes are those of the jobs buried as oversized.
+///
+/// A queue key of another type (any client can write one) is left as it
+/// was and skipped, and the other queues are fetched: the runs name it as
+/// `(position, -1)`, in either reply. One that `SORT` reads anyway (a
+/// set) has its copy deleted. A Redis that
 /// refuses `SORT` (renamed, or denied by an ACL) gets the jobs moved the
 /// old way, and one whose `MEMORY USAGE` is refused has Lua look at each
 /// payload's size.
@@ -182,24 +185,34 @@ local most = tonumber(ARGV[5]) or 0
 local queues = #KEYS
 if most > 0 then queues = #KEYS - 1 end
 local sorted = keep and not marks and ARGV[4] == "1"
+-- Queue keys of another type (another client's): left alone and skipped,
+-- each named in the runs as (position, -1); the other queues are fetched.
+local wrong = {}
 if sorted then
   for i = 4, queues do
     local n = redis.pcall('SORT', KEYS[i], 'BY', 'nosort', 'DESC', 'LIMIT', 0, max, 'STORE', KEYS[3])
     if type(n) ~= 'number' then
-      -- A queue key of another type fails the fetch, as RPOP's error
-      -- would; a SORT this Redis refuses (renamed, denied by an ACL)
-      -- leaves the jobs to the path below.
-      if string.find(n.err, 'WRONGTYPE', 1, true) then return n end
-      sorted = false
-      break
-    end
-    if n > 0 then
-      local trimmed = redis.pcall('LTRIM', KEYS[i], 0, -(n + 1))
-      if type(trimmed) == 'table' and trimmed.err then
-        redis.call('DEL', KEYS[3])
-        return trimmed
+      -- A SORT this Redis refuses (renamed, denied by an ACL) leaves the
+      -- jobs to the path below.
+      if not string.find(n.err, 'WRONGTYPE', 1, true) then
+        sorted = false
+        wrong = {}
+        break
       end
-      local out = {{i - 4, n}, -1}
+      wrong[#wrong + 1] = i - 4
+      wrong[#wrong + 1] = -1
+      n = 0
+    end
+    local trimmed = n > 0 and redis.pcall('LTRIM', KEYS[i], 0, -(n + 1))
+    if type(trimmed) == 'table' and trimmed.err then
+      -- SORT reads a set too: its copy goes, the set stays as it was.
+      redis.call('DEL', KEYS[3])
+      wrong[#wrong + 1] = i - 4
+      wrong[#wrong + 1] = -1
+    elseif n > 0 then
+      wrong[#wrong + 1] = i - 4
+      wrong[#wrong + 1] = n
+      local out = {wrong, -1}
       if most > 0 then
         local usage = redis.pcall('MEMORY', 'USAGE', KEYS[3], 'SAMPLES', 0)
         if type(usage) ~= 'number' or usage > most then
@@ -209,13 +222,13 @@ if sorted then
               out[#out + 1] = bury_oversized(job, KEYS[#KEYS], 5)
             end
           end
-          out[1][2] = n - (#out - 2)
+          wrong[#wrong] = n - (#out - 2)
         end
       end
       return out
     end
   end
-  if sorted then return {{}, -1} end
+  if sorted then return {wrong, -1} end
 end
 local function request_of(jid)
   local asked, iteration = 'cancelled-' .. jid, 'it-' .. jid
@@ -226,7 +239,7 @@ local function request_of(jid)
   if type(at) == 'string' then return 'i' .. at end
   return '-'
 end
-local runs = {}
+local runs = wrong
 local out = {runs, 0}
 local notes = {}
 local noted = marks
@@ -236,7 +249,13 @@ local got = 0
 for i = 4, queues do
   local need = max - got
   if need <= 0 then break end
-  local jobs = redis.call('RPOP', KEYS[i], need)
+  local jobs = redis.pcall('RPOP', KEYS[i], need)
+  if type(jobs) == 'table' and jobs.err then
+    if not string.find(jobs.err, 'WRONGTYPE', 1, true) then return jobs end
+    runs[#runs + 1] = i - 4
+    runs[#runs + 1] = -1
+    jobs = false
+  end
   if jobs then
     local held = jobs
     if most > 0 then
@@ -293,6 +312,17 @@ end
 return out
 "#
 );
+
+/// The lengths of the queues KEYS, summed; a key of another type counts
+/// as empty (`--exit-when-empty`).
+pub(super) const WAITING: &str = r#"
+local n = 0
+for i = 1, #KEYS do
+  local len = redis.pcall('LLEN', KEYS[i])
+  if type(len) == 'number' then n = n + len end
+end
+return n
+"#;
 
 /// Puts ARGV[2] at the front of the queue KEYS[2] (the next job fetched)
 /// and adds ARGV[3] to the queue set KEYS[3] if ARGV[1] is still in the

@@ -16,8 +16,17 @@
 //!   pushed to a resting shard waits at most that long, or not at all when
 //!   the runner is idle (the waiters of every shard block meanwhile). A
 //!   part whose call fails is skipped for a backoff of its own (50 ms
-//!   doubling to 5 s), said once when it starts failing and once when it
+//!   doubling to 1 s), said once when it starts failing and once when it
 //!   answers again: a shard that is down stops only its queues.
+//! - **no part holds up the others**: each call the fetch loop makes to a
+//!   part (fetch, reconcile) runs as a task of its own, waited for
+//!   [`PATIENCE`]. A part that has not answered by then (its Redis hangs,
+//!   or a reconnect retries) is left to finish in the background and is
+//!   not asked again until it has; the jobs a late fetch brings are handed
+//!   out by the next fetch, or end a wait at once. A shard that refuses or
+//!   drops packets so costs the others at most [`PATIENCE`] per try, and
+//!   tries back off as above. A reconcile (after a lost reply) waits for
+//!   its part's backoff like a fetch.
 //! - **wait**: every part's waiters at once; the first job found wins.
 //!   The others' waits end (`CLIENT UNBLOCK`), and a job one of them took
 //!   meanwhile is handed out first by the next fetch, whichever shards it
@@ -27,24 +36,33 @@
 //! - the heartbeat and the outcome writer of each shard use its part
 //!   directly: a Redis pipeline or transaction is for one shard.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, join_all, select_all};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
 use super::{JobSource, Stats};
-use crate::runner::fetched::{Completion, Fetched};
+use crate::runner::fetched::{Completion, Fetched, Known};
 use crate::runner::queues::Queues;
 
 /// First pause after a part failed; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-/// Longest pause before a failing part is tried again.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest pause before a failing part is tried again: a try costs the
+/// other parts at most [`PATIENCE`], and a shard that is back is served
+/// within about this.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// How long a part whose queues ran dry is left out of fetches.
 pub(crate) const DRY_REST: Duration = Duration::from_millis(5);
+/// How long a fetch waits for one part's answer before going on to the
+/// next part without it. A healthy Redis answers a fetch in well under a
+/// millisecond; a part slower than this once only has its jobs handed out
+/// a fetch later.
+pub(crate) const PATIENCE: Duration = Duration::from_millis(20);
 
 /// One shard's source.
 pub(crate) struct Part {
@@ -66,6 +84,25 @@ struct Health {
     doubted: bool,
     /// Its queues ran dry at the last fetch: not asked until then.
     dry_until: Option<Instant>,
+    /// A call the fetch loop stopped waiting for ([`PATIENCE`]), still
+    /// under way: the part is not asked again until it ends.
+    late: Option<Late>,
+}
+
+/// A call to a part that outlived [`PATIENCE`].
+#[derive(Debug)]
+enum Late {
+    Fetch(JoinHandle<Result<Vec<Fetched>>>),
+    Reconcile(JoinHandle<Result<usize>>),
+}
+
+impl Late {
+    fn is_finished(&self) -> bool {
+        match self {
+            Late::Fetch(task) => task.is_finished(),
+            Late::Reconcile(task) => task.is_finished(),
+        }
+    }
 }
 
 /// The parts, as one source.
@@ -79,6 +116,10 @@ pub(crate) struct Sharded {
     part_of: HashMap<String, usize>,
     /// How long a dry part rests ([`DRY_REST`]).
     dry_rest: Duration,
+    /// Jobs that late fetches brought, tagged, for the next fetch or wait.
+    found: Mutex<VecDeque<Fetched>>,
+    /// Rung when a call to a part ends (a late one's result is ready).
+    landed: Arc<Notify>,
 }
 
 impl Sharded {
@@ -101,6 +142,8 @@ impl Sharded {
             names,
             part_of,
             dry_rest: DRY_REST,
+            found: Mutex::default(),
+            landed: Arc::default(),
         }
     }
 
@@ -130,10 +173,95 @@ impl Sharded {
     }
 
     /// Whether the part may be asked now (it is not resting after a
-    /// failure).
+    /// failure, resting dry, or busy with a late call).
     fn may_ask(&self, index: usize, now: Instant) -> bool {
         let health = self.health(index);
-        health.failing.is_none_or(|(_, until)| until <= now) && health.dry_until.is_none_or(|until| until <= now)
+        health.failing.is_none_or(|(_, until)| until <= now)
+            && health.dry_until.is_none_or(|until| until <= now)
+            && health.late.is_none()
+    }
+
+    /// Whether the part may be reconciled now: as [`Sharded::may_ask`],
+    /// a dry rest aside.
+    fn may_reconcile(&self, index: usize, now: Instant) -> bool {
+        let health = self.health(index);
+        health.failing.is_none_or(|(_, until)| until <= now) && health.late.is_none()
+    }
+
+    /// Whether every part is failing.
+    fn all_failing(&self) -> bool {
+        (0..self.parts.len()).all(|index| self.health(index).failing.is_some())
+    }
+
+    fn found(&self) -> std::sync::MutexGuard<'_, VecDeque<Fetched>> {
+        self.found.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `call` to part `index` as a task of its own and waits for it
+    /// [`PATIENCE`]; past that, leaves it running as the part's late call
+    /// (`late` wraps its task) and returns `None`.
+    async fn ask<T: Send + 'static>(
+        &self,
+        index: usize,
+        call: BoxFuture<'static, Result<T>>,
+        late: fn(JoinHandle<Result<T>>) -> Late,
+    ) -> Option<Result<T>> {
+        let landed = self.landed.clone();
+        let mut task = tokio::spawn(async move {
+            let result = call.await;
+            landed.notify_one();
+            result
+        });
+        match tokio::time::timeout(PATIENCE, &mut task).await {
+            Ok(Ok(result)) => Some(result),
+            Ok(Err(ended)) => Some(Err(anyhow!(
+                "a call to shard {} ended: {ended}",
+                self.parts[index].name
+            ))),
+            Err(_) => {
+                tracing::debug!(shard = %self.parts[index].name, "shard {} is slow to answer: going on without it", self.parts[index].name);
+                self.health(index).late = Some(late(task));
+                None
+            }
+        }
+    }
+
+    /// Takes in the results of the late calls that ended: their jobs wait
+    /// in `found`, their failures start (or lengthen) the part's backoff.
+    fn settle(&self) {
+        for index in 0..self.parts.len() {
+            let ended = {
+                let mut health = self.health(index);
+                match &health.late {
+                    Some(late) if late.is_finished() => health.late.take(),
+                    _ => None,
+                }
+            };
+            let ended = match ended {
+                Some(Late::Fetch(task)) => task.now_or_never().map(|r| r.map(|r| r.map(Some))),
+                Some(Late::Reconcile(task)) => task.now_or_never().map(|r| r.map(|r| r.map(|_| None))),
+                None => continue,
+            };
+            let result = match ended {
+                Some(Ok(result)) => result,
+                Some(Err(ended)) => Err(anyhow!("a call to shard {} ended: {ended}", self.parts[index].name)),
+                None => Err(anyhow!("a call to shard {} was lost", self.parts[index].name)),
+            };
+            match result {
+                Ok(jobs) => {
+                    self.answered(index);
+                    if let Some(jobs) = jobs {
+                        let jobs = self.tag(index, jobs);
+                        self.found().extend(jobs);
+                    }
+                }
+                Err(err) => {
+                    self.failed(index, &err);
+                    // A failed call may have moved jobs (a lost reply).
+                    self.health(index).doubted = true;
+                }
+            }
+        }
     }
 
     fn failed(&self, index: usize, err: &anyhow::Error) {
@@ -180,9 +308,9 @@ impl JobSource for Sharded {
             // What any shard's waiters already took comes first, whether
             // or not that shard is asked below: it is held for this
             // process and must not wait for its shard's turn.
+            self.settle();
             let mut jobs = self.take_found(max);
             let mut first_error = None;
-            let mut answered = false;
             let now = Instant::now();
             for index in self.order() {
                 if jobs.len() >= max {
@@ -192,21 +320,26 @@ impl JobSource for Sharded {
                     continue;
                 }
                 let asked = max - jobs.len();
-                match self.parts[index].source.fetch(asked).await {
-                    Ok(found) => {
+                let source = self.parts[index].source.clone();
+                let call = async move { source.fetch(asked).await }.boxed();
+                match self.ask(index, call, Late::Fetch).await {
+                    Some(Ok(found)) => {
                         self.answered(index);
-                        answered = true;
                         self.health(index).dry_until = (found.len() < asked).then(|| Instant::now() + self.dry_rest);
                         jobs.extend(self.tag(index, found));
                     }
-                    Err(err) => {
+                    Some(Err(err)) => {
                         self.failed(index, &err);
                         first_error.get_or_insert(err);
                     }
+                    None => {}
                 }
             }
+            // The fetch fails (and the loop backs off) only when every
+            // part fails: otherwise the loop waits on the parts that
+            // answer, resting or late ones included.
             match first_error {
-                Some(err) if !answered => Err(err),
+                Some(err) if jobs.is_empty() && self.all_failing() => Err(err),
                 _ => Ok(jobs),
             }
         }
@@ -223,11 +356,23 @@ impl JobSource for Sharded {
                 .iter()
                 .enumerate()
                 .map(|(index, part)| part.source.wait().map(move |job| (index, job)).boxed());
-            let ((index, job), _, _) = select_all(waits).await;
-            job.map(|mut job| {
-                job.shard = self.parts[index].shard;
-                job
-            })
+            let mut waits = select_all(waits);
+            loop {
+                // A late fetch that brought jobs ends the wait.
+                self.settle();
+                if let Some(job) = self.found().pop_front() {
+                    return Some(job);
+                }
+                tokio::select! {
+                    ((index, job), _, _) = &mut waits => {
+                        return job.map(|mut job| {
+                            job.shard = self.parts[index].shard;
+                            job
+                        });
+                    }
+                    () = self.landed.notified() => {}
+                }
+            }
         }
         .boxed()
     }
@@ -235,11 +380,15 @@ impl JobSource for Sharded {
     fn stop_waiting(&self) -> BoxFuture<'_, Vec<Fetched>> {
         async move {
             let stopped = join_all(self.parts.iter().map(|part| part.source.stop_waiting())).await;
-            stopped
-                .into_iter()
-                .enumerate()
-                .flat_map(|(index, jobs)| self.tag(index, jobs))
-                .collect()
+            self.settle();
+            let mut left: Vec<Fetched> = self.found().drain(..).collect();
+            left.extend(
+                stopped
+                    .into_iter()
+                    .enumerate()
+                    .flat_map(|(index, jobs)| self.tag(index, jobs)),
+            );
+            left
         }
         .boxed()
     }
@@ -251,29 +400,45 @@ impl JobSource for Sharded {
     }
 
     fn take_doubt(&self) -> bool {
+        let now = Instant::now();
         let mut any = false;
         for (index, part) in self.parts.iter().enumerate() {
             if part.source.take_doubt() {
                 self.health(index).doubted = true;
-                any = true;
             }
+            any |= self.health(index).doubted && self.may_reconcile(index, now);
         }
         any
     }
 
-    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+    fn reconcile<'a>(&'a self, known: &'a Known) -> BoxFuture<'a, Result<usize>> {
         async move {
+            self.settle();
+            let now = Instant::now();
             let mut requeued = 0;
             for (index, part) in self.parts.iter().enumerate() {
-                if !std::mem::take(&mut self.health(index).doubted) {
+                if !self.health(index).doubted || !self.may_reconcile(index, now) {
                     continue;
                 }
-                match part.source.reconcile(known).await {
-                    Ok(n) => requeued += n,
-                    Err(err) => {
-                        tracing::warn!(shard = %part.name, "{err:#}; will check again");
-                        part.source.doubt();
+                self.health(index).doubted = false;
+                // Jobs a late fetch brought are held here, not unknown.
+                let mut known = known.clone();
+                for job in self.found().iter().filter(|job| job.shard == part.shard) {
+                    known.add(job);
+                }
+                let source = part.source.clone();
+                let call = async move { source.reconcile(&known).await }.boxed();
+                match self.ask(index, call, Late::Reconcile).await {
+                    Some(Ok(n)) => {
+                        self.answered(index);
+                        requeued += n;
                     }
+                    Some(Err(err)) => {
+                        tracing::warn!(shard = %part.name, "{err:#}; will check again once shard {} answers", part.name);
+                        self.failed(index, &err);
+                        self.health(index).doubted = true;
+                    }
+                    None => {}
                 }
             }
             Ok(requeued)
@@ -341,6 +506,11 @@ impl JobSource for Sharded {
 
     fn take_found(&self, max: usize) -> Vec<Fetched> {
         let mut jobs = Vec::new();
+        {
+            let mut found = self.found();
+            let n = found.len().min(max);
+            jobs.extend(found.drain(..n));
+        }
         for (index, part) in self.parts.iter().enumerate() {
             if jobs.len() >= max {
                 break;
@@ -352,10 +522,12 @@ impl JobSource for Sharded {
 
     fn recover_orphans(&self) -> BoxFuture<'_, Result<usize>> {
         async move {
+            // At once: a shard that hangs must not hold up the others'.
+            let swept = join_all(self.parts.iter().map(|part| part.source.recover_orphans())).await;
             let mut recovered = 0;
             let mut failed = 0;
-            for part in &self.parts {
-                match part.source.recover_orphans().await {
+            for (part, swept) in self.parts.iter().zip(swept) {
+                match swept {
                     Ok(n) => recovered += n,
                     Err(err) => {
                         failed += 1;
@@ -493,6 +665,63 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(taken(&got), [("ja", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_hanging_shard_holds_up_no_other_and_its_jobs_come_when_it_answers() {
+        // Shard 0 holds the first queue, so strict order asks it first.
+        let (source, memories) = sharded("a,b", &[("a", 0), ("b", 1)]);
+        let source = source.resting_dry(Duration::ZERO);
+        memories[0].hang_fetches.store(true, Ordering::Release);
+        memories[0].push("ja");
+        for round in 0..20 {
+            memories[1].push("jb");
+            let got = tokio::time::timeout(Duration::from_secs(5), source.fetch(1))
+                .await
+                .unwrap_or_else(|_| panic!("fetch {round} waited for the hanging shard"))
+                .unwrap();
+            assert_eq!(taken(&got), [("jb", 1)], "fetch {round}");
+        }
+        // Nothing left on b: a wait ends when a's late fetch lands.
+        let waiting = tokio::spawn(async move {
+            let job = source.wait().await;
+            (source, job)
+        });
+        tokio::task::yield_now().await;
+        memories[0].answer_again();
+        let (source, job) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the wait ends when the late fetch lands")
+            .unwrap();
+        let job = job.expect("a job");
+        assert_eq!((job.raw.as_str(), job.shard), ("ja", 0));
+        // And the shard is asked again as usual.
+        memories[0].push("ja2");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = Vec::new();
+        while got.is_empty() && Instant::now() < deadline {
+            got = source.fetch(5).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(taken(&got), [("ja2", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_shard_that_keeps_failing_is_reconciled_only_after_its_backoff() {
+        let (source, memories) = sharded("a,b", &[("a", 0), ("b", 1)]);
+        let source = source.resting_dry(Duration::ZERO);
+        memories[0].push("ja");
+        memories[0].lose_next_reply.store(true, Ordering::Release);
+        assert!(source.fetch(1).await.unwrap().is_empty(), "a's reply was lost");
+        // Shard a is in its backoff: no reconcile is due until it is over.
+        assert!(!source.take_doubt(), "a failing shard is not reconciled in its backoff");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !source.take_doubt() {
+            assert!(Instant::now() < deadline, "the reconcile never came due");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(source.reconcile(&Known::default()).await.unwrap(), 1);
+        assert_eq!(memories[0].state().queue.len(), 1, "the lost job is back in its queue");
     }
 
     #[tokio::test]

@@ -6,8 +6,8 @@
 //! are buried by the script itself and never leave Redis.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result, bail};
 use redis::{Script, Value};
@@ -36,6 +36,9 @@ pub(super) struct Took {
 pub(super) struct FetchScript {
     script: Script,
     loaded: AtomicBool,
+    /// The queues whose key was found of another type, said once each
+    /// (until the key is a queue again).
+    wrong: Mutex<HashSet<Arc<str>>>,
 }
 
 impl FetchScript {
@@ -43,6 +46,27 @@ impl FetchScript {
         Self {
             script: Script::new(super::scripts::FETCH),
             loaded: AtomicBool::new(false),
+            wrong: Mutex::default(),
+        }
+    }
+
+    /// Says once that `queue`'s key is of another type.
+    fn wrong_type(&self, queue: &Arc<str>) {
+        let mut wrong = self.wrong.lock().unwrap_or_else(PoisonError::into_inner);
+        if wrong.insert(queue.clone()) {
+            tracing::error!(
+                queue = %queue,
+                "the key {} is not a list (another client wrote it): queue {queue} is skipped until it is one; the other queues are fetched",
+                keys::queue(queue)
+            );
+        }
+    }
+
+    /// `queue` gave jobs: its key is a list (again).
+    fn right_type(&self, queue: &Arc<str>) {
+        let mut wrong = self.wrong.lock().unwrap_or_else(PoisonError::into_inner);
+        if !wrong.is_empty() && wrong.remove(queue) {
+            tracing::info!(queue = %queue, "the key {} is a list again: queue {queue} is fetched", keys::queue(queue));
         }
     }
 }
@@ -125,13 +149,28 @@ pub(super) async fn take(
             (reply, Some(listed))
         }
     };
-    let (entries, in_batch) = read_reply(reply, listed)?;
-    let mut jobs = Vec::with_capacity(entries.len());
-    for Entry { position, raw, mark } in entries {
-        let queue = order
+    let Reply {
+        entries,
+        in_batch,
+        wrong,
+    } = read_reply(reply, listed)?;
+    let queue_at = |position: usize| {
+        order
             .get(position)
             .and_then(|&i| names.get(i))
-            .context("the fetch script returned a bad queue position")?;
+            .context("the fetch script returned a bad queue position")
+    };
+    for position in wrong {
+        script.wrong_type(queue_at(position)?);
+    }
+    let mut jobs = Vec::with_capacity(entries.len());
+    let mut last = None;
+    for Entry { position, raw, mark } in entries {
+        let queue = queue_at(position)?;
+        if last != Some(position) {
+            script.right_type(queue);
+            last = Some(position);
+        }
         let mark = match mark {
             None => CancelMark::Unneeded,
             Some(mark) if raw.is_empty() && oversized_buried(queue, &mark) => continue,
@@ -192,9 +231,10 @@ struct Entry {
 /// and how many jobs in a row, `marks` is `0` or one mark per job), or,
 /// when the jobs went to the batch list, `[[position, count], -1, note,
 /// …]` with the jobs in `listed` and a note per job buried as oversized.
-/// Returns the jobs and whether they are in the batch list. Anything else
-/// is an error: a reply that does not add up is never half read.
-fn read_reply(reply: Value, listed: Option<Value>) -> Result<(Vec<Entry>, bool)> {
+/// A run `(position, -1)` names a queue whose key is of another type,
+/// skipped. Anything else is an error: a reply that does not add up is
+/// never half read.
+fn read_reply(reply: Value, listed: Option<Value>) -> Result<Reply> {
     let Value::Array(items) = reply else {
         bail!("the fetch script's reply is not a list: {reply:?}");
     };
@@ -202,8 +242,13 @@ fn read_reply(reply: Value, listed: Option<Value>) -> Result<(Vec<Entry>, bool)>
     let (Some(Value::Array(runs)), Some(marks)) = (items.next(), items.next()) else {
         bail!("the fetch script's reply does not start with its runs and marks");
     };
+    let (wrong, runs) = wrong_of(&runs)?;
     if marks == Value::Int(-1) {
-        return read_batch(&runs, items, listed).map(|entries| (entries, true));
+        return read_batch(&runs, items, listed).map(|entries| Reply {
+            entries,
+            in_batch: true,
+            wrong,
+        });
     }
     let mut marks = match marks {
         Value::Int(0) => None,
@@ -234,7 +279,40 @@ fn read_reply(reply: Value, listed: Option<Value>) -> Result<(Vec<Entry>, bool)>
     if items.next().is_some() {
         bail!("the fetch script's reply has more jobs than its runs say");
     }
-    Ok((entries, false))
+    Ok(Reply {
+        entries,
+        in_batch: false,
+        wrong,
+    })
+}
+
+/// What [`read_reply`] read.
+#[derive(Debug, PartialEq)]
+struct Reply {
+    entries: Vec<Entry>,
+    /// The jobs are in the batch list.
+    in_batch: bool,
+    /// The positions of the queues whose key is of another type.
+    wrong: Vec<usize>,
+}
+
+/// Splits the runs `(position, -1)` (a key of another type) off the
+/// others: (their positions, the other runs, flat).
+fn wrong_of(runs: &[Value]) -> Result<(Vec<usize>, Vec<Value>)> {
+    if !runs.len().is_multiple_of(2) {
+        bail!("the fetch script's runs are not pairs of numbers: {runs:?}");
+    }
+    let mut wrong = Vec::new();
+    let mut rest = Vec::with_capacity(runs.len());
+    for run in runs.chunks(2) {
+        match run {
+            [Value::Int(position), Value::Int(-1)] => {
+                wrong.push(usize::try_from(*position).context("a negative queue position")?);
+            }
+            _ => rest.extend_from_slice(run),
+        }
+    }
+    Ok((wrong, rest))
 }
 
 /// The jobs of a sorted fetch: `listed` (the batch list, oldest first),
@@ -380,7 +458,7 @@ mod tests {
     #[test]
     fn the_reply_is_read_back_into_one_entry_a_job() {
         let reply = Value::Array(vec![runs(&[]), Value::Int(0)]);
-        assert_eq!(read_reply(reply, None).expect("empty").0, []);
+        assert_eq!(read_reply(reply, None).expect("empty").entries, []);
         let reply = Value::Array(vec![
             runs(&[0, 2, 2, 1]),
             Value::Int(0),
@@ -389,13 +467,13 @@ mod tests {
             text("c"),
         ]);
         assert_eq!(
-            read_reply(reply, None).expect("no marks").0,
+            read_reply(reply, None).expect("no marks").entries,
             [entry(0, "a", None), entry(0, "b", None), entry(2, "c", None)]
         );
         let marks = Value::Array(vec![text("n"), text("o99 j")]);
         let reply = Value::Array(vec![runs(&[1, 2]), marks, text("a"), text("")]);
         assert_eq!(
-            read_reply(reply, None).expect("marks").0,
+            read_reply(reply, None).expect("marks").entries,
             [entry(1, "a", Some("n")), entry(1, "", Some("o99 j"))]
         );
     }
@@ -703,12 +781,15 @@ mod tests {
         }
     }
 
-    /// A queue key that another client made a set: `SORT` reads sets too,
-    /// but the fetch fails with `LTRIM`'s error and leaves everything as it
-    /// was (the set whole, no batch list); a string fails at once.
+    /// A queue key that another client made a set, or a hash, or a
+    /// string: it is skipped and left as it was (the set whole, no batch
+    /// list), the queues after it are fetched, on both paths (sorted into
+    /// a batch list, and into the in-progress list); and it is fetched
+    /// again once it is a list. (Before, the whole fetch failed with
+    /// `WRONGTYPE`: one bad key stopped every queue.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_queue_of_another_type_fails_the_fetch_and_is_left_alone() {
-        let fixture = fixture("a", 0).await;
+    async fn a_queue_of_another_type_is_skipped_left_alone_and_the_others_fetched() {
+        let fixture = fixture("a,b,c", 0).await;
         let mut conn = fixture.redis.conn();
         let _: () = redis::cmd("SADD")
             .arg(keys::queue("a"))
@@ -717,39 +798,52 @@ mod tests {
             .query_async(&mut conn)
             .await
             .expect("SADD");
-        let keep = Keep::Hold {
+        let _: () = redis::cmd("HSET")
+            .arg(keys::queue("b"))
+            .arg("x")
+            .arg("y")
+            .query_async(&mut conn)
+            .await
+            .expect("HSET");
+        let sorted = Keep::Hold {
             list: "held",
             batch: Some("b0"),
         };
-        let err = fixture.take_into(keep, false, 10).await.expect_err("a set is no queue");
-        assert!(format!("{err:#}").contains("WRONGTYPE"), "{err:#}");
+        let unsorted = Keep::Hold {
+            list: "held",
+            batch: None,
+        };
+        for (keep, job) in [(sorted, "j1"), (unsorted, "j2"), (Keep::Pop, "j3")] {
+            push(&mut conn, "c", job).await;
+            let took = fixture
+                .take_into(keep, false, 10)
+                .await
+                .expect("a set or hash is skipped");
+            assert_eq!(texts(&took), [(job.to_owned(), "c".to_owned())], "{keep:?}");
+        }
         let members: Vec<String> = redis::cmd("SMEMBERS")
             .arg(keys::queue("a"))
             .query_async(&mut conn)
             .await
             .expect("SMEMBERS");
-        assert_eq!(members.len(), 2);
-        let exists: bool = redis::cmd("EXISTS")
-            .arg("b0")
-            .query_async(&mut conn)
-            .await
-            .expect("EXISTS");
-        assert!(!exists, "the set's copy is gone");
+        assert_eq!(members.len(), 2, "the set is left as it was");
         let _: () = redis::pipe()
             .del(keys::queue("a"))
             .set(keys::queue("a"), "junk")
             .query_async(&mut conn)
             .await
             .expect("SET");
-        assert!(fixture.take_into(keep, false, 10).await.is_err());
-        // And the fetch works again once the queue is a list.
+        push(&mut conn, "c", "j4").await;
+        let took = fixture.take_into(sorted, false, 10).await.expect("a string is skipped");
+        assert_eq!(texts(&took), [("j4".to_owned(), "c".to_owned())]);
+        // And the queue is fetched again once it is a list.
         let _: () = redis::pipe()
             .del(keys::queue("a"))
             .lpush(keys::queue("a"), "j")
             .query_async(&mut conn)
             .await
             .expect("LPUSH");
-        let took = fixture.take_into(keep, false, 10).await.expect("take");
+        let took = fixture.take_into(sorted, false, 10).await.expect("take");
         assert_eq!(texts(&took), [("j".to_owned(), "a".to_owned())]);
     }
 
@@ -799,11 +893,11 @@ mod tests {
     fn a_batch_reply_that_does_not_add_up_is_refused() {
         let sorted = |count: i64| Value::Array(vec![runs(&[0, count]), Value::Int(-1)]);
         let listed = |jobs: &[&str]| Some(Value::Array(jobs.iter().map(|j| text(j)).collect()));
-        let (entries, in_batch) = read_reply(sorted(2), listed(&["a", "b"])).expect("sorted");
+        let Reply { entries, in_batch, .. } = read_reply(sorted(2), listed(&["a", "b"])).expect("sorted");
         assert!(in_batch);
         assert_eq!(entries, [entry(0, "a", None), entry(0, "b", None)]);
         let with_note = Value::Array(vec![runs(&[0, 1]), Value::Int(-1), text("o999 big")]);
-        let (entries, _) = read_reply(with_note, listed(&["a"])).expect("a burial noted");
+        let entries = read_reply(with_note, listed(&["a"])).expect("a burial noted").entries;
         assert_eq!(entries, [entry(0, "a", None), entry(0, "", Some("o999 big"))]);
         assert!(read_reply(sorted(3), listed(&["a", "b"])).is_err(), "fewer than said");
         assert!(read_reply(sorted(1), None).is_err(), "not read");

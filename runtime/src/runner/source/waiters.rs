@@ -19,9 +19,10 @@
 //! would otherwise move a requeued job straight back into this process's
 //! list.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use tokio::sync::{mpsc, watch};
@@ -43,17 +44,48 @@ pub(super) enum Wait {
 }
 
 impl Wait {
-    /// This wait without the queues in `paused`; `None` if nothing is left.
-    fn without(&self, paused: &PausedSet) -> Option<Wait> {
+    /// This wait without the queues in `paused` or `wrong`; `None` if
+    /// nothing is left.
+    fn without(&self, paused: &HashSet<String>, wrong: &HashSet<String>) -> Option<Wait> {
+        let out = |queue: &String| paused.contains(queue) || wrong.contains(queue);
         match self {
-            Wait::Move { queue, .. } if paused.contains(queue) => None,
+            Wait::Move { queue, .. } if out(queue) => None,
             Wait::Move { .. } => Some(self.clone()),
             Wait::Pop { queues } => {
-                let open: Vec<String> = queues.iter().filter(|q| !paused.contains(*q)).cloned().collect();
+                let open: Vec<String> = queues.iter().filter(|q| !out(q)).cloned().collect();
                 (!open.is_empty()).then_some(Wait::Pop { queues: open })
             }
         }
     }
+
+    /// The queues of this wait.
+    fn queues(&self) -> Vec<&str> {
+        match self {
+            Wait::Move { queue, .. } => vec![queue.as_str()],
+            Wait::Pop { queues } => queues.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// How long a queue key found of another type is left out of the blocking
+/// waits before it is looked at again.
+const WRONG_FOR: Duration = Duration::from_secs(30);
+
+/// The queues among `queues` whose key holds something else than a list
+/// (another client's key): one `TYPE` each, on the rare path after a
+/// `WRONGTYPE`.
+async fn wrongly_typed(conn: &mut redis::aio::MultiplexedConnection, queues: &[&str]) -> Result<Vec<String>> {
+    let mut pipe = redis::pipe();
+    for queue in queues {
+        pipe.cmd("TYPE").arg(keys::queue(queue));
+    }
+    let kinds: Vec<String> = pipe.query_async(conn).await.context("TYPE of the queue keys")?;
+    Ok(queues
+        .iter()
+        .zip(kinds)
+        .filter(|(_, kind)| kind != "list" && kind != "none")
+        .map(|(queue, _)| (*queue).to_owned())
+        .collect())
 }
 
 /// The waiters of one source.
@@ -258,20 +290,29 @@ impl Waiter {
     async fn run(mut self, mut armed: watch::Receiver<bool>, found: mpsc::Sender<Fetched>) {
         let mut conn = None;
         let mut backoff = Duration::from_millis(100);
+        // Queue keys of another type, left out of the wait, and since when.
+        let mut wrong: HashSet<String> = HashSet::new();
+        let mut wrong_since = Instant::now();
         loop {
+            if !wrong.is_empty() && wrong_since.elapsed() >= WRONG_FOR {
+                wrong.clear();
+            }
             // Sleep (no Redis traffic) until the fetch loop runs dry.
             tokio::select! {
                 changed = armed.wait_for(|&a| a) => if changed.is_err() { return },
                 () = found.closed() => return,
             }
             let paused = self.paused.borrow_and_update().clone();
-            let Some(wait) = self.wait.without(&paused) else {
-                // Every queue of this waiter is paused: sleep until that
-                // changes (or the fetch loop stops waiting).
+            let Some(wait) = self.wait.without(&paused, &wrong) else {
+                // Every queue of this waiter is paused (or not a list):
+                // sleep until that changes (or the fetch loop stops
+                // waiting).
+                let recheck = WRONG_FOR.saturating_sub(wrong_since.elapsed());
                 tokio::select! {
                     changed = self.paused.changed() => if changed.is_err() { return },
                     changed = armed.wait_for(|&a| !a) => if changed.is_err() { return },
                     () = found.closed() => return,
+                    () = tokio::time::sleep(recheck), if !wrong.is_empty() => {}
                 }
                 continue;
             };
@@ -305,6 +346,28 @@ impl Waiter {
                     }
                 }
                 Ok(None) => backoff = Duration::from_millis(100),
+                Err(err) if format!("{err:#}").contains("WRONGTYPE") => {
+                    // A queue key of another type (another client's): the
+                    // command moved nothing, and the connection is fine.
+                    // The wait goes on without it (the non-blocking fetch
+                    // skips it too, and says so).
+                    tracing::debug!("blocking fetch: {err:#}");
+                    match wrongly_typed(c, &wait.queues()).await {
+                        Ok(found_wrong) if !found_wrong.is_empty() => {
+                            if wrong.is_empty() {
+                                wrong_since = Instant::now();
+                            }
+                            wrong.extend(found_wrong);
+                        }
+                        // No queue key is the wrong one (the list it moves
+                        // into is, or it was fixed meanwhile), or TYPE
+                        // failed: not a tight loop.
+                        _ => tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                            () = found.closed() => return,
+                        },
+                    }
+                }
                 Err(err) => {
                     tracing::warn!("blocking fetch: {err:#}; reconnecting in {backoff:?}");
                     if matches!(self.wait, Wait::Move { .. }) {

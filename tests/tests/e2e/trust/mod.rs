@@ -15,3 +15,4 @@ mod logs;
 mod payloads;
 mod poison;
 mod sql;
+mod wrong_types;

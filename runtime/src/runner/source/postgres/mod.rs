@@ -21,7 +21,6 @@ pub mod lease;
 mod sql;
 mod wake;
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -34,7 +33,8 @@ use super::paused::Paused;
 use super::{JobSource, Settings, Stats, record};
 use crate::pg::Pg;
 use crate::redis::{Redis, now_f64};
-use crate::runner::fetched::{Completion, Fetched, Receipt};
+use crate::runner::fetched::{Completion, Fetched, Known, Receipt};
+use crate::runner::supervise;
 
 /// The PostgreSQL job source of one process.
 pub(crate) struct Postgres {
@@ -60,19 +60,32 @@ impl Postgres {
     pub(crate) fn new(pg: Pg, redis: Redis, settings: Settings, paused: Arc<Paused>, lease: Duration) -> Self {
         let stop = CancellationToken::new();
         let wake = Arc::new(wake::Wake::default());
-        tokio::spawn(wake::listen(
-            pg.clone(),
-            settings.queues.names(),
-            wake.clone(),
-            stop.clone(),
-        ));
-        tokio::spawn(lease::keep(
+        // Both vital: without the lease keeper this process's claims run
+        // out under its running jobs; without the listener it hears of no
+        // job for a poll interval.
+        let (listen_pg, queues, listen_wake, listen_stop) =
+            (pg.clone(), settings.queues.names(), wake.clone(), stop.clone());
+        tokio::spawn(async move {
+            let make = || {
+                wake::listen(
+                    listen_pg.clone(),
+                    queues.clone(),
+                    listen_wake.clone(),
+                    listen_stop.clone(),
+                )
+            };
+            supervise::vital("PostgreSQL wake listener", &listen_stop, make, || {}).await;
+        });
+        let (keep_pg, identity, recoveries, keep_stop) = (
             pg.clone(),
             settings.identity.clone(),
-            lease,
             settings.max_recoveries,
             stop.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            let make = || lease::keep(keep_pg.clone(), identity.clone(), lease, recoveries, keep_stop.clone());
+            supervise::vital("PostgreSQL lease keeper", &keep_stop, make, || {}).await;
+        });
         Self {
             pg,
             redis,
@@ -139,36 +152,67 @@ async fn claim(
     let client = pg.client().await?;
     let statement = client.prepare_cached(sql::CLAIM).await.context("claiming jobs")?;
     let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let max_bytes = i64::try_from(max_payload).unwrap_or(i64::MAX);
     let rows = client
-        .query(&statement, &[&queues, &limit, &owner, &lease.as_secs_f64()])
+        .query(&statement, &[&queues, &limit, &owner, &lease.as_secs_f64(), &max_bytes])
         .await
         .context("claiming jobs")?;
     let mut jobs = Vec::with_capacity(rows.len());
+    let mut oversized = Oversized::default();
     for row in rows {
         let receipt = Receipt {
             row: row.get(0),
             claim: row.get(1),
         };
         let queue: String = row.get(2);
-        let raw: String = row.get(3);
-        if max_payload > 0 && raw.len() > max_payload {
-            let why = format!(
-                "the payload is {} bytes, more than --max-payload ({max_payload}): sent to dead unrun",
-                raw.len()
-            );
-            tracing::warn!(queue = %queue, "{why}");
-            let statement = client.prepare_cached(sql::BURY_OVERSIZED).await?;
-            client
-                .execute(&statement, &[&receipt.row, &receipt.claim, &owner, &why])
-                .await
-                .context("burying an oversized job")?;
+        let Some(raw) = row.get::<_, Option<String>>(3) else {
+            oversized.add(receipt, &queue, row.get(4), max_payload);
             continue;
-        }
+        };
         let mut job = Fetched::new(raw, queue);
         job.receipt = Some(receipt);
         jobs.push(job);
     }
+    if !oversized.rows.is_empty() {
+        let statement = client.prepare_cached(sql::BURY_OVERSIZED).await?;
+        client
+            .execute(
+                &statement,
+                &[
+                    &oversized.rows,
+                    &oversized.claims,
+                    &owner,
+                    &oversized.why,
+                    &oversized.sizes,
+                ],
+            )
+            .await
+            .context("burying jobs over --max-payload")?;
+    }
     Ok(jobs)
+}
+
+/// The claimed jobs over `--max-payload`, to bury unread.
+#[derive(Default)]
+struct Oversized {
+    rows: Vec<i64>,
+    claims: Vec<i32>,
+    why: Vec<String>,
+    sizes: Vec<i64>,
+}
+
+impl Oversized {
+    fn add(&mut self, receipt: Receipt, queue: &str, size: i32, max_payload: usize) {
+        // The reason Redis writes (the fetch script's), word for word.
+        let why = format!(
+            "payload of {size} bytes is larger than the {max_payload} a job may have (wasmjobs run --max-payload); not run, kept whole"
+        );
+        tracing::warn!(queue = %queue, "a job over --max-payload was sent to the dead set unrun (kept whole there): {why}");
+        self.rows.push(receipt.row);
+        self.claims.push(receipt.claim);
+        self.why.push(why);
+        self.sizes.push(i64::from(size));
+    }
 }
 
 /// Seconds until a job of `queues` falls due, if any waits.
@@ -264,17 +308,18 @@ impl JobSource for Postgres {
         self.doubt.swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
-    fn reconcile<'a>(&'a self, known: &'a HashSet<String>) -> BoxFuture<'a, Result<usize>> {
+    fn reconcile<'a>(&'a self, known: &'a Known) -> BoxFuture<'a, Result<usize>> {
         async move {
-            let mut known: Vec<&str> = known.iter().map(String::as_str).collect();
-            let found: Vec<String> = self
-                .found
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .map(|job| job.raw.clone())
-                .collect();
-            known.extend(found.iter().map(String::as_str));
+            // By row: a payload need not be unique, and matching payloads
+            // would ship every held one back to PostgreSQL.
+            let mut known: Vec<i64> = known.rows.iter().copied().collect();
+            known.extend(
+                self.found
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .filter_map(|job| job.receipt.map(|r| r.row)),
+            );
             let client = self.pg.client().await?;
             let n = client
                 .execute(sql::RELEASE_UNKNOWN, &[&self.settings.identity, &known])

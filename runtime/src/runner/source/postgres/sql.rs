@@ -4,7 +4,11 @@
 
 /// Claims up to `$2` due jobs from the queues `$1`, in that order, for the
 /// owner `$3` with a lease of `$4` seconds. `SKIP LOCKED` lets any number
-/// of processes claim at once without waiting on each other.
+/// of processes claim at once without waiting on each other. Returns each
+/// job's row, claim, queue, payload and its size in bytes; the payload is
+/// `NULL` when it is larger than `$5` bytes (`--max-payload`; 0: no
+/// limit), so an oversized one never leaves PostgreSQL
+/// ([`BURY_OVERSIZED`]).
 pub(super) const CLAIM: &str = "
 WITH picked AS (
     SELECT j.id FROM unnest($1::text[]) WITH ORDINALITY AS q(name, ord)
@@ -17,11 +21,17 @@ WITH picked AS (
     ) j
     ORDER BY q.ord, j.run_at, j.id
     LIMIT $2
+),
+claimed AS (
+    UPDATE wasmjobs.jobs AS j
+    SET owner = $3, lease_until = now() + make_interval(secs => $4), claims = j.claims + 1
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.id, j.claims, j.queue, j.payload::text AS body
 )
-UPDATE wasmjobs.jobs AS j
-SET owner = $3, lease_until = now() + make_interval(secs => $4), claims = j.claims + 1
-FROM picked WHERE j.id = picked.id
-RETURNING j.id, j.claims, j.queue, j.payload::text";
+SELECT id, claims, queue,
+    CASE WHEN $5::bigint > 0 AND octet_length(body) > $5::bigint THEN NULL ELSE body END,
+    octet_length(body)
+FROM claimed";
 
 /// Ended jobs `($1 id, $2 claim)` of owner `$3` that succeeded (or can
 /// never run): gone. The rows are found by `id = ANY` (an index scan
@@ -68,18 +78,27 @@ DELETE FROM wasmjobs.dead WHERE id IN (
     SELECT id FROM wasmjobs.dead WHERE kind = $1 ORDER BY died_at DESC, id DESC OFFSET $3
 )";
 
-/// A claimed job whose payload is larger than `--max-payload`: dead at
-/// once, whole, with the reason.
+/// Claimed jobs `($1 id, $2 claim)` of owner `$3` whose payloads are
+/// larger than `--max-payload` (`$5` bytes each): dead at once, kept whole
+/// and never read by the runner, with the reason `$4` (as on Redis:
+/// `PayloadTooLarge`, the size in `payload_bytes`). A payload that is not
+/// a JSON object is kept under `payload`.
 pub(super) const BURY_OVERSIZED: &str = "
 WITH gone AS (
-    DELETE FROM wasmjobs.jobs WHERE id = $1 AND claims = $2 AND owner = $3
-    RETURNING queue, payload
+    DELETE FROM wasmjobs.jobs AS j
+    USING unnest($1::bigint[], $2::int[], $4::text[], $5::bigint[]) AS u(id, claims, why, size)
+    WHERE j.id = u.id AND j.claims = u.claims AND j.owner = $3
+    RETURNING j.queue, j.payload, u.why, u.size
 )
 INSERT INTO wasmjobs.dead (kind, queue, payload)
-SELECT 'dead', queue, payload || jsonb_build_object(
+SELECT 'dead', queue, CASE jsonb_typeof(payload)
+        WHEN 'object' THEN payload
+        ELSE jsonb_build_object('class', 'wasmjobs::PayloadTooLarge', 'args', '[]'::jsonb, 'payload', payload)
+    END || jsonb_build_object(
     'error_class', 'wasmjobs::PayloadTooLarge',
-    'error_message', $4::text,
-    'failed_at', extract(epoch FROM now()))
+    'error_message', why,
+    'failed_at', extract(epoch FROM now()),
+    'payload_bytes', size)
 FROM gone";
 
 /// Renews every lease owner `$1` holds, to `$2` seconds from now.
@@ -124,10 +143,10 @@ pub(super) const RELEASE_ALL: &str = "
 UPDATE wasmjobs.jobs SET owner = NULL, lease_until = NULL WHERE owner = $1";
 
 /// After a lost reply: what owner `$1` holds that the runner does not know
-/// (`$2`, the payloads it runs), claimable again.
+/// (`$2`, the rows it runs), claimable again.
 pub(super) const RELEASE_UNKNOWN: &str = "
 UPDATE wasmjobs.jobs SET owner = NULL, lease_until = NULL
-WHERE owner = $1 AND NOT (payload::text = ANY($2::text[]))";
+WHERE owner = $1 AND NOT (id = ANY($2::bigint[]))";
 
 /// Whether a due job waits in the queues `$1` (1 or 0: counting them all
 /// would read the whole queue).

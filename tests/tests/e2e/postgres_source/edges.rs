@@ -1,0 +1,308 @@
+//! The PostgreSQL store at its edges, as an attacker or a careless
+//! producer would push it: payloads over `--max-payload` are buried in
+//! SQL without ever reaching the runner.
+
+use std::time::Duration;
+
+use wasmjobs_e2e::redis_server::TestRedis;
+use wasmjobs_e2e::runner::{Runner, plugins};
+
+use super::{connect, count, eventually, source_flags, store};
+
+/// A process's peak resident memory since the last [`reset_peak`], in
+/// bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib * 1024
+}
+
+/// Starts `pid`'s peak memory afresh (`clear_refs` 5 resets `VmHWM`).
+fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("reset VmHWM through /proc/PID/clear_refs");
+}
+
+/// Eight jobs of 25 MB, committed together so one claim sees them all,
+/// with `--max-payload` at 1 MB: each is dead with the reason Redis gives
+/// (`PayloadTooLarge`, its size), whole, and the runner's peak memory grew
+/// by far less than one of them — they never left PostgreSQL. The normal
+/// jobs around them run. (Before, the claim returned every payload and
+/// the size was compared after: the runner held all eight.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_over_max_payload_are_buried_in_sql_unread() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let flags = source_flags(&url, &["--max-payload", "1000000", "-c", "20"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
+    runner.wait_running();
+    let store = connect(&url).await;
+    store
+        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"ok\"]')", &[])
+        .await
+        .expect("enqueue");
+    eventually(
+        "the first job to run",
+        Duration::from_secs(60),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+
+    let pid = runner.pid();
+    reset_peak(pid);
+    let before = peak_rss(pid);
+    const BIG: i64 = 25_000_000;
+    store
+        .batch_execute(&format!(
+            "BEGIN;
+             SELECT wasmjobs.enqueue('ChaosJob', jsonb_build_array('ok', repeat(chr(97 + n % 26), {BIG}))) FROM generate_series(1, 8) AS n;
+             SELECT wasmjobs.enqueue('ChaosJob', '[\"ok\"]') FROM generate_series(1, 3);
+             COMMIT;"
+        ))
+        .await
+        .expect("enqueue the large jobs");
+    eventually(
+        "every job to leave the queue",
+        Duration::from_secs(120),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    let grew = peak_rss(pid).saturating_sub(before);
+
+    let rows = store
+        .query(
+            "SELECT payload->>'error_class', payload->>'error_message', (payload->>'payload_bytes')::bigint,
+                    octet_length(payload->'args'->>1), payload->>'class'
+             FROM wasmjobs.dead ORDER BY id",
+            &[],
+        )
+        .await
+        .expect("dead rows");
+    assert_eq!(rows.len(), 8, "the eight large jobs are dead, the small ones ran");
+    for row in &rows {
+        let (class, message): (String, String) = (row.get(0), row.get(1));
+        assert_eq!(class, "wasmjobs::PayloadTooLarge");
+        assert!(
+            message.contains("larger than the 1000000 a job may have (wasmjobs run --max-payload)"),
+            "{message}"
+        );
+        let (bytes, kept): (i64, i32) = (row.get(2), row.get(3));
+        assert!(bytes > BIG, "payload_bytes {bytes}");
+        assert_eq!(i64::from(kept), BIG, "kept whole");
+        assert_eq!(row.get::<_, String>(4), "ChaosJob");
+    }
+    assert!(
+        grew < 50_000_000,
+        "the runner's peak memory grew by {grew} bytes while 8 payloads of {BIG} bytes were buried: it read them"
+    );
+    let log = runner.log();
+    assert!(log.contains("sent to the dead set unrun"), "{log}");
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+/// A copy of the chaos guest at `plugins/<name>` serving `class`, granted
+/// the environment variable `var`.
+fn env_plugin(plugins: &std::path::Path, name: &str, class: &str, var: &str) {
+    let dir = plugins.join(name);
+    std::fs::create_dir_all(&dir).expect("plugin dir");
+    std::fs::copy(
+        wasmjobs_e2e::test_guests_dir().join("chaos/chaos_job.wasm"),
+        dir.join("chaos_job.wasm"),
+    )
+    .expect("copy component");
+    std::fs::write(
+        dir.join("wasmjobs.toml"),
+        format!("component = \"chaos_job.wasm\"\nclasses = [{class:?}]\nenv = [{var:?}]\n"),
+    )
+    .expect("write manifest");
+}
+
+/// No plugin may be granted a variable that holds the job store's URL
+/// (`--source`, never protected before), a `--db` URL as the operator
+/// typed it (only its normalised form was), or either's password alone:
+/// each such plugin is refused at load, naming the variable; a harmless
+/// variable is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_and_database_urls_and_their_passwords_are_kept_from_plugins() {
+    let (pg, _) = store();
+    pg.create_database("app");
+    // Trust authentication: the passwords are parsed, never checked.
+    let source = pg.url_as("wasmjobs:St0re-pass-99", super::DB);
+    let db = format!("{}?pool=5&sslmode=disable", pg.url_as("wasmjobs:Zq-secret-77", "app"));
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().expect("plugins dir");
+    let grants = [
+        ("db-url", "DbUrlJob", "PG_DSN"),
+        ("store-url", "StoreUrlJob", "JOBS_DSN"),
+        ("db-pass", "DbPassJob", "PG_PASS"),
+        ("store-pass", "StorePassJob", "STORE_PASS"),
+        ("respelled", "RespelledJob", "OTHER_DSN"),
+        ("harmless", "HarmlessJob", "GREETING"),
+    ];
+    for (name, class, var) in grants {
+        env_plugin(dir.path(), name, class, var);
+    }
+    let respelled = format!("postgresql://wasmjobs:St0re-pass-99@localhost:{}/jobs", pg.port());
+    let env = [
+        ("PG_DSN", db.as_str()),
+        ("JOBS_DSN", source.as_str()),
+        ("PG_PASS", "Zq-secret-77"),
+        ("STORE_PASS", "St0re-pass-99"),
+        ("OTHER_DSN", respelled.as_str()),
+        ("GREETING", "hello"),
+    ];
+    let main = format!("main={db}");
+    let flags = source_flags(&source, &["--db", &main]);
+    let mut runner = Runner::start_with_env(&env, &redis.url(), dir.path(), &flags);
+    runner.wait_running();
+    let log = runner.log();
+    for (name, _, var) in &grants[..5] {
+        assert!(
+            log.lines()
+                .any(|line| line.contains("plugin refused") && line.contains(&format!("env grants {var}"))),
+            "plugin {name}, granted {var}, was not refused:\n{log}"
+        );
+    }
+    assert!(!log.contains("env grants GREETING"), "{log}");
+    for secret in ["St0re-pass-99", "Zq-secret-77"] {
+        assert!(!log.contains(secret), "the log shows a password:\n{log}");
+    }
+    let store = connect(&source).await;
+    store
+        .query_one("SELECT wasmjobs.enqueue('HarmlessJob', '[\"ok\"]')", &[])
+        .await
+        .expect("enqueue");
+    eventually(
+        "the harmless plugin's job to run",
+        Duration::from_secs(60),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+/// A process's CPU time so far (user + system), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // Fields after the command name (which may hold spaces), from field 3.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).expect("stat fields");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks as f64 / per_second as f64
+}
+
+/// Any role that can connect may `NOTIFY` the runners' channel, and each
+/// notification naming the runner's queue woke an idle runner for a claim
+/// (67,000 cost 3.2 CPU-s). Here 3,000 notifications, 2 ms apart (so each
+/// finds the runner idle), each in its own transaction: wake-ups are now
+/// paced (at most one per 10 ms, none lost), so the runner claims a few
+/// hundred times, not once per notification (the server logs each claim
+/// statement), and a job enqueued right after still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_notifications_does_not_keep_an_idle_runner_busy() {
+    let (pg, url) = store();
+    pg.psql(
+        super::DB,
+        &format!("ALTER DATABASE {} SET log_statement = 'all'", super::DB),
+    );
+    let redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &[]));
+    runner.wait_running();
+    let claims = || pg.log().matches("WITH picked AS").count();
+    let claimed = claims();
+    let pid = runner.pid();
+    let before = cpu_seconds(pid);
+    pg.psql(
+        super::DB,
+        "DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_notify('wasmjobs_jobs', 'default'); COMMIT; PERFORM pg_sleep(0.002); END LOOP; END $$",
+    );
+    let store = connect(&url).await;
+    store
+        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"ok\"]')", &[])
+        .await
+        .expect("enqueue");
+    eventually(
+        "the job after the flood to run",
+        Duration::from_secs(30),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    let spent = cpu_seconds(pid) - before;
+    let claimed = claims() - claimed;
+    eprintln!("3,000 notifications: the idle runner claimed {claimed} times, spending {spent:.3} CPU-s");
+    assert!(
+        claimed < 1_200,
+        "3,000 notifications woke the idle runner for {claimed} claims ({spent:.3} CPU-s)\n{}",
+        runner.log()
+    );
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+/// The database's own message for `err`.
+fn db_message(err: &tokio_postgres::Error) -> String {
+    err.as_db_error()
+        .map_or_else(|| err.to_string(), |db| db.message().to_owned())
+}
+
+/// A job due at `-infinity` broke `stats` and the pages ("cannot subtract
+/// infinite timestamps"), one at `infinity` never ran: both are refused,
+/// by `wasmjobs.enqueue` with the reason and by the table for any other
+/// writer; `stats` keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_at_that_is_not_finite_is_refused() {
+    let (_pg, url) = store();
+    let store = connect(&url).await;
+    for at in ["-infinity", "infinity"] {
+        let err = store
+            .query_one(&format!("SELECT wasmjobs.enqueue('ChaosJob', run_at => '{at}')"), &[])
+            .await
+            .expect_err("a run_at that is not finite");
+        assert!(db_message(&err).contains("run_at must be a finite time"), "{err:?}");
+        let err = store
+            .execute(
+                &format!("INSERT INTO wasmjobs.jobs (queue, payload, run_at) VALUES ('default', '{{}}', '{at}')"),
+                &[],
+            )
+            .await
+            .expect_err("a direct insert");
+        assert!(db_message(&err).contains("jobs_run_at_finite"), "{err:?}");
+    }
+    store
+        .query_one(
+            "SELECT wasmjobs.enqueue('ChaosJob', run_at => now() + interval '1 hour')",
+            &[],
+        )
+        .await
+        .expect("a finite time is fine");
+    let redis = TestRedis::start();
+    let stats = wasmjobs_e2e::cli::wasmjobs_in(
+        std::path::Path::new("."),
+        &["stats", "--redis", &redis.url(), "--source", &url],
+        &[] as &[(&str, &str)],
+        Duration::from_secs(60),
+    );
+    wasmjobs_e2e::assert_success(&stats, "wasmjobs stats --source");
+}
