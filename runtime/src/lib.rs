@@ -27,6 +27,7 @@ pub(crate) mod bindings;
 pub mod cli;
 pub mod cron;
 pub mod host;
+pub(crate) mod hosts;
 pub mod job;
 pub mod metrics;
 pub(crate) mod otel;

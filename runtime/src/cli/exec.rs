@@ -61,7 +61,7 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         fuel: args.fuel,
         ..EngineConfig::default()
     };
-    let protected = crate::runner::protected_env(None, &args.db.databases);
+    let protected = crate::runner::protected_env([], None, &args.db.databases);
     let (executor, catalog) = args.source.load(&cli.data_dir, &config, protected)?;
     let databases = Databases::open_async(args.db.databases.clone(), cli.data_dir.clone()).await?;
     let executor = executor.with_databases(databases);

@@ -310,9 +310,9 @@ impl PluginSource {
         &self,
         data_dir: &std::path::Path,
         config: &EngineConfig,
-        protected: Vec<String>,
+        protected: crate::redact::Secrets,
     ) -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(config)?.protect_env_values(protected);
+        let executor = Executor::new(config)?.protect_env(protected);
         let catalog = Catalog::load(&self.dir()?, &executor, &self.cache(data_dir))?;
         Ok((executor, catalog))
     }

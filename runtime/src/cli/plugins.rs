@@ -43,7 +43,7 @@ pub fn run(cli: &Cli, args: &PluginsArgs) -> Result<ExitCode> {
         disk: u64::MAX,
         ..EngineConfig::default()
     };
-    let (_executor, catalog) = args.source.load(&cli.data_dir, &config, Vec::new())?;
+    let (_executor, catalog) = args.source.load(&cli.data_dir, &config, Default::default())?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,

@@ -158,8 +158,20 @@ pub async fn run(cli: &Cli, args: &RunArgs) -> Result<ExitCode> {
             if lease < Duration::from_secs(1) {
                 bail!("--lease must be at least 1 second");
             }
+            let pg = crate::pg::Pg::open(url)?;
+            for db in &args.db.databases {
+                if db.backend == crate::host::sql::Backend::Postgres && pg.same_database_and_role(&db.target) {
+                    bail!(
+                        "--db {}: {} is --source's database and role: a plugin granted it could read and rewrite \
+                         every job in the store; give the store a role of its own (docs/postgres.md)",
+                        db.label(),
+                        db.redacted()
+                    );
+                }
+            }
+            crate::pg::schema::check(&pg).await?;
             Store::Postgres {
-                pg: Box::new(crate::pg::Pg::connect(url).await?),
+                pg: Box::new(pg),
                 lease,
             }
         }

@@ -1,6 +1,9 @@
 //! The HTTP endpoint of `wasmjobs run --metrics-addr ADDR`: `GET /metrics`
 //! (Prometheus text format) and `GET /stats` (JSON). Read-only, no auth:
-//! bind it to loopback or a private interface.
+//! bind it to loopback or a private interface. It answers only to
+//! loopback's names, IP addresses and the names in `WASMJOBS_WEB_HOSTS`
+//! ([`crate::hosts`]): a page that rebinds its own name to this address
+//! is refused with 421.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,6 +21,7 @@ use tokio::net::TcpListener;
 
 use super::Metrics;
 use super::exposition::{prometheus, stats_document};
+use crate::hosts::{AllowedHosts, parse_list};
 
 /// Binds `addr` (so a bad address fails at start, not later) and returns
 /// the bound address and the serving future, which runs until `stop`.
@@ -26,14 +30,24 @@ pub async fn bind(
     metrics: Arc<Metrics>,
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()>)> {
+    let extra = match std::env::var("WASMJOBS_WEB_HOSTS") {
+        Ok(names) => parse_list(&names)?,
+        Err(_) => Vec::new(),
+    };
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
     let bound = listener.local_addr().context("metrics listener address")?;
-    Ok((bound, serve(listener, metrics, stop)))
+    let hosts = Arc::new(AllowedHosts::new(bound, false, &extra).and_ip_addresses());
+    Ok((bound, serve(listener, metrics, hosts, stop)))
 }
 
-async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: tokio_util::sync::CancellationToken) {
+async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    hosts: Arc<AllowedHosts>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -47,11 +61,11 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: tokio_util::s
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        let (metrics, hosts) = (metrics.clone(), hosts.clone());
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(respond(&request, &metrics)) }
+                let (metrics, hosts) = (metrics.clone(), hosts.clone());
+                async move { Ok::<_, Infallible>(respond(&request, &metrics, &hosts)) }
             });
             if let Err(err) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -63,8 +77,27 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: tokio_util::s
     }
 }
 
-fn respond(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+/// The name a request is addressed to: its URI's authority, else its
+/// `Host` (none: not a browser, let through).
+fn addressed_to<B>(request: &Request<B>) -> Option<&str> {
+    request.uri().authority().map(|a| a.as_str()).or_else(|| {
+        request
+            .headers()
+            .get(http::header::HOST)
+            .map(|value| value.to_str().unwrap_or("\u{fffd}"))
+    })
+}
+
+fn respond(request: &Request<Incoming>, metrics: &Metrics, hosts: &AllowedHosts) -> Response<Full<Bytes>> {
+    let misdirected = addressed_to(request).is_some_and(|name| !hosts.admits(name));
     let (status, content_type, body) = match (request.method(), request.uri().path()) {
+        _ if misdirected => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "text/plain",
+            "misdirected request: this metrics endpoint answers only to loopback's names and IP addresses \
+             (a page under another name may be a DNS rebinding attack); list other names in WASMJOBS_WEB_HOSTS\n"
+                .to_owned(),
+        ),
         (&Method::GET, "/metrics") => (
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",

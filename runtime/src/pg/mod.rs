@@ -60,6 +60,46 @@ pub struct Pg {
     config: tokio_postgres::Config,
     /// The URL without its password, for logs and errors.
     pub location: String,
+    /// The URL as given: a secret no plugin may be handed.
+    url: String,
+}
+
+/// Where a PostgreSQL configuration connects, and as whom.
+struct Place {
+    endpoints: Vec<String>,
+    user: String,
+    database: String,
+}
+
+impl Place {
+    fn of(config: &tokio_postgres::Config) -> Self {
+        let ports = config.get_ports();
+        let endpoints = config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(at, host)| {
+                let port = ports.get(at).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(name) => {
+                        format!("{}:{port}", name.trim_end_matches('.').to_ascii_lowercase())
+                    }
+                    tokio_postgres::config::Host::Unix(dir) => format!("unix:{}:{port}", dir.display()),
+                }
+            })
+            .collect();
+        let user = config
+            .get_user()
+            .map(str::to_owned)
+            .or_else(|| std::env::var("USER").ok())
+            .unwrap_or_default();
+        let database = config.get_dbname().map_or_else(|| user.clone(), str::to_owned);
+        Self {
+            endpoints,
+            user,
+            database,
+        }
+    }
 }
 
 impl std::fmt::Debug for Pg {
@@ -109,7 +149,33 @@ impl Pg {
             .recycle_timeout(Some(TIMEOUT))
             .build()
             .with_context(|| format!("--source {location}: cannot build the connection pool"))?;
-        Ok(Self { pool, config, location })
+        Ok(Self {
+            pool,
+            config,
+            location,
+            url: url.to_owned(),
+        })
+    }
+
+    /// Whether the PostgreSQL URL `other` reaches this store's database as
+    /// its role: a host and port in common, the same database and user
+    /// (tokio-postgres's defaults: port 5432, the OS user, a database named
+    /// after the user). Host names are compared in lower case, not
+    /// resolved, as two shards naming one Redis are (`redis::shards`).
+    pub(crate) fn same_database_and_role(&self, other: &str) -> bool {
+        let Ok(other) = other.parse::<tokio_postgres::Config>() else {
+            return false;
+        };
+        let (mine, theirs) = (Place::of(&self.config), Place::of(&other));
+        mine.user == theirs.user
+            && mine.database == theirs.database
+            && mine.endpoints.iter().any(|at| theirs.endpoints.contains(at))
+    }
+
+    /// The URL as given (it holds the password): for the secrets no
+    /// plugin's `env` may pass on, never for a log.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// A pooled connection.
@@ -161,5 +227,34 @@ async fn forward(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_db_is_the_store_when_it_reaches_its_database_as_its_role() {
+        let store = Pg::open("postgres://jobs:pw@DB.internal:5432/app?sslmode=disable").expect("store");
+        for same in [
+            "postgres://jobs:other@db.internal/app",
+            "postgresql://jobs@db.internal.:5432/app?sslmode=disable",
+            "postgres://jobs@db.internal/app?application_name=x",
+        ] {
+            assert!(store.same_database_and_role(same), "{same}");
+        }
+        for other in [
+            "postgres://plugin@db.internal/app",
+            "postgres://jobs@db.internal/other",
+            "postgres://jobs@db.internal:5433/app",
+            "postgres://jobs@replica.internal/app",
+            "not a url",
+        ] {
+            assert!(!store.same_database_and_role(other), "{other}");
+        }
+        // The database defaults to the user's name.
+        let store = Pg::open("postgres://jobs@h").expect("store");
+        assert!(store.same_database_and_role("postgres://jobs@h/jobs"));
     }
 }

@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "jobs", include_str!("migrations/0001_jobs.sql")),
     (2, "cron", include_str!("migrations/0002_cron.sql")),
     (3, "enqueue", include_str!("migrations/0003_enqueue.sql")),
+    (4, "finite_run_at", include_str!("migrations/0004_finite_run_at.sql")),
 ];
 
 /// The schema version this binary works with.

@@ -18,6 +18,7 @@
 use anyhow::{Result, bail};
 
 use super::manifest::Manifest;
+use crate::redact::Secrets;
 use crate::sandbox::Limits;
 use crate::size::mib;
 
@@ -28,8 +29,8 @@ const RUNNER_PREFIX: &str = "WASMJOBS_";
 
 /// Refuses `manifest` if it asks for more than `caps` and `disk` (the
 /// runner's `--memory`, `--job-timeout` and `--disk`) or grants a variable
-/// that holds a secret: by name, or by a value containing one of `protected`.
-pub(crate) fn check(manifest: &Manifest, caps: &Limits, disk: u64, protected: &[String]) -> Result<()> {
+/// that holds a secret: by name, or by a value holding one of `protected`.
+pub(crate) fn check(manifest: &Manifest, caps: &Limits, disk: u64, protected: &Secrets) -> Result<()> {
     let path = manifest.path.display();
     if let Some(memory) = manifest.limits.memory
         && memory > caps.memory
@@ -67,7 +68,7 @@ pub(crate) fn check(manifest: &Manifest, caps: &Limits, disk: u64, protected: &[
 }
 
 /// Why the variable `name` with `value` is a secret, if it is.
-fn secret(name: &str, value: Option<&std::ffi::OsStr>, protected: &[String]) -> Option<&'static str> {
+fn secret(name: &str, value: Option<&std::ffi::OsStr>, protected: &Secrets) -> Option<&'static str> {
     if SECRET_NAMES.iter().any(|s| name.eq_ignore_ascii_case(s)) {
         return Some("names a connection URL of the runner");
     }
@@ -76,10 +77,8 @@ fn secret(name: &str, value: Option<&std::ffi::OsStr>, protected: &[String]) -> 
     }
     let value = value?.to_string_lossy();
     protected
-        .iter()
-        .filter(|p| !p.is_empty())
-        .any(|p| value.contains(p.as_str()))
-        .then_some("holds the runner's Redis or database URL")
+        .held_in(&value)
+        .then_some("holds a URL or password of the runner's Redis or PostgreSQL")
 }
 
 #[cfg(test)]
@@ -90,21 +89,23 @@ mod tests {
 
     #[test]
     fn secrets_by_name() {
-        assert!(secret("REDIS_URL", None, &[]).is_some());
-        assert!(secret("redis_url", None, &[]).is_some());
-        assert!(secret("DATABASE_URL", None, &[]).is_some());
-        assert!(secret("WASMJOBS_DB", None, &[]).is_some());
-        assert!(secret("wasmjobs_plugins", None, &[]).is_some());
-        assert!(secret("API_TOKEN", Some(OsStr::new("abc")), &[]).is_none());
+        let none = Secrets::default();
+        assert!(secret("REDIS_URL", None, &none).is_some());
+        assert!(secret("redis_url", None, &none).is_some());
+        assert!(secret("DATABASE_URL", None, &none).is_some());
+        assert!(secret("WASMJOBS_DB", None, &none).is_some());
+        assert!(secret("wasmjobs_plugins", None, &none).is_some());
+        assert!(secret("API_TOKEN", Some(OsStr::new("abc")), &none).is_none());
     }
 
     #[test]
     fn secrets_by_value() {
-        let protected = ["postgres://app:hunter2@db/app".to_owned(), String::new()];
+        let protected = Secrets::default().with_urls(["postgres://app:hunter2@db/app", ""]);
         let dsn = OsStr::new("postgres://app:hunter2@db/app?sslmode=require");
         assert!(secret("PG_DSN", Some(dsn), &protected).is_some());
+        assert!(secret("PG_PASSWORD", Some(OsStr::new("hunter2")), &protected).is_some());
         assert!(secret("PG_DSN", Some(OsStr::new("other")), &protected).is_none());
         // An empty protected value protects nothing (it is in every string).
-        assert!(secret("HOME", Some(OsStr::new("/root")), &[String::new()]).is_none());
+        assert!(secret("HOME", Some(OsStr::new("/root")), &protected).is_none());
     }
 }

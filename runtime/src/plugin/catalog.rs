@@ -381,9 +381,10 @@ fn build_plugin(
     } = source;
     let manifest_path = manifest.path.clone();
     super::caps::check(&manifest, &executor.limits(), executor.disk(), executor.protected_env())?;
-    if let Some(sources) = &dev {
-        grant_dev_sources(&mut manifest, cache, sources)?;
-    }
+    let dev_sources = match &dev {
+        Some(sources) => Some(grant_dev_sources(&mut manifest, cache, sources)?),
+        None => None,
+    };
     let handles = files::check(manifest.file_grants(), protected)?;
     // Refused before compiling: no artifact for a plugin that cannot run.
     let concurrent = manifest.instances.concurrent.is_some();
@@ -443,6 +444,7 @@ fn build_plugin(
         load_time: started.elapsed(),
         slots,
         loaded,
+        _dev_sources: dev_sources,
     })
 }
 
@@ -450,7 +452,11 @@ fn build_plugin(
 /// compile cache's directory, read-only at [`dev_sources::GUEST_DIR`]
 /// (added to the manifest's grants, so they are opened and shown like
 /// any other).
-fn grant_dev_sources(manifest: &mut Manifest, cache: &CompileCache, sources: &DevSources) -> Result<()> {
+fn grant_dev_sources(
+    manifest: &mut Manifest,
+    cache: &CompileCache,
+    sources: &DevSources,
+) -> Result<dev_sources::InUse> {
     let display = manifest.path.display().to_string();
     let reserved = Path::new(dev_sources::GUEST_DIR).parent().unwrap_or(Path::new("/"));
     if let Some(clash) = manifest
@@ -468,7 +474,7 @@ fn grant_dev_sources(manifest: &mut Manifest, cache: &CompileCache, sources: &De
             "{display}: a development build (`wasmjobs build --dev`) needs the compile cache, where its sources are unpacked"
         );
     };
-    let host = dev_sources::unpack(dir, sources)
+    let (host, held) = dev_sources::unpack(dir, sources)
         .with_context(|| format!("{display}: cannot unpack the sources of this development build"))?;
     tracing::warn!(
         plugin = %manifest.plugin_name(),
@@ -481,7 +487,7 @@ fn grant_dev_sources(manifest: &mut Manifest, cache: &CompileCache, sources: &De
         mode: files::Mode::ReadOnly,
         outside: true,
     });
-    Ok(())
+    Ok(held)
 }
 
 impl Plugin {

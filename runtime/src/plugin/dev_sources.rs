@@ -243,13 +243,49 @@ pub fn split(bytes: &[u8]) -> Result<(std::borrow::Cow<'_, [u8]>, Option<DevSour
     Ok((std::borrow::Cow::Owned(stripped), Some(sources)))
 }
 
+/// A loaded version's hold on its unpacked sources: a shared lock on
+/// their directory, kept as long as the version is loaded (in any process
+/// sharing the cache), so [`prune`] never removes sources that a new
+/// instance of a loaded version would import.
+#[derive(Debug)]
+pub struct InUse {
+    _dir: std::fs::File,
+}
+
 /// Writes `sources` under `dev-sources/<digest>` in the cache directory
 /// `cache` (once: an existing directory of that digest is reused, and
-/// touched) and returns that directory. The cache directory must be
-/// private to this user, as for compiled code; the files are written under
-/// a temporary name renamed into place whole, so a directory of that name
-/// is complete.
-pub fn unpack(cache: &Path, sources: &DevSources) -> Result<PathBuf> {
+/// touched) and returns that directory, held ([`InUse`]) for the caller.
+/// The cache directory must be private to this user, as for compiled
+/// code; the files are written under a temporary name renamed into place
+/// whole, so a directory of that name is complete.
+pub fn unpack(cache: &Path, sources: &DevSources) -> Result<(PathBuf, InUse)> {
+    // A prune elsewhere may remove the directory between its unpack and
+    // its lock: then it is unpacked again.
+    for _ in 0..3 {
+        let dir = unpack_once(cache, sources)?;
+        if let Some(held) = hold(&dir)? {
+            prune(dir.parent().unwrap_or(cache), std::time::SystemTime::now());
+            return Ok((dir, held));
+        }
+    }
+    bail!("the unpacked sources under {} keep being removed", cache.display())
+}
+
+/// A shared lock on `dir`, if it is still there once locked.
+fn hold(dir: &Path) -> Result<Option<InUse>> {
+    use std::os::unix::fs::MetadataExt;
+    let file = match std::fs::File::open(dir) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err).with_context(|| format!("cannot open {}", dir.display())),
+    };
+    file.lock_shared()
+        .with_context(|| format!("cannot lock {}", dir.display()))?;
+    let linked = file.metadata().map(|meta| meta.nlink() > 0).unwrap_or(false);
+    Ok(linked.then_some(InUse { _dir: file }))
+}
+
+fn unpack_once(cache: &Path, sources: &DevSources) -> Result<PathBuf> {
     private_dir(cache)?;
     let root = cache.join("dev-sources");
     private_dir(&root)?;
@@ -284,7 +320,6 @@ pub fn unpack(cache: &Path, sources: &DevSources) -> Result<PathBuf> {
             return Err(err).with_context(|| format!("cannot move the sources to {}", dir.display()));
         }
     }
-    prune(&root, std::time::SystemTime::now());
     Ok(dir)
 }
 
@@ -296,9 +331,8 @@ fn touch(dir: &Path) {
 }
 
 /// Removes the unpacked sources in `root` that no load has touched for
-/// [`UNUSED_FOR`], and staging directories a crash left behind for as
-/// long. (A runner still running such a version has imported them in its
-/// warm instances; a new instance of it would not find them.)
+/// [`UNUSED_FOR`] and no loaded version holds ([`InUse`], in any process),
+/// and staging directories a crash left behind for as long.
 fn prune(root: &Path, now: std::time::SystemTime) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
@@ -309,9 +343,17 @@ fn prune(root: &Path, now: std::time::SystemTime) {
             .and_then(|meta| meta.modified())
             .ok()
             .and_then(|modified| now.duration_since(modified).ok());
-        if age.is_some_and(|age| age > UNUSED_FOR)
-            && let Err(err) = std::fs::remove_dir_all(entry.path())
-        {
+        if age.is_none_or(|age| age <= UNUSED_FOR) {
+            continue;
+        }
+        // Held by a loaded version: kept, however old.
+        let Ok(dir) = std::fs::File::open(entry.path()) else {
+            continue;
+        };
+        if dir.try_lock().is_err() {
+            continue;
+        }
+        if let Err(err) = std::fs::remove_dir_all(entry.path()) {
             tracing::warn!(dir = %entry.path().display(), "cannot remove unused unpacked sources: {err}");
         }
     }
@@ -415,13 +457,13 @@ mod tests {
     fn unpacking_writes_the_files_once_under_their_digest() {
         let cache = tempfile::tempdir().unwrap();
         let files = DevSources::new(sources(&[("app.py", "x = 1\n"), ("pkg/__init__.py", "")])).unwrap();
-        let dir = unpack(cache.path(), &files).unwrap();
+        let (dir, _held) = unpack(cache.path(), &files).unwrap();
         assert!(dir.starts_with(cache.path().join("dev-sources")));
         assert_eq!(std::fs::read_to_string(dir.join("app.py")).unwrap(), "x = 1\n");
         assert!(dir.join("pkg/__init__.py").is_file());
-        assert_eq!(unpack(cache.path(), &files).unwrap(), dir);
+        assert_eq!(unpack(cache.path(), &files).unwrap().0, dir);
         let other = DevSources::new(sources(&[("app.py", "x = 2\n")])).unwrap();
-        assert_ne!(unpack(cache.path(), &other).unwrap(), dir);
+        assert_ne!(unpack(cache.path(), &other).unwrap().0, dir);
         // A directory of that name that is not a directory is refused.
         let planted = DevSources::new(sources(&[("app.py", "x = 3\n")])).unwrap();
         let digest = sha256_hex(&serde_json::to_vec(&planted).unwrap());
@@ -443,17 +485,39 @@ mod tests {
         let old = DevSources::new(sources(&[("app.py", "old = 1\n")])).unwrap();
         let kept = DevSources::new(sources(&[("app.py", "kept = 1\n")])).unwrap();
         let (old_dir, kept_dir) = (
-            unpack(cache.path(), &old).unwrap(),
-            unpack(cache.path(), &kept).unwrap(),
+            unpack(cache.path(), &old).unwrap().0,
+            unpack(cache.path(), &kept).unwrap().0,
         );
         let long_ago = std::time::SystemTime::now() - UNUSED_FOR - std::time::Duration::from_secs(60);
         for dir in [&old_dir, &kept_dir] {
             std::fs::File::open(dir).unwrap().set_modified(long_ago).unwrap();
         }
         // Loading `kept` again touches it; the next new unpack prunes `old`.
-        assert_eq!(unpack(cache.path(), &kept).unwrap(), kept_dir);
+        assert_eq!(unpack(cache.path(), &kept).unwrap().0, kept_dir);
         let new = DevSources::new(sources(&[("app.py", "new = 1\n")])).unwrap();
-        let new_dir = unpack(cache.path(), &new).unwrap();
+        let new_dir = unpack(cache.path(), &new).unwrap().0;
         assert!(!old_dir.exists() && kept_dir.is_dir() && new_dir.is_dir());
+    }
+
+    /// A version still loaded (here or in another process sharing the
+    /// cache) holds its sources: however long since they were unpacked,
+    /// they are not pruned while it is loaded, and are once it is not.
+    /// (Before, a week after its load, another plugin's unpack removed
+    /// them under it and its new instances failed to import the app.)
+    #[test]
+    fn sources_a_loaded_version_holds_are_never_pruned() {
+        let cache = tempfile::tempdir().unwrap();
+        let loaded = DevSources::new(sources(&[("app.py", "loaded = 1\n")])).unwrap();
+        let (dir, held) = unpack(cache.path(), &loaded).unwrap();
+        let long_ago = std::time::SystemTime::now() - UNUSED_FOR - std::time::Duration::from_secs(60);
+        std::fs::File::open(&dir).unwrap().set_modified(long_ago).unwrap();
+        let other = DevSources::new(sources(&[("app.py", "other = 1\n")])).unwrap();
+        let _other = unpack(cache.path(), &other).unwrap();
+        assert!(dir.join("app.py").is_file(), "a loaded version's sources were pruned");
+        drop(held);
+        std::fs::File::open(&dir).unwrap().set_modified(long_ago).unwrap();
+        let third = DevSources::new(sources(&[("app.py", "third = 1\n")])).unwrap();
+        let _third = unpack(cache.path(), &third).unwrap();
+        assert!(!dir.exists(), "unloaded and untouched for a week: pruned");
     }
 }

@@ -32,6 +32,9 @@ pub struct Plugin {
     /// (the granted directories opened, whatever happens to their names
     /// after load), limits, instance policy and instances.
     pub loaded: Loaded,
+    /// A development build's hold on its unpacked sources, for as long as
+    /// this version is loaded.
+    pub(crate) _dev_sources: Option<super::dev_sources::InUse>,
 }
 
 impl std::fmt::Debug for Plugin {

@@ -373,7 +373,13 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
     }
     let startup = clock.fetching();
     tracing::info!(identity = %identity.identity, startup_ms = startup.as_millis() as u64, "running");
-    let mut fetching = Fetching::start(source.clone(), manager.clone(), inflight.clone(), quiet);
+    let mut fetching = Fetching::start(
+        source.clone(),
+        manager.clone(),
+        inflight.clone(),
+        quiet,
+        Some(metrics.clone()),
+    );
     let drained = options
         .exit_when_empty
         .then(|| monitor::drained(by_shard(&|shard| shard.redis.clone()), source.clone(), inflight.clone()));
@@ -451,15 +457,32 @@ pub(crate) struct Fetching {
 }
 
 impl Fetching {
-    /// Starts the fetch loop; it runs until `quiet`.
+    /// Starts the fetch loop; it runs until `quiet`, a vital service
+    /// ([`supervise::vital`]): restarted after a panic, the jobs the dead
+    /// loop took and never started put back by the reconcile that the
+    /// source's doubt brings, and the heartbeat held meanwhile.
     pub(crate) fn start(
         source: Arc<dyn JobSource>,
         manager: Arc<Manager>,
         inflight: Arc<InFlightTable>,
         quiet: CancellationToken,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
     ) -> Self {
+        let stop = quiet.clone();
+        let task = tokio::spawn(async move {
+            let make = || fetch::run(source.clone(), manager.clone(), inflight.clone(), stop.clone());
+            let restarted = || {
+                if let Some(metrics) = &metrics {
+                    metrics.process.service_restarted("fetch loop");
+                }
+                source.doubt();
+            };
+            supervise::vital("fetch loop", &stop, make, restarted)
+                .await
+                .unwrap_or_default()
+        });
         Self {
-            task: Some(tokio::spawn(fetch::run(source, manager, inflight, quiet.clone()))),
+            task: Some(task),
             leftovers: Vec::new(),
             quiet,
         }
@@ -608,11 +631,15 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
     databases.warm_up(options.concurrency as usize).await;
     let shared = databases.clone();
     let cache = options.cache.clone();
-    let mut protected = super::protected_env(None, &options.databases);
-    protected.extend(options.shards.iter().filter_map(|(_, _, target)| match target {
-        crate::redis::Target::Url(url) => Some(url.clone()),
-        crate::redis::Target::Embedded(_) => None,
-    }));
+    let store = match &options.store {
+        super::source::Store::Postgres { pg, .. } => Some(&**pg),
+        super::source::Store::Redis => None,
+    };
+    let protected = super::protected_env(
+        options.shards.iter().map(|(_, _, target)| target),
+        store,
+        &options.databases,
+    );
     let config = EngineConfig {
         concurrency: options.concurrency,
         limits: options.limits,
@@ -622,9 +649,7 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
         ..EngineConfig::default()
     };
     let (executor, catalog) = tokio::task::spawn_blocking(move || -> Result<(Executor, Catalog)> {
-        let executor = Executor::new(&config)?
-            .with_databases(shared)
-            .protect_env_values(protected);
+        let executor = Executor::new(&config)?.with_databases(shared).protect_env(protected);
         let catalog = Catalog::load(&plugins, &executor, &cache)?;
         Ok((executor, catalog))
     })

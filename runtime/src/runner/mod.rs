@@ -137,16 +137,29 @@ pub struct RunOptions {
 }
 
 /// The runner's secrets that a plugin's `env` grant may not pass on: its
-/// Redis URL and its PostgreSQL URLs (SQLite targets are file names, not
-/// secrets).
-pub fn protected_env(redis: Option<&crate::redis::Target>, databases: &[crate::host::sql::DbSpec]) -> Vec<String> {
-    let mut values: Vec<String> = databases
+/// Redis URLs (`redis`: every shard's), the job store's URL (`store`) and
+/// its PostgreSQL `--db` URLs, each as given and as the driver gets it,
+/// with their passwords (SQLite targets are file names, not secrets).
+pub fn protected_env<'a>(
+    redis: impl IntoIterator<Item = &'a crate::redis::Target>,
+    store: Option<&crate::pg::Pg>,
+    databases: &[crate::host::sql::DbSpec],
+) -> crate::redact::Secrets {
+    let mut secrets = crate::redact::Secrets::default();
+    for db in databases
         .iter()
         .filter(|db| db.backend == crate::host::sql::Backend::Postgres)
-        .map(|db| db.target.clone())
-        .collect();
-    if let Some(crate::redis::Target::Url(url)) = redis {
-        values.push(url.clone());
+    {
+        secrets.add_url(&db.url);
+        secrets.add_url(&db.target);
     }
-    values
+    for target in redis {
+        if let crate::redis::Target::Url(url) = target {
+            secrets.add_url(url);
+        }
+    }
+    if let Some(pg) = store {
+        secrets.add_url(pg.url());
+    }
+    secrets
 }

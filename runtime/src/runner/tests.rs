@@ -84,7 +84,13 @@ impl Core {
             inflight.clone(),
             cancels,
         );
-        let fetching = Fetching::start(dyn_source, manager.clone(), inflight.clone(), CancellationToken::new());
+        let fetching = Fetching::start(
+            dyn_source,
+            manager.clone(),
+            inflight.clone(),
+            CancellationToken::new(),
+            None,
+        );
         Self {
             source,
             inflight,
@@ -287,6 +293,7 @@ async fn a_shard_whose_outcomes_cannot_be_written_does_not_keep_the_others_held(
         manager.clone(),
         inflight.clone(),
         CancellationToken::new(),
+        None,
     );
     a.push(&job("Quick", 1));
     b.push(&job("Quick", 2));

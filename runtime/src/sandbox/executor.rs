@@ -138,8 +138,8 @@ pub struct Executor {
     ticker: EpochTicker,
     /// Instance counters and the process's budget of idle warm instances.
     instances: Arc<Instances>,
-    /// Values no plugin's `env` grant may pass on (see `plugin::caps`).
-    protected_env: Vec<String>,
+    /// Secrets no plugin's `env` grant may pass on (see `plugin::caps`).
+    protected_env: crate::redact::Secrets,
 }
 
 impl Executor {
@@ -183,7 +183,7 @@ impl Executor {
             concurrency: config.concurrency.max(1) as usize,
             ticker,
             instances: Arc::new(Instances::new(engine::warm_budget(config.concurrency) as usize)),
-            protected_env: Vec::new(),
+            protected_env: crate::redact::Secrets::default(),
         })
     }
 
@@ -195,16 +195,17 @@ impl Executor {
         self
     }
 
-    /// The same executor protecting `values` (the runner's Redis and
-    /// database URLs): a plugin whose `env` grants a variable holding one
-    /// of them is refused at load. Set it before loading plugins.
-    pub fn protect_env_values(mut self, values: impl IntoIterator<Item = String>) -> Self {
-        self.protected_env.extend(values.into_iter().filter(|v| !v.is_empty()));
+    /// The same executor protecting `secrets` (the runner's Redis and
+    /// database URLs and their passwords): a plugin whose `env` grants a
+    /// variable holding one of them is refused at load. Set it before
+    /// loading plugins.
+    pub fn protect_env(mut self, secrets: crate::redact::Secrets) -> Self {
+        self.protected_env = secrets;
         self
     }
 
-    /// The values set by [`Executor::protect_env_values`].
-    pub fn protected_env(&self) -> &[String] {
+    /// The secrets set by [`Executor::protect_env`].
+    pub fn protected_env(&self) -> &crate::redact::Secrets {
         &self.protected_env
     }
 

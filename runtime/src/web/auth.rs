@@ -43,8 +43,8 @@ use sha2::{Digest, Sha256};
 
 use super::Web;
 use super::form::query_param;
-use super::hosts::{AllowedHosts, parse_list};
 use super::login::{self, TOKEN_COOKIE};
+use crate::hosts::{AllowedHosts, parse_list};
 
 /// Most bytes of a form the dashboard reads.
 const MAX_FORM: usize = 64 << 10;

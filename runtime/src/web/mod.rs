@@ -44,7 +44,6 @@
 mod auth;
 mod cron;
 mod form;
-mod hosts;
 mod login;
 mod overview;
 mod pager;
@@ -99,7 +98,7 @@ pub(crate) struct Web {
     store: JobStore,
     access: Access,
     /// The names requests may address ([`hosts`]).
-    hosts: hosts::AllowedHosts,
+    hosts: crate::hosts::AllowedHosts,
     view: view::View,
 }
 

@@ -5,6 +5,7 @@
 //! ([`observed`]), and what is refused at start.
 
 mod dashboard;
+mod edges;
 mod observed;
 
 use std::path::Path;
@@ -30,7 +31,7 @@ fn store() -> (TestPostgres, String) {
     let first = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&first, "wasmjobs migrate");
     let printed = String::from_utf8_lossy(&first.stdout).into_owned();
-    assert!(printed.contains("applied migrations 1, 2, 3;"), "{printed}");
+    assert!(printed.contains("applied migrations 1, 2, 3"), "{printed}");
     let again = wasmjobs_in(here, &["migrate", "--source", &url], NONE, Duration::from_secs(60));
     wasmjobs_e2e::assert_success(&again, "wasmjobs migrate (again)");
     assert!(String::from_utf8_lossy(&again.stdout).contains("up to date"));
@@ -629,6 +630,14 @@ async fn what_the_store_cannot_serve_is_refused_at_start() {
     let basic = run(&["--fetch", "basic"]);
     assert!(!basic.status.success());
     assert!(String::from_utf8_lossy(&basic.stderr).contains("--fetch"));
+    // A plugin database that is the store's own database and role: a
+    // plugin granted it would own the queue (read every job, enqueue for
+    // another plugin's class).
+    let same = format!("main={url}?pool=2");
+    let mixed = run(&["--db", &same]);
+    assert!(!mixed.status.success());
+    let said = String::from_utf8_lossy(&mixed.stderr).into_owned();
+    assert!(said.contains("is --source's database and role"), "{said}");
 }
 
 /// Jobs in the PostgreSQL chaos run; `WASMJOBS_CHAOS_JOBS` overrides.

@@ -301,3 +301,47 @@ async fn a_half_sent_request_holds_neither_a_connection_nor_a_shutdown() {
         asked.elapsed()
     );
 }
+
+/// `run --metrics-addr` answered any `Host`: a page that rebinds its own
+/// name to the endpoint read every class, queue and error count. It now
+/// answers to loopback's names and IP addresses on its port, and to the
+/// names in `WASMJOBS_WEB_HOSTS`; anything else is 421.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_refuses_foreign_host_names() {
+    let redis = TestRedis::start();
+    let dir = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let addr = wasmjobs_e2e::runner::free_addr();
+    let mut runner = wasmjobs_e2e::runner::Runner::start_with_env(
+        &[("WASMJOBS_WEB_HOSTS", "prom.internal")],
+        &redis.url(),
+        dir.path(),
+        &["--metrics-addr", &addr],
+    );
+    runner.wait_running();
+    let port = port(&addr);
+    for path in ["/metrics", "/stats"] {
+        let foreign = request(
+            &addr,
+            "GET",
+            path,
+            &[("Host", &format!("rebind.attacker.example:{port}"))],
+            "",
+        );
+        assert_eq!(foreign.status, 421, "{path}: {foreign:?}");
+        assert!(!foreign.body.contains("wasmjobs_"), "{path}: {foreign:?}");
+        assert!(
+            foreign.body.contains("WASMJOBS_WEB_HOSTS"),
+            "says what to do: {foreign:?}"
+        );
+        for admitted in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("10.1.2.3:{port}"),
+            "prom.internal".to_owned(),
+        ] {
+            let ok = request(&addr, "GET", path, &[("Host", &admitted)], "");
+            assert_eq!(ok.status, 200, "{path} as {admitted}: {ok:?}");
+        }
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+}

@@ -95,6 +95,8 @@ pub struct DbSpec {
     /// What the driver gets: the URL without wasmjobs's parameters
     /// (PostgreSQL), or the file path as written (SQLite).
     pub(crate) target: String,
+    /// The URL as the operator wrote it (a secret: never logged).
+    pub(crate) url: String,
     /// Pool size, timeout and caps.
     pub(crate) settings: Settings,
 }
@@ -241,6 +243,7 @@ impl FromStr for DbSpec {
             plugin: plugin.map(str::to_owned),
             backend,
             target,
+            url: url.to_owned(),
             settings,
         })
     }

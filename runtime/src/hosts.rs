@@ -1,5 +1,5 @@
-//! Which names the dashboard answers to: the defence against DNS
-//! rebinding.
+//! Which names the dashboard and the metrics endpoint answer to: the
+//! defence against DNS rebinding.
 //!
 //! A dashboard on loopback without credentials trusts whoever can reach
 //! it, and a browser on the same machine can be made to reach it: a page
@@ -14,6 +14,11 @@
 //! A request without `Host` (HTTP/1.0 tools) is not a browser and is let
 //! through. With credentials every name is accepted: a rebound page has no
 //! way to present them.
+//!
+//! The metrics endpoint (`--metrics-addr`) has no credentials: it answers
+//! to the same names, and to any IP address on its port as well (a
+//! scraper that addresses it by IP cannot be a rebound page, whose name
+//! is a DNS name).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -28,6 +33,8 @@ pub(crate) struct AllowedHosts {
     port: u16,
     /// Names the operator added, lowercase, each with its port if given.
     extra: Vec<(String, Option<u16>)>,
+    /// Any IP address on the port too (the metrics endpoint).
+    ip_literals: bool,
 }
 
 /// A `Host` value or an origin's authority, taken apart.
@@ -104,7 +111,14 @@ impl AllowedHosts {
             any: credentials,
             port: bound.port(),
             extra,
+            ip_literals: false,
         }
+    }
+
+    /// The same, admitting any IP address on the port as well.
+    pub(crate) fn and_ip_addresses(mut self) -> Self {
+        self.ip_literals = true;
+        self
     }
 
     /// Whether a request naming `authority` (its `Host`, or the host and
@@ -117,6 +131,9 @@ impl AllowedHosts {
             return false;
         };
         if asked.is_loopback() && asked.port == self.port {
+            return true;
+        }
+        if self.ip_literals && asked.port == self.port && asked.host.parse::<IpAddr>().is_ok() {
             return true;
         }
         self.extra
@@ -169,6 +186,23 @@ mod tests {
         ] {
             assert!(hosts.admits(ok), "{ok}");
         }
+    }
+
+    #[test]
+    fn the_metrics_endpoint_also_answers_to_ip_addresses_on_its_port() {
+        let hosts = loopback().and_ip_addresses();
+        for ok in ["10.0.0.5:9494", "[fd00::5]:9494", "127.0.0.1:9494", "localhost:9494"] {
+            assert!(hosts.admits(ok), "{ok}");
+        }
+        for refused in [
+            "rebind.attacker.example:9494",
+            "10.0.0.5.attacker.example:9494",
+            "10.0.0.5:9495",
+            "0x7f.1:9494",
+        ] {
+            assert!(!hosts.admits(refused), "{refused}");
+        }
+        assert!(!loopback().admits("10.0.0.5:9494"), "the dashboard does not");
     }
 
     #[test]
