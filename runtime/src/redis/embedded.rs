@@ -17,9 +17,21 @@
 //! (exclusive) serialises starting and stopping. Each user holds a shared
 //! lock on `users.lock` while it uses the server; the one leaving last (its
 //! exclusive `try_lock` succeeds) shuts the server down and waits for it to
-//! exit. The kernel drops a killed process's locks, so a server left behind
-//! by `kill -9` is found by `PING` and reused, and stopped by its next last
-//! user; a socket with no server behind it is removed.
+//! exit. The kernel drops a killed process's locks; a socket with no
+//! server behind it is removed.
+//!
+//! **A watchdog ends a server nobody uses.** When every user died without
+//! leaving (`kill -9`), nobody would stop the server, and if its directory
+//! was deleted too (a project removed, a test's temporary directory), it
+//! would run forever. So the server runs under a small `bash` loop
+//! ([`WATCHDOG`]) that holds the two lock files open and, every
+//! [`WATCH_EVERY`], takes `start.lock` and then `users.lock` exclusively
+//! without waiting: when both are free, no wasmjobs process uses the
+//! server or is starting or stopping it, and the watchdog stops it
+//! (`SIGTERM`: Redis flushes the AOF) and exits. A deleted directory falls
+//! under the same rule: nobody can open its lock files any more. It exits
+//! as soon as the server does. Without `bash` or util-linux's `flock` on
+//! the `PATH`, the server is started alone, as before.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::DirBuilderExt;
@@ -45,6 +57,37 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const DROP_STOP_TIMEOUT: Duration = Duration::from_secs(2);
 /// `sun_path` holds 108 bytes, including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
+/// How often the watchdog looks for users.
+const WATCH_EVERY: &str = "2";
+
+/// The watchdog: `bash -c WATCHDOG watchdog DIR REDIS-ARGS...`. It keeps
+/// the lock files open on fds 8 and 9 (not passed to redis-server), writes
+/// its pid to `watchdog.pid`, and runs redis-server in the background;
+/// then, each [`WATCH_EVERY`] seconds or when redis-server exits, it exits
+/// with redis-server, or stops it once both locks are free.
+const WATCHDOG: &str = r#"
+exec 8>>"$1/start.lock" 9>>"$1/users.lock"
+echo $$ > "$1/watchdog.pid"
+shift
+redis-server "$@" 8>&- 9>&- &
+redis=$!
+while :; do
+  sleep "$WASMJOBS_WATCH_EVERY" 8>&- 9>&- &
+  wait -n
+  if ! kill -0 "$redis" 2>/dev/null; then
+    wait "$redis"
+    exit $?
+  fi
+  if flock -n -x 8; then
+    if flock -n -x 9; then
+      kill -TERM "$redis"
+      wait "$redis"
+      exit 0
+    fi
+    flock -u 8
+  fi
+done
+"#;
 
 /// A use of the private server; the server lives while any process holds one.
 #[derive(Debug)]
@@ -246,7 +289,24 @@ fn start_server(dir: &Path, socket: &Path) -> Result<()> {
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log.try_clone().context("cannot share the redis log file")?;
-    let mut command = Command::new("redis-server");
+    if !on_path("redis-server") {
+        return Err(anyhow!(NOT_INSTALLED));
+    }
+    let _ = std::fs::remove_file(dir.join("watchdog.pid"));
+    let mut command = match on_path("bash") && on_path("flock") {
+        true => {
+            let mut watched = Command::new("bash");
+            watched
+                .args(["-c", WATCHDOG, "wasmjobs-redis-watchdog"])
+                .arg(dir)
+                .env("WASMJOBS_WATCH_EVERY", WATCH_EVERY);
+            watched
+        }
+        false => {
+            debug!("no bash or flock on the PATH: the embedded redis-server runs without its watchdog");
+            Command::new("redis-server")
+        }
+    };
     command
         .arg("--port")
         .arg("0")
@@ -278,6 +338,17 @@ fn start_server(dir: &Path, socket: &Path) -> Result<()> {
     }
     info!(pid = child.id(), socket = %socket.display(), "started the embedded redis-server");
     Ok(())
+}
+
+/// Whether `program` is an executable file in a directory of `PATH`.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join(program))
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+    })
 }
 
 /// Waits for `PING` to answer `PONG`; `child` (if we started the server)
@@ -338,6 +409,7 @@ fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
             None => !matches!(probe(socket)?, Probe::Down),
         };
         if !running {
+            wait_for_watchdog(dir);
             info!(socket = %socket.display(), "stopped the embedded redis-server");
             return Ok(());
         }
@@ -349,6 +421,22 @@ fn stop_server(dir: &Path, socket: &Path, timeout: Duration) -> Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits (briefly) for the watchdog of a server that exited: it exits
+/// right after the server.
+fn wait_for_watchdog(dir: &Path) {
+    let Some(pid) = std::fs::read_to_string(dir.join("watchdog.pid"))
+        .ok()
+        .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
+        .filter(|pid| *pid > 0)
+    else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while process_running(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -434,15 +522,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_server_left_running_is_reused_and_a_stale_socket_replaced() {
+    async fn a_server_left_running_stops_by_itself_and_a_stale_socket_is_replaced() {
         let data = tempfile::tempdir().expect("tempdir");
-        // A wasmjobs killed with -9: the kernel drops its lock, the server runs on.
+        // A wasmjobs killed with -9: the kernel drops its lock; nobody
+        // leaves, and the watchdog stops the server (it ran forever).
         let mut orphaned = EmbeddedRedis::acquire(data.path()).await.expect("start");
+        let server = pid(data.path());
         drop(orphaned.users.take());
         drop(orphaned);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while process_running(server) {
+            assert!(Instant::now() < deadline, "the orphaned redis-server still runs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let redis = EmbeddedRedis::acquire(data.path()).await.expect("start again");
         let server = pid(data.path());
-        let redis = EmbeddedRedis::acquire(data.path()).await.expect("join the orphan");
-        assert_eq!(pid(data.path()), server);
         // The server itself killed with -9: its socket file stays behind.
         let server_pid = rustix::process::Pid::from_raw(server).expect("a pid");
         rustix::process::kill_process(server_pid, rustix::process::Signal::KILL).expect("kill the server");

@@ -300,8 +300,24 @@ impl Heartbeat {
     /// signals to `commands`.
     pub(crate) async fn run(self: Arc<Self>, commands: mpsc::Sender<Command>, stop: CancellationToken) {
         let mut written = Instant::now();
+        let mut held = false;
         loop {
-            let beaten = self.beat().await;
+            // A vital service down (the fetch loop): the process holds
+            // jobs it cannot serve, so it must not look alive for long.
+            let down = super::supervise::vital_down();
+            if let Some(service) = down
+                && !held
+            {
+                tracing::error!(
+                    "{service} is down: the heartbeat is not written until it runs again (other processes recover this one's jobs after {}s)",
+                    keys::HEARTBEAT_TTL_SECS
+                );
+            }
+            held = down.is_some();
+            let beaten = match down {
+                Some(service) => Err(anyhow::anyhow!("{service} is down")),
+                None => self.beat().await,
+            };
             self.answered(beaten.is_ok());
             match beaten {
                 Ok(command) => {

@@ -516,3 +516,65 @@ fn help_never_shows_a_password_from_the_environment() {
         );
     }
 }
+
+/// The pid in `path`, once the file holds one.
+fn pid_in(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether process `pid` is alive (not reaped, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A runner killed with -9 leaves its embedded redis-server with nobody to
+/// stop it; with its data directory deleted too (a removed project, a
+/// test's temporary directory), it ran forever — one run of the test suite
+/// left seven. Its watchdog now stops it, and itself, once no wasmjobs
+/// process holds the server's locks.
+#[test]
+fn an_embedded_server_whose_users_died_stops_even_with_its_directory_gone() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().join("data");
+    let plugins = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let mut command = wasmjobs(&data_dir, &["run", "--plugins"]);
+    command
+        .arg(plugins.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    /// Kills the runner however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut runner = Killed(command.spawn().expect("start wasmjobs run"));
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    let (server, watchdog) = loop {
+        let server = pid_in(&data_dir.join("redis/redis.pid"));
+        let watchdog = pid_in(&data_dir.join("redis/watchdog.pid"));
+        if let (Some(server), Some(watchdog)) = (server, watchdog) {
+            break (server, watchdog);
+        }
+        assert!(Instant::now() < deadline, "the embedded redis-server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(alive(server) && alive(watchdog));
+    runner.0.kill().expect("kill -9 the runner");
+    runner.0.wait().expect("reap the runner");
+    drop(data);
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    while alive(server) || alive(watchdog) {
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned redis-server ({server}) or its watchdog ({watchdog}) still runs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
