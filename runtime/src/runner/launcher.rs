@@ -300,8 +300,8 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         })
     });
     supervised("unserved release", &stop, {
-        let pollers = pollers.clone();
-        Box::new(move || Box::pin(release_unserved(pollers.clone(), served.clone())))
+        let (pollers, store) = (pollers.clone(), store.clone());
+        Box::new(move || Box::pin(release_unserved(pollers.clone(), store.clone(), served.clone())))
     });
     supervised("orphan recovery", &stop, {
         let (source, stop) = (source.clone(), stop.clone());
@@ -688,12 +688,24 @@ async fn load_plugins(options: &RunOptions) -> Result<(Arc<Executor>, Catalog)> 
 /// soon as a reload brings one for their class.
 async fn release_unserved(
     pollers: Vec<Arc<Poller>>,
+    store: Option<crate::pg::Pg>,
     served: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Vec<String>>>>,
 ) {
     let mut served = served.lock().await;
     while let Some(classes) = served.recv().await {
         for poller in &pollers {
             release_unserved_on(poller, &classes).await;
+        }
+        // Jobs kept in PostgreSQL wait for their retry there.
+        if let Some(pg) = &store {
+            match source::postgres::release_unserved(pg, &classes).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(jobs = n, ?classes, "enqueued jobs that were waiting for a plugin"),
+                Err(err) => tracing::warn!(
+                    ?classes,
+                    "cannot release jobs waiting for a plugin (they run at their retry time): {err:#}"
+                ),
+            }
         }
     }
 }

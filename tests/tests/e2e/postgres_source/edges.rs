@@ -9,6 +9,19 @@ use wasmjobs_e2e::runner::{Runner, plugins};
 
 use super::{connect, count, eventually, source_flags, store};
 
+/// Enqueues one `class` job `["ok"]` in the store and waits until no job
+/// is left in it (`what` names the wait).
+async fn run_one(store: &tokio_postgres::Client, runner: &mut Runner, class: &str, what: &str) {
+    store
+        .query_one("SELECT wasmjobs.enqueue($1, '[\"ok\"]')", &[&class])
+        .await
+        .expect("enqueue");
+    eventually(what, Duration::from_secs(60), &mut [runner], || async move {
+        count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0
+    })
+    .await;
+}
+
 /// A process's peak resident memory since the last [`reset_peak`], in
 /// bytes (`VmHWM`).
 fn peak_rss(pid: u32) -> u64 {
@@ -41,20 +54,7 @@ async fn payloads_over_max_payload_are_buried_in_sql_unread() {
     let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
     runner.wait_running();
     let store = connect(&url).await;
-    store
-        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"ok\"]')", &[])
-        .await
-        .expect("enqueue");
-    eventually(
-        "the first job to run",
-        Duration::from_secs(60),
-        &mut [&mut runner],
-        || {
-            let store = &store;
-            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
-        },
-    )
-    .await;
+    run_one(&store, &mut runner, "ChaosJob", "the first job to run").await;
 
     let pid = runner.pid();
     reset_peak(pid);
@@ -180,20 +180,7 @@ async fn the_store_and_database_urls_and_their_passwords_are_kept_from_plugins()
         assert!(!log.contains(secret), "the log shows a password:\n{log}");
     }
     let store = connect(&source).await;
-    store
-        .query_one("SELECT wasmjobs.enqueue('HarmlessJob', '[\"ok\"]')", &[])
-        .await
-        .expect("enqueue");
-    eventually(
-        "the harmless plugin's job to run",
-        Duration::from_secs(60),
-        &mut [&mut runner],
-        || {
-            let store = &store;
-            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
-        },
-    )
-    .await;
+    run_one(&store, &mut runner, "HarmlessJob", "the harmless plugin's job to run").await;
     assert!(runner.stop().success(), "{}", runner.log());
 }
 
@@ -236,20 +223,7 @@ async fn a_flood_of_notifications_does_not_keep_an_idle_runner_busy() {
         "DO $$ BEGIN FOR i IN 1..3000 LOOP PERFORM pg_notify('wasmjobs_jobs', 'default'); COMMIT; PERFORM pg_sleep(0.002); END LOOP; END $$",
     );
     let store = connect(&url).await;
-    store
-        .query_one("SELECT wasmjobs.enqueue('ChaosJob', '[\"ok\"]')", &[])
-        .await
-        .expect("enqueue");
-    eventually(
-        "the job after the flood to run",
-        Duration::from_secs(30),
-        &mut [&mut runner],
-        || {
-            let store = &store;
-            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
-        },
-    )
-    .await;
+    run_one(&store, &mut runner, "ChaosJob", "the job after the flood to run").await;
     let spent = cpu_seconds(pid) - before;
     let claimed = claims() - claimed;
     eprintln!("3,000 notifications: the idle runner claimed {claimed} times, spending {spent:.3} CPU-s");
@@ -305,4 +279,62 @@ async fn a_run_at_that_is_not_finite_is_refused() {
         Duration::from_secs(60),
     );
     wasmjobs_e2e::assert_success(&stats, "wasmjobs stats --source");
+}
+
+/// A job of a class no plugin serves waits for a retry in the store as
+/// "no plugin"; when a reload brings its plugin, it runs at once, as on
+/// the Redis store (the release scanned only Redis's `retry` set: on
+/// PostgreSQL it waited out its backoff, 15 s or more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_waiting_for_a_plugin_run_once_a_reload_brings_it() {
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let dir = plugins(&["noop"], &[]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &[]));
+    runner.wait_running();
+    let store = connect(&url).await;
+    store
+        .query_one(
+            "SELECT count(wasmjobs.enqueue('ChaosJob', '[\"ok\"]')) FROM generate_series(1, 5)",
+            &[],
+        )
+        .await
+        .expect("enqueue");
+    let waiting = "SELECT count(*) FROM wasmjobs.jobs WHERE owner IS NULL AND run_at > now() \
+                   AND payload->>'error_class' = 'wasmjobs::NoPlugin'";
+    eventually(
+        "the jobs to wait for a plugin",
+        Duration::from_secs(60),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, waiting).await == 5 }
+        },
+    )
+    .await;
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(dir.path())
+        .expect("staging dir");
+    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), staging.path());
+    std::fs::rename(staging.path().join("chaos"), dir.path().join("chaos")).expect("rename plugin dir");
+    runner.wait_for_log("plugin added", Duration::from_secs(60));
+    let added = std::time::Instant::now();
+    eventually(
+        "the released jobs to run",
+        Duration::from_secs(60),
+        &mut [&mut runner],
+        || {
+            let store = &store;
+            async move { count(store, "SELECT count(*) FROM wasmjobs.jobs").await == 0 }
+        },
+    )
+    .await;
+    assert!(
+        added.elapsed() < Duration::from_secs(10),
+        "they waited {:?}: their retry time, not the release",
+        added.elapsed()
+    );
+    runner.wait_for_log("enqueued jobs that were waiting for a plugin", Duration::from_secs(5));
+    assert!(runner.stop().success(), "{}", runner.log());
 }

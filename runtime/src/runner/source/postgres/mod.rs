@@ -215,6 +215,36 @@ impl Oversized {
     }
 }
 
+/// Most "no plugin" retries looked at by one [`release_unserved`].
+const UNSERVED_BATCH: i64 = 10_000;
+
+/// Makes due now the jobs in the store that wait for a retry only because
+/// no plugin served their class, for those of `classes` (a reload brought
+/// their plugin): as the Redis store's poller does with its `retry` set.
+/// Returns how many.
+pub(crate) async fn release_unserved(pg: &Pg, classes: &[String]) -> Result<u64> {
+    let client = pg.client().await?;
+    let rows = client
+        .query(sql::UNSERVED, &[&UNSERVED_BATCH])
+        .await
+        .context("reading the jobs waiting for a plugin")?;
+    let ids: Vec<i64> = rows
+        .iter()
+        .filter(|row| {
+            let text: &str = row.get(1);
+            crate::redis::payload::Payload::parse(text).is_ok_and(|job| classes.iter().any(|c| c == job.job_class()))
+        })
+        .map(|row| row.get(0))
+        .collect();
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    client
+        .execute(sql::RELEASE_UNSERVED, &[&ids])
+        .await
+        .context("releasing the jobs waiting for a plugin")
+}
+
 /// Seconds until a job of `queues` falls due, if any waits.
 async fn next_due(pg: &Pg, queues: &[String]) -> Result<Option<f64>> {
     let client = pg.client().await?;

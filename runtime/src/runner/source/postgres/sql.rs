@@ -160,3 +160,20 @@ SELECT count(*) FROM (
 pub(super) const NEXT_DUE: &str = "
 SELECT extract(epoch FROM min(run_at) - now())::float8 FROM wasmjobs.jobs
 WHERE queue = ANY($1::text[]) AND owner IS NULL";
+
+/// Jobs waiting for a retry only because no plugin served their class
+/// (`error_class` `wasmjobs::NoPlugin`): their rows and payloads, up to
+/// `$1`, for the runner to pick those of the classes a reload brought.
+pub(super) const UNSERVED: &str = "
+SELECT id, payload::text FROM wasmjobs.jobs
+WHERE owner IS NULL AND run_at > now() AND payload ->> 'error_class' = 'wasmjobs::NoPlugin'
+ORDER BY run_at, id
+LIMIT $1";
+
+/// Makes the jobs `$1` due now, if they still wait for a plugin's retry.
+/// Naming `owner` in `SET` fires the `jobs_due` trigger: idle runners are
+/// woken at commit.
+pub(super) const RELEASE_UNSERVED: &str = "
+UPDATE wasmjobs.jobs SET owner = NULL, run_at = now()
+WHERE id = ANY($1::bigint[]) AND owner IS NULL AND run_at > now()
+  AND payload ->> 'error_class' = 'wasmjobs::NoPlugin'";
