@@ -93,7 +93,18 @@ pub(crate) struct Cancels {
     /// stopped a job only because it ran long enough for the sweep (off
     /// with `run --sidekiq-cancels`, where the fetch finds them).
     sidekiq_hint: AtomicBool,
+    /// Shards whose look-ups at job start failed lately, and until when
+    /// no job waits for one there ([`START_REST`]).
+    resting: Mutex<HashMap<u16, Instant>>,
 }
+
+/// The longest a job's start waits for its cancel look-up: a Redis that
+/// is slower than that (or down) lets the job start, and the sweep looks
+/// again while it runs.
+const START_LOOKUP: Duration = Duration::from_millis(250);
+/// After a look-up at start failed on a shard, jobs from it start without
+/// one for this long (a Redis that is down or hangs costs no job a wait).
+const START_REST: Duration = Duration::from_secs(5);
 
 /// The jobs running under one jid: nearly always one, kept inline (a job
 /// registers with one allocation for its jid, shared with its
@@ -153,7 +164,37 @@ impl Cancels {
             inner: Mutex::default(),
             next: AtomicU64::new(0),
             sidekiq_hint: AtomicBool::new(true),
+            resting: Mutex::default(),
         })
+    }
+
+    /// The requests on `shard` for `jids` before a job starts: `None`
+    /// without waiting while the shard rests after a failure, and after
+    /// at most [`START_LOOKUP`] otherwise (a failure starts the rest, said
+    /// once).
+    async fn lookup_at_start(&self, shard: u16, jids: &[String]) -> Option<Vec<(String, CancelRequest)>> {
+        let now = Instant::now();
+        if self.resting_lock().get(&shard).is_some_and(|until| now < *until) {
+            return None;
+        }
+        let failed = match tokio::time::timeout(START_LOOKUP, self.lookup(shard, jids)).await {
+            Ok(Ok(found)) => {
+                self.resting_lock().remove(&shard);
+                return Some(found);
+            }
+            Ok(Err(err)) => format!("{err:#}"),
+            Err(_) => format!("Redis did not answer within {START_LOOKUP:?}"),
+        };
+        if self.resting_lock().insert(shard, now + START_REST).is_none() {
+            tracing::warn!(
+                "looking up cancel requests as jobs start: {failed}; jobs start without it (each is checked while it runs) until Redis answers"
+            );
+        }
+        None
+    }
+
+    fn resting_lock(&self) -> MutexGuard<'_, HashMap<u16, Instant>> {
+        self.resting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The fetch looks up requests written the Sidekiq way
@@ -352,13 +393,12 @@ impl Registration {
             // Any request would have come as a message (remembered when
             // the job was registered).
             CancelMark::Unneeded => None,
-            _ => match self.cancels.lookup(self.watch.shard, &[self.jid.to_string()]).await {
-                Ok(mut found) => found.pop().map(|(_, request)| (request, Via::Start)),
-                Err(err) => {
-                    tracing::warn!(jid = %self.jid, "{err:#}; the job runs, and is checked again while it does");
-                    None
-                }
-            },
+            _ => self
+                .cancels
+                .lookup_at_start(self.watch.shard, &[self.jid.to_string()])
+                .await
+                .and_then(|mut found| found.pop())
+                .map(|(_, request)| (request, Via::Start)),
         };
         if let Some((request, via)) = request {
             self.watch.cancel(request, via);

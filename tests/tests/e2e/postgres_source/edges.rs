@@ -338,3 +338,74 @@ async fn jobs_waiting_for_a_plugin_run_once_a_reload_brings_it() {
     runner.wait_for_log("enqueued jobs that were waiting for a plugin", Duration::from_secs(5));
     assert!(runner.stop().success(), "{}", runner.log());
 }
+
+/// Jobs left in the store.
+async fn left(store: &tokio_postgres::Client) -> i64 {
+    count(store, "SELECT count(*) FROM wasmjobs.jobs").await
+}
+
+/// Jobs per second taken from the store over each of `windows` 2 s
+/// windows, the runner alive throughout.
+async fn store_rates(store: &tokio_postgres::Client, runner: &mut Runner, windows: usize) -> Vec<f64> {
+    let mut rates = Vec::new();
+    let mut before = left(store).await;
+    for _ in 0..windows {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            if let Some(status) = runner.try_status() {
+                panic!("the runner exited ({status}):\n{}", runner.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let now = left(store).await;
+        assert!(now > 0, "the store ran dry: enqueue more jobs");
+        rates.push((before - now) as f64 / started.elapsed().as_secs_f64());
+        before = now;
+    }
+    rates
+}
+
+/// The jobs live in PostgreSQL; Redis is only the control plane
+/// (counters, cancels, the process list). With that Redis stopped, then
+/// frozen (`SIGSTOP`), the store's jobs keep **≥ 0.8×** their rate: no job
+/// start waits for its cancel look-up (at most 250 ms, then none for 5 s)
+/// and no outcome batch for its counters (at most 500 ms, then none for
+/// 5 s). On ff5d42a every start waited up to 5 s for Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_control_plane_redis_costs_the_stores_jobs_no_rate() {
+    let (_pg, url) = store();
+    let mut redis = TestRedis::start();
+    let dir = plugins(&[], &["chaos"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &["-c", "20"]));
+    runner.wait_running();
+    let store = connect(&url).await;
+    store
+        .query_one(
+            "SELECT count(wasmjobs.enqueue('ChaosJob', '[\"sleep\", 20]')) FROM generate_series(1, 30000)",
+            &[],
+        )
+        .await
+        .expect("enqueue");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = store_rates(&store, &mut runner, 2).await;
+    redis.stop();
+    let refused = store_rates(&store, &mut runner, 2).await;
+    redis.start_again();
+    redis.freeze();
+    let hung = store_rates(&store, &mut runner, 2).await;
+    redis.thaw();
+    let baseline = before.iter().sum::<f64>() / before.len() as f64;
+    eprintln!(
+        "jobs/s from the store by 2 s window: before {before:.0?}, Redis stopped {refused:.0?}, Redis frozen {hung:.0?}"
+    );
+    for (case, windows) in [("stopped", &refused), ("frozen", &hung)] {
+        for (i, rate) in windows.iter().enumerate() {
+            assert!(
+                *rate >= 0.8 * baseline,
+                "with Redis {case}, window {i} ran {rate:.0} jobs/s, under 0.8x the {baseline:.0} before\n{}",
+                runner.log()
+            );
+        }
+    }
+    assert!(runner.stop().success(), "{}", runner.log());
+}

@@ -52,7 +52,18 @@ pub(crate) struct Postgres {
     quit: CancellationToken,
     /// Stops the listener and the lease loop.
     stop: CancellationToken,
+    /// Until when the counters are not sent to Redis, after a failure
+    /// ([`COUNTERS_REST`]).
+    counters_rest: Mutex<Option<std::time::Instant>>,
 }
+
+/// The longest an outcome batch waits for its counters in Redis (the
+/// control plane): the jobs are recorded in PostgreSQL already.
+const COUNTERS_WAIT: Duration = Duration::from_millis(500);
+/// After the counters failed, batches skip them for this long: a Redis
+/// that is down or hangs slows no outcome (those batches' counts are
+/// lost, and said so once).
+const COUNTERS_REST: Duration = Duration::from_secs(5);
 
 impl Postgres {
     /// The source for `settings` on `pg`; starts its listener and lease
@@ -97,6 +108,35 @@ impl Postgres {
             doubt: Default::default(),
             quit: stop.child_token(),
             stop,
+            counters_rest: Mutex::default(),
+        }
+    }
+
+    /// Adds `batch` (and `stats`) to the counters in Redis, waiting at most
+    /// [`COUNTERS_WAIT`], and not at all while they rest after a failure.
+    async fn count(&self, batch: &[Completion], stats: &Stats) {
+        let now = std::time::Instant::now();
+        let rest = || self.counters_rest.lock().unwrap_or_else(PoisonError::into_inner);
+        if rest().is_some_and(|until| now < until) {
+            return;
+        }
+        let sent = tokio::time::timeout(
+            COUNTERS_WAIT,
+            record::send(record::counters(batch, stats, now_f64()), &self.redis),
+        )
+        .await;
+        let failed = match sent {
+            Ok(Ok(())) => {
+                rest().take();
+                return;
+            }
+            Ok(Err(err)) => format!("{err:#}"),
+            Err(_) => format!("Redis did not answer within {COUNTERS_WAIT:?}"),
+        };
+        if rest().replace(now + COUNTERS_REST).is_none() {
+            tracing::warn!(
+                "could not add ended jobs to the counters in Redis: {failed}; the jobs are recorded in PostgreSQL, and their counts are left out until Redis answers"
+            );
         }
     }
 
@@ -390,9 +430,7 @@ impl JobSource for Postgres {
                     self.wake.notify.notify_waiters();
                 }
             }
-            if let Err(err) = record::send(record::counters(batch, stats, now_f64()), &self.redis).await {
-                tracing::warn!("could not add this batch to the counters in Redis: {err:#}");
-            }
+            self.count(batch, stats).await;
             Ok(())
         }
         .boxed()
