@@ -103,17 +103,8 @@ where
 {
     let mut pause = FIRST_PAUSE;
     loop {
-        let run = make();
         let started = Instant::now();
-        let ended = AssertUnwindSafe(async move {
-            if let Some(hook) = FAULT_HOOK.get() {
-                hook(name);
-            }
-            run.await
-        })
-        .catch_unwind()
-        .await;
-        let panic = match ended {
+        let panic = match run_once(name, make()).await {
             Ok(value) => {
                 set_vital(name, true);
                 return Some(value);
@@ -155,16 +146,8 @@ pub(crate) fn spawn(
 pub(crate) async fn supervise(name: &'static str, metrics: Arc<Metrics>, stop: CancellationToken, make: Maker) {
     let mut pause = FIRST_PAUSE;
     loop {
-        let run = make();
         let started = Instant::now();
-        let ended = AssertUnwindSafe(async move {
-            if let Some(hook) = FAULT_HOOK.get() {
-                hook(name);
-            }
-            run.await;
-        })
-        .catch_unwind()
-        .await;
+        let ended = run_once(name, make()).await;
         if stop.is_cancelled() {
             return;
         }
@@ -186,6 +169,19 @@ pub(crate) async fn supervise(name: &'static str, metrics: Arc<Metrics>, stop: C
         }
         pause = (pause * 2).min(LONGEST_PAUSE);
     }
+}
+
+/// One run of the service `name`: the fault hook first, then `run`, a
+/// panic in either caught.
+async fn run_once<T>(name: &'static str, run: impl Future<Output = T>) -> std::thread::Result<T> {
+    AssertUnwindSafe(async move {
+        if let Some(hook) = FAULT_HOOK.get() {
+            hook(name);
+        }
+        run.await
+    })
+    .catch_unwind()
+    .await
 }
 
 /// The text a panic carried (`panic!("…")` gives a `&str` or a `String`).
