@@ -131,6 +131,21 @@ pub fn copy_plugin(src: &Path, dest: &Path) -> PathBuf {
     target
 }
 
+/// Deploys the built plugin `src` into the plugins directory `plugins`
+/// whole, as an operator should: copied into a hidden staging directory
+/// there, then renamed into place, so a watching runner never sees it half
+/// written. Returns its directory.
+pub fn deploy_plugin(src: &Path, plugins: &Path) -> PathBuf {
+    let staging = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(plugins)
+        .expect("staging dir");
+    let staged = copy_plugin(src, staging.path());
+    let target = plugins.join(staged.file_name().expect("plugin dir name"));
+    std::fs::rename(&staged, &target).expect("rename plugin dir");
+    target
+}
+
 /// Appends the lines `toml` (a table, say) to the `wasmjobs.toml` of the
 /// plugin in `dir`.
 pub fn append_to_manifest(dir: &Path, toml: &str) {

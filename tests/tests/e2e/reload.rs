@@ -210,14 +210,8 @@ async fn jobs_waiting_in_retry_run_once_their_plugin_appears() {
             .all(|p| p.str("error_class") == Some("wasmjobs::NoPlugin"))
     );
 
-    // Deploy a whole plugin atomically: build it in a hidden staging
-    // directory, then rename the directory into place.
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(dir.path())
-        .expect("staging dir");
-    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), staging.path());
-    std::fs::rename(staging.path().join("chaos"), dir.path().join("chaos")).expect("rename plugin dir");
+    // Deploy a whole plugin atomically: staged, then renamed into place.
+    wasmjobs_e2e::deploy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), dir.path());
     runner.wait_for_log("plugin added", Duration::from_secs(30));
 
     // Released at once, not at their backoff time (15 s or more away).

@@ -312,12 +312,7 @@ async fn jobs_waiting_for_a_plugin_run_once_a_reload_brings_it() {
         },
     )
     .await;
-    let staging = tempfile::Builder::new()
-        .prefix(".staging-")
-        .tempdir_in(dir.path())
-        .expect("staging dir");
-    wasmjobs_e2e::copy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), staging.path());
-    std::fs::rename(staging.path().join("chaos"), dir.path().join("chaos")).expect("rename plugin dir");
+    wasmjobs_e2e::deploy_plugin(&wasmjobs_e2e::test_guests_dir().join("chaos"), dir.path());
     runner.wait_for_log("plugin added", Duration::from_secs(60));
     let added = std::time::Instant::now();
     eventually(
