@@ -17,6 +17,12 @@
 //! process that is not quiet listens on the queue (typically: the embedded
 //! Redis of a data directory no `wasmjobs run` uses).
 //!
+//! Before the push it reads them too: when every live process that would
+//! serve the queue reads another store (runners on `--source`, which say
+//! so in their heartbeats), a job pushed into Redis would wait there
+//! unread, so the command refuses and names the store and `--source`
+//! (`--to-redis` pushes anyway; [`crate::redis::stranded`]).
+//!
 //! With shards (`--shard`, `--route`), the jobs go to the shard holding
 //! `--queue`, and the output names it.
 //!
@@ -87,6 +93,11 @@ pub struct EnqueueArgs {
     /// job succeeds, is discarded, dies or is dropped) or `start`.
     #[arg(long, value_name = "start|success", requires = "unique_for")]
     pub unique_until: Option<UniqueUntil>,
+    /// Push into Redis even when every live runner serving the queue reads
+    /// another store (a PostgreSQL `--source`), where the job would wait
+    /// unread until a runner on Redis serves its queue.
+    #[arg(long, conflicts_with = "jobs_source")]
+    pub to_redis: bool,
     /// The job class.
     pub class: String,
     /// The job's arguments, a JSON array.
@@ -127,6 +138,22 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
         false => crate::redis::connect(target).await?,
     };
     let mut conn = redis.conn();
+    // Best effort: without them the jobs are pushed as before.
+    let processes = match api::processes(&mut conn).await {
+        Ok(processes) => Some(processes),
+        Err(err) => {
+            tracing::debug!("cannot read the live processes: {err:#}");
+            None
+        }
+    };
+    if !args.to_redis
+        && let Some(why) = processes
+            .as_deref()
+            .and_then(|live| crate::redis::stranded::refusal(&args.queue, live))
+    {
+        redis.close().await?;
+        bail!("{why}");
+    }
     if let Some(secs) = args.unique_for {
         let mut job = wasmjobs_client::Job::new(&args.class)
             .args(Value::Array(job_args))
@@ -155,7 +182,7 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             eprintln!("{}", duplicate(&args.class, &args.queue, jid, *ttl));
             return Ok(ExitCode::from(EXIT_DUPLICATE));
         }
-        return finish(&map, args, redis, &mut conn, at, now, pushed.jid()).await;
+        return finish(&map, args, redis, processes.as_deref(), at, now, pushed.jid()).await;
     }
     let mut pushed = 0;
     let mut last_jid = String::new();
@@ -179,7 +206,7 @@ pub async fn run(cli: &Cli, args: &EnqueueArgs) -> Result<ExitCode> {
             last_jid = payload.jid().to_owned();
         }
     }
-    finish(&map, args, redis, &mut conn, at, now, &last_jid).await
+    finish(&map, args, redis, processes.as_deref(), at, now, &last_jid).await
 }
 
 /// After the push: warns if nothing fetches the queue, and says what was pushed.
@@ -187,19 +214,13 @@ async fn finish(
     map: &ShardMap,
     args: &EnqueueArgs,
     redis: crate::redis::Redis,
-    conn: &mut redis::aio::ConnectionManager,
+    processes: Option<&[ProcessInfo]>,
     at: Option<f64>,
     now: f64,
     last_jid: &str,
 ) -> Result<ExitCode> {
-    // Best effort: the jobs are pushed whatever this finds.
-    let warning = match api::processes(conn).await {
-        Ok(processes) => nobody_fetches(map.for_queue(&args.queue).2, &args.queue, &processes),
-        Err(err) => {
-            tracing::debug!("cannot read the live processes: {err:#}");
-            None
-        }
-    };
+    // The processes read before the push, when they could be.
+    let warning = processes.and_then(|processes| nobody_fetches(map.for_queue(&args.queue).2, &args.queue, processes));
     redis.close().await?;
     match map.is_sharded() {
         true => println!(
@@ -316,11 +337,7 @@ fn fetches(p: &ProcessInfo, queue: &str) -> bool {
 
 /// Whether `queue` is among `p`'s queues, quiet or not.
 fn listens(p: &ProcessInfo, queue: &str) -> bool {
-    p.queues.iter().any(|q| {
-        q == queue
-            || q.rsplit_once(':')
-                .is_some_and(|(name, weight)| name == queue && weight.parse::<u32>().is_ok())
-    })
+    crate::redis::stranded::serves(p, queue)
 }
 
 /// The warning for jobs pushed on `queue` where none of the live

@@ -374,6 +374,15 @@ fn render(stats: &Stats, location: &str, now: f64) -> String {
             unreadable.key, unreadable.why
         );
     }
+    for stranded in &stats.stranded {
+        let _ = writeln!(
+            out,
+            "WARNING queue {} holds {} jobs in Redis that no runner reads: the live runners read {} (enqueue there with --source URL)",
+            stranded.queue,
+            stranded.size,
+            stranded.read_from.join(", ")
+        );
+    }
 
     out.push('\n');
     if stats.queues.is_empty() {
@@ -595,6 +604,7 @@ mod tests {
                 cpu_percent: Some(12.5),
                 version: None,
                 plugins: [("fib".to_owned(), "0123456789ab".to_owned())].into(),
+                store: None,
                 problem: None,
             }],
             unique_locks: 2,
@@ -603,8 +613,17 @@ mod tests {
                 "queue:junk",
                 "a hash, not a list",
             )],
+            stranded: vec![crate::redis::stranded::Stranded {
+                queue: "old".into(),
+                size: 4,
+                read_from: vec!["postgres://db:5432/app".into()],
+            }],
         };
         let text = render(&stats, "redis://x", 100.0);
+        assert!(
+            text.contains("WARNING queue old holds 4 jobs in Redis that no runner reads: the live runners read postgres://db:5432/app"),
+            "{text}"
+        );
         assert!(text.contains("processed 10   failed 2   discarded 1"), "{text}");
         assert!(text.contains("plugins: fib@0123456789ab"), "{text}");
         assert!(text.contains("enqueued 7   scheduled 3   retry 4   dead 5"), "{text}");

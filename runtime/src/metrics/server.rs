@@ -23,13 +23,35 @@ use super::Metrics;
 use super::exposition::{prometheus, stats_document};
 use crate::hosts::{AllowedHosts, parse_list};
 
+/// A bound endpoint: its listening socket, kept while [`Server::serve`]
+/// is restarted.
+pub struct Server {
+    listener: Arc<TcpListener>,
+    metrics: Arc<Metrics>,
+    hosts: Arc<AllowedHosts>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Server {
+    /// Serves until `stop`. Can be called again after it ended (a
+    /// supervisor's restart): the socket stays bound meanwhile.
+    pub fn serve(&self) -> impl Future<Output = ()> + Send + 'static {
+        serve(
+            self.listener.clone(),
+            self.metrics.clone(),
+            self.hosts.clone(),
+            self.stop.clone(),
+        )
+    }
+}
+
 /// Binds `addr` (so a bad address fails at start, not later) and returns
-/// the bound address and the serving future, which runs until `stop`.
+/// the bound address and the endpoint, which serves until `stop`.
 pub async fn bind(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     stop: tokio_util::sync::CancellationToken,
-) -> Result<(SocketAddr, impl Future<Output = ()>)> {
+) -> Result<(SocketAddr, Server)> {
     let extra = match std::env::var("WASMJOBS_WEB_HOSTS") {
         Ok(names) => parse_list(&names)?,
         Err(_) => Vec::new(),
@@ -39,11 +61,17 @@ pub async fn bind(
         .with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
     let bound = listener.local_addr().context("metrics listener address")?;
     let hosts = Arc::new(AllowedHosts::new(bound, false, &extra).and_ip_addresses());
-    Ok((bound, serve(listener, metrics, hosts, stop)))
+    let server = Server {
+        listener: Arc::new(listener),
+        metrics,
+        hosts,
+        stop,
+    };
+    Ok((bound, server))
 }
 
 async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     metrics: Arc<Metrics>,
     hosts: Arc<AllowedHosts>,
     stop: tokio_util::sync::CancellationToken,

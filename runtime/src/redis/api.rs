@@ -29,7 +29,7 @@ use super::now_f64;
 use super::payload::{Payload, epoch_secs};
 
 /// Counters, set sizes, queues and live processes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub(crate) struct Stats {
     /// Jobs processed (Sidekiq counts failures as processed too).
     pub processed: u64,
@@ -60,6 +60,10 @@ pub(crate) struct Stats {
     /// by some other client), counted as empty; absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<Unreadable>,
+    /// Queues in Redis with jobs that no live process reads (the fleet
+    /// reads another store: [`super::stranded`]); absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stranded: Vec<super::stranded::Stranded>,
 }
 
 /// Paused queues and cancelled jobs (`wasmjobs pause`, `wasmjobs cancel`).
@@ -143,6 +147,10 @@ pub struct ProcessInfo {
     /// processes only, empty for the others; it changes as plugins are
     /// hot-reloaded).
     pub plugins: std::collections::BTreeMap<String, String>,
+    /// The store it reads jobs from when that is not Redis (a wasmjobs
+    /// runner on `--source` says so in its `info`; see [`super::stranded`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
     /// What could not be read of its heartbeat (no `info`, `info` not a
     /// JSON object or too large), when something could not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -269,6 +277,7 @@ where
         retries,
         dead,
         enqueued: queues.iter().map(|q| q.size).sum(),
+        stranded: super::stranded::stranded(&queues, &processes),
         queues,
         processes,
         control,
@@ -633,6 +642,11 @@ fn process_info(identity: &str, fields: &[Option<String>]) -> ProcessInfo {
                     .collect()
             })
             .unwrap_or_default(),
+        store: info
+            .get("store")
+            .and_then(Json::as_str)
+            .filter(|store| *store != "redis")
+            .map(str::to_owned),
         problem,
     }
 }

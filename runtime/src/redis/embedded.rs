@@ -118,6 +118,11 @@ impl EmbeddedRedis {
         &self.socket
     }
 
+    /// The server's directory (`<data-dir>/redis`).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Leaves the server; if no other wasmjobs process still uses it, shuts
     /// it down cleanly (`SHUTDOWN`, AOF flushed) and waits for it to exit.
     pub(crate) async fn release(mut self) -> Result<()> {
@@ -200,6 +205,25 @@ impl Drop for EmbeddedRedis {
             warn!("cannot stop the embedded redis-server: {err:#}");
         }
     }
+}
+
+/// Starts the server in `dir` again if it is not running (killed,
+/// crashed, ended by the kernel's OOM killer) while a process still uses
+/// it; returns whether it did. A server that answers, loads or hangs is
+/// left alone. What the append-only file held comes back with it (up to
+/// its last second of writes, `appendfsync everysec`).
+pub(crate) fn revive(dir: &Path, socket: &Path) -> Result<bool> {
+    if !matches!(probe(socket)?, Probe::Down) {
+        return Ok(false);
+    }
+    let start = lock_file(dir, "start.lock")?;
+    start.lock().context("cannot lock start.lock of the embedded Redis")?;
+    if !matches!(probe(socket)?, Probe::Down) {
+        // Another user started it meanwhile.
+        return Ok(false);
+    }
+    start_server(dir, socket)?;
+    Ok(true)
 }
 
 /// Opens (creating) a lock file in `dir`.

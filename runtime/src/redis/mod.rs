@@ -49,6 +49,7 @@ pub mod limits;
 pub mod plugins;
 pub mod shards;
 pub mod sharing;
+pub(crate) mod stranded;
 
 pub use wasmjobs_client::push as client;
 pub use wasmjobs_client::{now_f64, unique};
@@ -160,6 +161,64 @@ impl Redis {
             server.release().await?;
         }
         Ok(())
+    }
+}
+
+/// How often a runner on the embedded server checks that it still runs.
+const EMBEDDED_CHECK: Duration = Duration::from_secs(1);
+
+impl Redis {
+    /// Whether this is the embedded server (no URL given).
+    pub(crate) fn is_embedded(&self) -> bool {
+        self.embedded.is_some()
+    }
+
+    /// Keeps the embedded server running while this process uses it, until
+    /// `stop`: one that stopped under us (killed, crashed) is started
+    /// again within [`EMBEDDED_CHECK`], and the connections reconnect by
+    /// themselves. Returns at once for a Redis given by URL: that server
+    /// is its operator's to run.
+    pub(crate) async fn keep_embedded_up(self, stop: tokio_util::sync::CancellationToken) {
+        let Some(shared) = self.embedded.clone() else {
+            return stop.cancelled().await;
+        };
+        let mut failing_since: Option<std::time::Instant> = None;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(EMBEDDED_CHECK) => {}
+                () = stop.cancelled() => return,
+            }
+            let paths = shared
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .map(|server| (server.dir().to_path_buf(), server.socket().to_path_buf()));
+            // Released: the runner is stopping.
+            let Some((dir, socket)) = paths else { return };
+            let revived = tokio::task::spawn_blocking(move || embedded::revive(&dir, &socket))
+                .await
+                .context("the task checking the embedded redis-server failed")
+                .and_then(|revived| revived);
+            match revived {
+                Ok(false) => failing_since = None,
+                Ok(true) => {
+                    failing_since = None;
+                    tracing::warn!(
+                        location = %self.location,
+                        "the embedded redis-server had stopped while in use (killed or crashed?); started it again from its append-only file"
+                    );
+                }
+                Err(err) => {
+                    if failing_since.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+                        failing_since = Some(std::time::Instant::now());
+                        tracing::error!(
+                            location = %self.location,
+                            "the embedded redis-server stopped and cannot be started again: {err:#}; trying every {EMBEDDED_CHECK:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

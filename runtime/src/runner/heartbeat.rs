@@ -113,6 +113,10 @@ pub(crate) struct About {
     pub(crate) tag: String,
     /// Its `--concurrency`.
     pub(crate) concurrency: u32,
+    /// Where it reads its jobs: `redis`, or the store's location (no
+    /// password), so that pushes into Redis no runner reads are caught
+    /// ([`crate::redis::stranded`]).
+    pub(crate) store: String,
 }
 
 /// What the heartbeat reads from, each beat.
@@ -211,6 +215,7 @@ impl Heartbeat {
             queues,
             tag,
             concurrency,
+            store,
         } = about;
         let Parts {
             inflight,
@@ -229,6 +234,7 @@ impl Heartbeat {
             "labels": ["wasmjobs"],
             "identity": identity.identity,
             "version": format!("wasmjobs {}", env!("CARGO_PKG_VERSION")),
+            "store": store,
         });
         Self {
             redis,

@@ -182,6 +182,7 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
                 queues: shard.queue_names(),
                 tag: options.tag.clone(),
                 concurrency: options.concurrency,
+                store: options.store.location(),
             },
             Parts {
                 inflight: inflight.clone(),
@@ -207,6 +208,10 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         Ok(0) => {}
         Ok(n) => tracing::info!(jobs = n, "recovered jobs left by processes that died"),
         Err(err) => tracing::warn!("orphan recovery: {err:#}"),
+    }
+
+    if let source::Store::Postgres { pg, .. } = &options.store {
+        warn_of_jobs_left_in_redis(&shards, &pg.location).await;
     }
 
     let tasks = TaskTracker::new();
@@ -344,8 +349,14 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             Box::new(move || in_span(&span, heartbeat.clone().run(commands_tx.clone(), done.clone())))
         });
     }
+    if redis.is_embedded() {
+        supervised("embedded redis keeper", &done, {
+            let (redis, done) = (redis.clone(), done.clone());
+            Box::new(move || Box::pin(redis.clone().keep_embedded_up(done.clone())))
+        });
+    }
     drop(commands_tx);
-    monitor::start(
+    let watching = monitor::start(
         metrics.clone(),
         executor,
         inflight.clone(),
@@ -354,6 +365,9 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
         done.clone(),
     )
     .await?;
+    for (name, make) in watching {
+        supervised(name, &done, make);
+    }
     if let Some((addr, access)) = options.web.clone() {
         let jobs = match &options.store {
             source::Store::Postgres { pg, .. } => crate::web::JobStore::Postgres(pg.clone(), Default::default()),
@@ -770,5 +784,27 @@ async fn wait_for_stop(
         };
         fetching.quiet().await;
         tracing::info!("{why}");
+    }
+}
+
+/// On the PostgreSQL store, says once at start which of the queues this
+/// runner serves hold jobs in Redis, where it does not look (pushed the
+/// usual way, by a client that was not moved to the store).
+async fn warn_of_jobs_left_in_redis(shards: &[Shard], store: &str) {
+    for shard in shards {
+        let queues = shard.queue_names();
+        match crate::redis::stranded::waiting(&mut shard.redis.conn(), &queues).await {
+            Ok(left) => {
+                for (queue, jobs) in left {
+                    tracing::warn!(
+                        queue = %queue,
+                        jobs,
+                        "queue {queue} holds {jobs} jobs in Redis ({}) that this runner does not read: it reads the PostgreSQL store {store}. Enqueue into the store (wasmjobs enqueue --source URL, or its wasmjobs.enqueue function); the dashboard and wasmjobs stats list such jobs",
+                        shard.redis.location
+                    );
+                }
+            }
+            Err(err) => tracing::debug!("cannot look for jobs left in Redis: {err:#}"),
+        }
     }
 }

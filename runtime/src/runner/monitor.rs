@@ -13,6 +13,7 @@ use super::by_shard::ByShard;
 use super::inflight::InFlightTable;
 use super::limiter::policy::OVERRATED;
 use super::source::JobSource;
+use super::supervise::{Loop, Maker};
 use crate::metrics::{Metrics, ProcessSampler, server};
 use crate::redis::{Redis, keys};
 use crate::sandbox::Executor;
@@ -20,8 +21,9 @@ use crate::sandbox::Executor;
 /// How often `--exit-when-empty` checks the queues.
 const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
-/// Starts the sampler (and the metrics endpoint, if `addr` is set); both
-/// stop when `stop` turns true. Fails only if `addr` cannot be bound.
+/// Prepares the sampler (and binds the metrics endpoint, if `addr` is
+/// set) and returns them as named services for the caller to supervise;
+/// both stop when `stop` turns true. Fails only if `addr` cannot be bound.
 pub(crate) async fn start(
     metrics: Arc<Metrics>,
     executor: Arc<Executor>,
@@ -29,7 +31,7 @@ pub(crate) async fn start(
     concurrency: u32,
     addr: Option<SocketAddr>,
     stop: CancellationToken,
-) -> Result<()> {
+) -> Result<Vec<(&'static str, Maker)>> {
     let gauges = &metrics.process;
     gauges.concurrency.store(u64::from(concurrency), Ordering::Relaxed);
     gauges.sample_memory_and_cpu();
@@ -39,29 +41,34 @@ pub(crate) async fn start(
     gauges
         .started_at_ms
         .store((crate::redis::now_f64() * 1000.0) as u64, Ordering::Relaxed);
+    let mut services: Vec<(&'static str, Maker)> = Vec::new();
     if let Some(addr) = addr {
-        let (bound, serving) = server::bind(addr, metrics.clone(), stop.clone()).await?;
+        let (bound, server) = server::bind(addr, metrics.clone(), stop.clone()).await?;
         tracing::info!(%bound, "metrics at http://{bound}/metrics and /stats");
-        tokio::spawn(serving);
+        services.push(("metrics server", Box::new(move || Box::pin(server.serve()))));
     }
-    tokio::spawn(async move {
-        let refresh = |gauges: &crate::metrics::ProcessGauges| {
-            gauges.in_flight.store(inflight.len() as u64, Ordering::Relaxed);
-            gauges
-                .live_instances
-                .store(executor.live_instances() as u64, Ordering::Relaxed);
-            let instances = executor.instances();
-            let copy = |to: &std::sync::atomic::AtomicU64, from: &std::sync::atomic::AtomicU64| {
-                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+    let sample = move || -> Loop {
+        let (metrics, executor, inflight, stop) = (metrics.clone(), executor.clone(), inflight.clone(), stop.clone());
+        Box::pin(async move {
+            let refresh = |gauges: &crate::metrics::ProcessGauges| {
+                gauges.in_flight.store(inflight.len() as u64, Ordering::Relaxed);
+                gauges
+                    .live_instances
+                    .store(executor.live_instances() as u64, Ordering::Relaxed);
+                let instances = executor.instances();
+                let copy = |to: &std::sync::atomic::AtomicU64, from: &std::sync::atomic::AtomicU64| {
+                    to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+                };
+                gauges.idle_instances.store(instances.idle() as u64, Ordering::Relaxed);
+                copy(&gauges.instances_created, &instances.created);
+                copy(&gauges.instances_reused, &instances.reused);
+                copy(&gauges.instances_expired, &instances.expired);
             };
-            gauges.idle_instances.store(instances.idle() as u64, Ordering::Relaxed);
-            copy(&gauges.instances_created, &instances.created);
-            copy(&gauges.instances_reused, &instances.reused);
-            copy(&gauges.instances_expired, &instances.expired);
-        };
-        ProcessSampler::run(&metrics.process, refresh, stop).await;
-    });
-    Ok(())
+            ProcessSampler::run(&metrics.process, refresh, stop).await;
+        })
+    };
+    services.push(("process sampler", Box::new(sample)));
+    Ok(services)
 }
 
 /// Resolves once no due job waits in `source`'s queues, no job is in flight and

@@ -27,12 +27,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::fetched::{Completion, CompletionSender, Finish};
 use super::inflight::InFlightTable;
 use super::job_retry::Write;
 use super::owed::Owed;
 use super::source::{JobSource, Stats};
+use super::supervise;
 use crate::metrics::{Metrics, Tally};
 
 /// Most completions written per transaction.
@@ -80,8 +82,14 @@ impl Counters {
     }
 }
 
+/// The writer's name among the background services.
+pub(crate) const SERVICE: &str = "outcome writer";
+
 /// Starts the writer. It ends once every sender is dropped and everything
-/// received has been written.
+/// received has been written. It is a vital service
+/// ([`supervise::vital`]): a panic restarts it, the batch it held is
+/// written by the next run (recorded once: a batch whose write had landed
+/// is not written again), and the heartbeat waits meanwhile.
 pub(crate) fn spawn(
     source: Arc<dyn JobSource>,
     counters: Arc<Counters>,
@@ -90,13 +98,30 @@ pub(crate) fn spawn(
     capacity: usize,
 ) -> (CompletionSender, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(capacity.max(MAX_BATCH));
-    let writer = Writer {
+    let writer = Arc::new(Writer {
         source,
         counters,
         inflight,
         metrics,
-    };
-    (tx, tokio::spawn(writer.run(rx)))
+    });
+    let state = Arc::new(tokio::sync::Mutex::new(State {
+        rx,
+        batch: Vec::with_capacity(MAX_BATCH),
+        written: false,
+        owed: Owed::new(Instant::now()),
+    }));
+    let task = tokio::spawn(async move {
+        // It ends when its senders are gone, never on a stop: what they
+        // sent must be written.
+        let never = CancellationToken::new();
+        let make = || {
+            let (writer, state) = (writer.clone(), state.clone());
+            async move { writer.run(&mut *state.lock().await).await }
+        };
+        let restarted = || writer.metrics.process.service_restarted(SERVICE);
+        supervise::vital(SERVICE, &never, make, restarted).await;
+    });
+    (tx, task)
 }
 
 struct Writer {
@@ -106,39 +131,57 @@ struct Writer {
     metrics: Arc<Metrics>,
 }
 
+/// What the writer keeps across a restart.
+struct State {
+    rx: mpsc::Receiver<Completion>,
+    /// The batch being written; not empty after a run that died with it.
+    batch: Vec<Completion>,
+    /// Whether `batch` is recorded in the source.
+    written: bool,
+    owed: Owed,
+}
+
 impl Writer {
-    async fn run(self, mut rx: mpsc::Receiver<Completion>) {
+    async fn run(&self, state: &mut State) {
         let gauges = &self.metrics.process;
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        let mut owed = Owed::new(Instant::now());
         loop {
-            let received = match owed.deadline() {
-                None => rx.recv_many(&mut batch, MAX_BATCH).await,
-                Some(at) => {
-                    match tokio::time::timeout_at(at.into(), rx.recv_many(&mut batch, MAX_BATCH)).await {
-                        Ok(received) => received,
-                        // Counters owed, and no batch to carry them.
-                        Err(_) => {
-                            self.write(&[], owed.all(), &mut owed, &rx).await;
-                            continue;
+            if state.batch.is_empty() {
+                let received = match state.owed.deadline() {
+                    None => state.rx.recv_many(&mut state.batch, MAX_BATCH).await,
+                    Some(at) => {
+                        match tokio::time::timeout_at(at.into(), state.rx.recv_many(&mut state.batch, MAX_BATCH)).await
+                        {
+                            Ok(received) => received,
+                            // Counters owed, and no batch to carry them.
+                            Err(_) => {
+                                let owed = state.owed.all();
+                                self.write(&[], owed, &mut state.owed, &state.rx).await;
+                                continue;
+                            }
                         }
                     }
+                };
+                if received == 0 {
+                    break;
                 }
-            };
-            if received == 0 {
-                break;
+                state.owed.add(Stats::of(&state.batch));
+                state.written = false;
             }
-            owed.add(Stats::of(&batch));
-            self.write(&batch, owed.due(Instant::now()), &mut owed, &rx).await;
-            self.counters.add(&batch);
-            let released = super::source::unique::released(&batch);
+            if !state.written {
+                let due = state.owed.due(Instant::now());
+                self.write(&state.batch, due, &mut state.owed, &state.rx).await;
+                state.written = true;
+            }
+            self.counters.add(&state.batch);
+            let released = super::source::unique::released(&state.batch);
             gauges.unique_locks_released.fetch_add(released, Ordering::Relaxed);
-            self.inflight.remove(batch.iter().map(|c| c.id));
-            batch.clear();
-            gauges.outcomes_pending.store(rx.len() as u64, Ordering::Relaxed);
+            self.inflight.remove(state.batch.iter().map(|c| c.id));
+            state.batch.clear();
+            gauges.outcomes_pending.store(state.rx.len() as u64, Ordering::Relaxed);
         }
-        if !owed.is_empty() {
-            self.write(&[], owed.all(), &mut owed, &rx).await;
+        if !state.owed.is_empty() {
+            let owed = state.owed.all();
+            self.write(&[], owed, &mut state.owed, &state.rx).await;
         }
     }
 

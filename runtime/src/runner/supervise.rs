@@ -1,7 +1,8 @@
 //! Background services that cannot end silently.
 //!
 //! Every loop `wasmjobs run` keeps beside the jobs (heartbeat, pollers,
-//! reloader, cron, control, cancel sweep, dashboard, ...) is spawned
+//! reloader, cron, control, cancel sweep, dashboard, metrics server,
+//! process sampler, ...) is spawned
 //! through [`spawn`] with a name and a way to make it anew. A service that
 //! panics, or returns while the runner is still running, is logged as an
 //! error naming it, counted (`wasmjobs_service_restarts_total{service="…"}`)
@@ -16,8 +17,8 @@
 //! listening socket) it shares with its maker rather than owning it.
 //!
 //! Some services are **vital**: without them the process holds jobs it
-//! cannot serve (the fetch loop; the PostgreSQL lease keeper and wake
-//! listener). They restart like the others, and while one is down (from
+//! cannot serve (the fetch loop; the outcome writers; the PostgreSQL lease
+//! keeper and wake listener). They restart like the others, and while one is down (from
 //! its failure until it runs again) the process's heartbeat is not
 //! written ([`vital_down`]): a process whose fetch loop keeps dying stops
 //! looking alive, and the others recover its jobs, instead of it holding

@@ -235,6 +235,25 @@ async fn outcomes_refused_by_the_store_are_retried_until_written_and_none_is_los
     );
 }
 
+/// The writer is supervised (issue 61 item 11): it was spawned bare, so
+/// a panic in a store's record call ended it, every later outcome waited
+/// forever in its channel and the jobs stayed in flight.
+#[tokio::test]
+async fn a_writer_that_panics_is_restarted_and_writes_the_batch_it_held_once() {
+    let jobs: Vec<String> = (0..20).map(|n| job("Quick", n)).collect();
+    let source = holding(&jobs);
+    source.panic_records.store(2, Ordering::Release);
+    let core = Core::start(source, 4);
+    let (source, counters, inflight) = (core.source.clone(), core.counters.clone(), core.inflight.clone());
+    until("every outcome is written", || counters.jobs().processed == 20).await;
+    until("nothing is left in flight", || inflight.is_empty()).await;
+    assert_eq!(core.shut_down(Duration::from_secs(1)).await, Some(0));
+    let state = source.state();
+    assert_eq!(state.recorded.len(), 20, "each outcome written once");
+    assert!(state.held.is_empty());
+    assert_eq!(source.panic_records.load(Ordering::Acquire), 0, "the panics were hit");
+}
+
 #[tokio::test]
 async fn payloads_that_are_not_jobs_are_parsed_once_and_finish_dead_with_their_reason() {
     let core = Core::start(MemorySource::with(&["not json", r#"{"class":"X"}"#]), 2);

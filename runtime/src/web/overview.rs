@@ -39,9 +39,12 @@ pub(super) async fn page(
 ) -> Result<Html<String>, Failure> {
     let days = days(query.as_deref());
     let mut conn = web.conn();
-    let mut stats = api::stats(&mut conn).await?;
+    let (mut stats, control_down) = web.store.control(api::stats(&mut conn)).await?;
     web.store.count_into(&mut stats).await?;
-    let latency = last_hour(&mut conn, now_f64()).await?;
+    let latency = match control_down {
+        None => web.store.control(last_hour(&mut conn, now_f64())).await?.0,
+        Some(_) => Default::default(),
+    };
     let busy: u64 = stats.processes.iter().map(|p| p.busy).sum();
     let capacity: u64 = stats.processes.iter().map(|p| p.concurrency).sum();
     // Queues some live process (ours or a Ruby Sidekiq's) fetches: any
@@ -65,15 +68,20 @@ pub(super) async fn page(
             days,
             day_choices => DAY_CHOICES,
             unreadable => stats.unreadable,
+            stranded => stats.stranded,
+            control_down,
         },
     )
 }
 
 pub(super) async fn api(State(web): State<Arc<Web>>) -> Result<Json<Value>, Failure> {
-    let mut overview = api::overview(&mut web.conn()).await?;
+    let (mut overview, control_down) = web.store.control(api::overview(&mut web.conn())).await?;
     web.store.count_overview(&mut overview).await?;
     let mut json = serde_json::to_value(&overview).map_err(anyhow::Error::from)?;
     json["time"] = json!(now_f64());
+    if let Some(why) = control_down {
+        json["control_down"] = json!(why);
+    }
     Ok(Json(json))
 }
 

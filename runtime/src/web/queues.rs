@@ -17,11 +17,11 @@ pub(super) async fn list(
     State(web): State<Arc<Web>>,
     axum::Extension(Csrf(csrf)): axum::Extension<Csrf>,
 ) -> Result<Html<String>, Failure> {
-    let mut stats = api::stats(&mut web.conn()).await?;
+    let (mut stats, control_down) = web.store.control(api::stats(&mut web.conn())).await?;
     web.store.count_into(&mut stats).await?;
     web.view.render(
         "queues.html",
-        context! { active => "/queues", location => web.location, csrf, queues => stats.queues, unreadable => stats.unreadable },
+        context! { active => "/queues", location => web.location, csrf, queues => stats.queues, unreadable => stats.unreadable, stranded => stats.stranded, control_down },
     )
 }
 
@@ -40,7 +40,7 @@ pub(super) async fn page(
         entries: jobs,
         unreadable,
     } = web.store.queue_jobs(&mut conn, &name, first, admin::PAGE).await?;
-    let (paused, paused_unreadable) = api::is_paused(&mut conn, &name).await?;
+    let ((paused, paused_unreadable), control_down) = web.store.control(api::is_paused(&mut conn, &name)).await?;
     let unreadable: Vec<_> = unreadable.into_iter().chain(paused_unreadable).collect();
     let notice = query.as_deref().and_then(|q| query_param(q, "notice"));
     let path = format!("{}/queues/{}", web.base, encode(&name));
@@ -58,6 +58,7 @@ pub(super) async fn page(
             notice,
             pager,
             unreadable,
+            control_down,
             state => if paused { "paused" } else { "active" },
         },
     )

@@ -5,6 +5,12 @@
 //! and never ask which. Processes, plugins, cron schedules, pauses and
 //! counters stay in Redis with either store.
 //!
+//! On the PostgreSQL store the control-plane Redis is not where the jobs
+//! are: when it fails or does not answer within [`CONTROL_PATIENCE`], the
+//! overview and the queue pages show the store's jobs anyway, with the
+//! Redis part empty and a notice saying why ([`JobStore::control`]),
+//! instead of answering 500.
+//!
 //! A PostgreSQL row is shown as the same [`Entry`] a Redis entry is (read
 //! whole up to the same bounds, a larger one by its ends), named in forms
 //! by its row id; the lists are `pg::admin`'s, fenced on the row still
@@ -22,6 +28,10 @@ use crate::redis::api::{Overview, QueueStats, Stats};
 use crate::redis::bounded::Bytes;
 use crate::redis::client;
 use crate::redis::payload::Payload;
+
+/// How long a page on the PostgreSQL store waits for a read from the
+/// control-plane Redis before showing the jobs without it.
+const CONTROL_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Where the jobs are.
 pub(crate) enum JobStore {
@@ -99,6 +109,27 @@ impl JobStore {
             JobStore::Redis => None,
             JobStore::Postgres(pg, _) => Some(pg.location.clone()),
         }
+    }
+
+    /// `read`'s value, a read of the control plane in Redis. On the Redis
+    /// store its failure is the page's; on the PostgreSQL store a failure
+    /// or a read slower than [`CONTROL_PATIENCE`] gives the empty value
+    /// and the reason, for the page to show beside the store's jobs.
+    pub(super) async fn control<T: Default>(
+        &self,
+        read: impl Future<Output = Result<T>>,
+    ) -> Result<(T, Option<String>)> {
+        if matches!(self, JobStore::Redis) {
+            return Ok((read.await?, None));
+        }
+        Ok(match tokio::time::timeout(CONTROL_PATIENCE, read).await {
+            Ok(Ok(value)) => (value, None),
+            Ok(Err(err)) => (T::default(), Some(format!("{err:#}"))),
+            Err(_) => (
+                T::default(),
+                Some(format!("Redis did not answer within {CONTROL_PATIENCE:?}")),
+            ),
+        })
     }
 
     /// Puts the store's queues and the sizes of its sets into `stats`

@@ -45,10 +45,12 @@ pub(crate) struct View {
     env: Environment<'static>,
 }
 
-const TEMPLATES: [(&str, &str); 14] = [
+const TEMPLATES: [(&str, &str); 16] = [
     ("base.html", include_str!("templates/base.html")),
     ("pager.html", include_str!("templates/pager.html")),
     ("unreadable.html", include_str!("templates/unreadable.html")),
+    ("control_down.html", include_str!("templates/control_down.html")),
+    ("stranded.html", include_str!("templates/stranded.html")),
     ("overview.html", include_str!("templates/overview.html")),
     ("queues.html", include_str!("templates/queues.html")),
     ("queue.html", include_str!("templates/queue.html")),

@@ -578,3 +578,72 @@ fn an_embedded_server_whose_users_died_stops_even_with_its_directory_gone() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A runner's embedded redis-server that dies under it (killed, OOM)
+/// was never started again: every command then failed with "connection
+/// refused" until someone restarted the runner. The runner now starts it
+/// again, from its append-only file, and goes on.
+#[test]
+fn a_runner_starts_its_embedded_server_again_when_it_dies() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let data_dir = data.path().join("data");
+    ok(wasmjobs(&data_dir, &["enqueue", "--count", "5", "NoopJob"]));
+    let plugins = wasmjobs_e2e::runner::plugins(&["noop"], &[]);
+    let log_path = data.path().join("run.log");
+    let mut command = wasmjobs(&data_dir, &["run", "--plugins"]);
+    command
+        .arg(plugins.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).expect("log file"));
+    struct Stopped(std::process::Child);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut runner = Stopped(command.spawn().expect("start wasmjobs run"));
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let wait_processed = |count: u64| {
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let stats = embedded_stats(&data_dir);
+            if stats["processed"] == count {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the jobs did not run: {stats}\n{}", log());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait_processed(5);
+    let pid_file = data_dir.join("redis/redis.pid");
+    let first = pid_in(&pid_file).expect("the server's pid");
+    // SAFETY: signalling the redis-server this test's runner started.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    let second = loop {
+        if let Some(pid) = pid_in(&pid_file).filter(|pid| *pid != first && alive(*pid)) {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nobody started the embedded redis-server again:\n{}",
+            log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // Said once the new server answers (its pid file comes first).
+    while !log().contains("started it again") {
+        assert!(Instant::now() < deadline, "the runner did not say so:\n{}", log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The runner works on the new server: its connections came back.
+    ok(wasmjobs(&data_dir, &["enqueue", "--count", "5", "NoopJob"]));
+    wait_processed(10);
+    let pid = i32::try_from(runner.0.id()).expect("pid");
+    // SAFETY: signalling the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = runner.0.wait().expect("wait for wasmjobs run");
+    assert!(status.success(), "{status}: {}", log());
+    assert!(!alive(second), "the runner stopped the server it started again");
+}

@@ -46,6 +46,8 @@ pub(crate) struct MemorySource {
     pub(crate) lose_next_reply: AtomicBool,
     /// This many record calls fail before one succeeds.
     pub(crate) refuse_records: AtomicU32,
+    /// This many record calls panic (a bug in a store) before one runs.
+    pub(crate) panic_records: AtomicU32,
     /// Every fetch fails (its Redis is down), moving nothing.
     pub(crate) fail_fetches: AtomicBool,
     /// Every fetch hangs (its Redis stopped answering) until
@@ -174,6 +176,11 @@ impl JobSource for MemorySource {
             if refused {
                 return Err(anyhow!("OOM command not allowed when used memory > 'maxmemory'"));
             }
+            let panics = self
+                .panic_records
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok();
+            assert!(!panics, "a record call panicked (MemorySource::panic_records)");
             let mut state = self.state();
             for completion in batch {
                 let raw = &completion.job.raw;

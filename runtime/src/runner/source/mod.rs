@@ -202,6 +202,17 @@ pub enum Store {
     Postgres { pg: Box<crate::pg::Pg>, lease: Duration },
 }
 
+impl Store {
+    /// What a heartbeat says of it: `redis`, or the PostgreSQL store's
+    /// location (no password).
+    pub(crate) fn location(&self) -> String {
+        match self {
+            Store::Redis => "redis".to_owned(),
+            Store::Postgres { pg, .. } => pg.location.clone(),
+        }
+    }
+}
+
 /// The job source for `settings` on `store`, leaving out the queues
 /// `paused` holds.
 pub(crate) fn open(store: &Store, redis: Redis, settings: Settings, paused: Arc<paused::Paused>) -> Arc<dyn JobSource> {

@@ -404,3 +404,163 @@ async fn losing_the_control_plane_redis_costs_the_stores_jobs_no_rate() {
     }
     assert!(runner.stop().success(), "{}", runner.log());
 }
+
+/// On the PostgreSQL store the overview, `/queues`, a queue's page and
+/// `/api/overview` answered 500 while the control-plane Redis was down or
+/// hanging, though the jobs they list are in PostgreSQL: they now show
+/// the store's jobs with a notice saying what is missing and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_show_the_stores_jobs_while_the_control_plane_redis_is_down() {
+    use wasmjobs_e2e::dashboard::{connectable, request, wait_listening};
+
+    let (_pg, url) = store();
+    let mut redis = TestRedis::start();
+    let dir = plugins(&["noop"], &[]);
+    // `-q elsewhere`: the store's `default` jobs stay where they are.
+    let flags = source_flags(&url, &["-q", "elsewhere", "--web", "127.0.0.1:0"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
+    runner.wait_running();
+    let web = connectable(&wait_listening(|| runner.log(), || None));
+    let store = connect(&url).await;
+    store
+        .query_one(
+            "SELECT count(wasmjobs.enqueue('NoopJob', '[]')) FROM generate_series(1, 7)",
+            &[],
+        )
+        .await
+        .expect("enqueue");
+    let pages = |web: String, down: bool| async move {
+        tokio::task::spawn_blocking(move || {
+            for path in ["/", "/queues", "/queues/default", "/api/overview"] {
+                let response = request(&web, "GET", path, &[], "");
+                assert_eq!(response.status, 200, "{path}: {}", response.body);
+                let says_so = response.body.contains("control-plane Redis cannot be read")
+                    || response.body.contains("\"control_down\"");
+                assert_eq!(says_so, down, "{path} (Redis down: {down}): {}", response.body);
+                let seven = match path {
+                    "/api/overview" => response.body.contains("\"enqueued\":7"),
+                    "/queues/default" => response.body.matches("NoopJob").count() >= 7,
+                    _ => response.body.contains("data-queue=\"default\"") && response.body.contains("<td>7</td>"),
+                };
+                assert!(seven, "{path} shows the store's 7 jobs: {}", response.body);
+            }
+        })
+        .await
+        .expect("the page requests");
+    };
+    pages(web.clone(), false).await;
+    redis.stop();
+    pages(web.clone(), true).await;
+    redis.start_again();
+    redis.freeze();
+    pages(web.clone(), true).await;
+    redis.thaw();
+    // The connection comes back by itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let api = web.clone();
+    while tokio::task::spawn_blocking({
+        let api = api.clone();
+        move || {
+            request(&api, "GET", "/api/overview", &[], "")
+                .body
+                .contains("control_down")
+        }
+    })
+    .await
+    .expect("the request")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis never came back: {}",
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pages(web.clone(), false).await;
+    assert!(runner.stop().success(), "{}", runner.log());
+}
+
+/// With every runner on the PostgreSQL store, a plain `wasmjobs enqueue`
+/// and Sidekiq's `Client.push` went into Redis, where nothing reads, with
+/// nothing said anywhere. Now the runners' heartbeats say which store
+/// they read, `enqueue` refuses (naming the store and `--source`),
+/// `stats` and the dashboard flag the jobs left in Redis, and a runner
+/// starting on the store warns of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_pushed_into_redis_that_no_runner_reads_are_refused_or_flagged() {
+    use redis::AsyncCommands;
+    use wasmjobs_e2e::cli::wasmjobs_in;
+    use wasmjobs_e2e::dashboard::{connectable, request, wait_listening};
+
+    let (_pg, url) = store();
+    let redis = TestRedis::start();
+    let mut conn = redis.conn().await;
+    let dir = plugins(&["noop"], &[]);
+    // Trust authentication ignores the password; no heartbeat may show it.
+    let url = url.replacen("@127.0.0.1", ":secret@127.0.0.1", 1);
+    let flags = source_flags(&url, &["--web", "127.0.0.1:0"]);
+    let mut runner = Runner::start(&redis.url(), dir.path(), &flags);
+    runner.wait_running();
+    let web = connectable(&wait_listening(|| runner.log(), || None));
+    let here = std::path::Path::new(".");
+    let no_env: &[(&str, &str)] = &[];
+    let timeout = Duration::from_secs(60);
+
+    // The heartbeat says where the runner reads, without the password.
+    let identity = wasmjobs_e2e::runner::identity_of(&mut conn, runner.pid(), || runner.log()).await;
+    let info: String = conn.hget(&identity, "info").await.expect("HGET info");
+    let info: serde_json::Value = serde_json::from_str(&info).expect("info is JSON");
+    let said = info["store"].as_str().expect("the store in the heartbeat");
+    assert!(said.starts_with("postgres://") && !said.contains("secret"), "{said}");
+
+    let refused = wasmjobs_in(here, &["enqueue", "--redis", &redis.url(), "NoopJob"], no_env, timeout);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "enqueue into Redis was accepted: {stderr}");
+    assert!(
+        stderr.contains(said) && stderr.contains("--source") && stderr.contains("--to-redis"),
+        "{stderr}"
+    );
+    let waiting: u64 = conn.llen("queue:default").await.expect("LLEN");
+    assert_eq!(waiting, 0, "the refused job was not pushed");
+
+    // Sidekiq's Ruby client cannot be refused: the jobs are flagged.
+    wasmjobs_e2e::sidekiq::ruby(
+        &redis.url(),
+        r#"2.times { Sidekiq::Client.push("class" => "NoopJob", "queue" => "default", "args" => []) }"#,
+    );
+    let forced = wasmjobs_in(
+        here,
+        &["enqueue", "--redis", &redis.url(), "--to-redis", "NoopJob"],
+        no_env,
+        timeout,
+    );
+    wasmjobs_e2e::assert_success(&forced, "enqueue --to-redis");
+    let stats = wasmjobs_in(here, &["stats", "--redis", &redis.url(), "--json"], no_env, timeout);
+    wasmjobs_e2e::assert_success(&stats, "stats --json");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["stranded"][0]["queue"], "default", "{stats}");
+    assert_eq!(stats["stranded"][0]["size"], 3, "{stats}");
+    assert_eq!(stats["stranded"][0]["read_from"][0], said, "{stats}");
+    let text = wasmjobs_in(here, &["stats", "--redis", &redis.url()], no_env, timeout);
+    assert!(
+        String::from_utf8_lossy(&text.stdout)
+            .contains("WARNING queue default holds 3 jobs in Redis that no runner reads"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    let page = tokio::task::spawn_blocking(move || request(&web, "GET", "/", &[], ""))
+        .await
+        .expect("the request");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("id=\"stranded\"") && page.body.contains("class=\"stranded\" data-queue=\"default\""),
+        "{}",
+        page.body
+    );
+
+    // A runner starting on the store says so in its log.
+    let mut second = Runner::start(&redis.url(), dir.path(), &source_flags(&url, &[]));
+    second.wait_for_log("queue default holds 3 jobs in Redis", Duration::from_secs(60));
+    assert!(second.stop().success(), "{}", second.log());
+    assert!(runner.stop().success(), "{}", runner.log());
+}
