@@ -50,6 +50,9 @@ pub fn run(cli: &Cli, args: &BuildArgs) -> Result<ExitCode> {
         .dir
         .canonicalize()
         .with_context(|| format!("{}: no such plugin directory", args.dir.display()))?;
+    // Stopped (Ctrl-C, kill) mid-build: no tool left running, no
+    // temporary file left in the plugin directory.
+    super::build_stop::on_stop_remove_temporaries();
     if args.watch {
         return super::build_watch::watch(&dir, || build_once(cli, args, &dir));
     }
@@ -68,6 +71,7 @@ fn build_once(cli: &Cli, args: &BuildArgs, dir: &Path) -> Result<()> {
     let sdk = Sdk::locate(args.sdk.as_deref())?;
     let name = manifest.component_name();
     let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _listed = super::build_stop::Temporary::register(&temporary);
     let concurrent = manifest.instances.concurrent.is_some();
     let built = build(language, &dir, &sdk, &temporary, concurrent, args.dev)
         .and_then(|()| check(cli, &temporary, &name, concurrent));
@@ -242,7 +246,7 @@ fn build_rust(dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
         "patch.crates-io.wasmjobs-guest.path={}",
         toml::Value::String(sdk.rust_crate().display().to_string())
     );
-    let output = cargo
+    cargo
         .arg("--config")
         .arg(patch)
         .args([
@@ -254,9 +258,10 @@ fn build_rust(dir: &Path, sdk: &Sdk, out: &Path) -> Result<()> {
         ])
         .arg("--manifest-path")
         .arg(dir.join("Cargo.toml"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cannot run cargo (is Rust installed? https://rustup.rs)")?;
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let output =
+        super::build_stop::output(&mut cargo).context("cannot run cargo (is Rust installed? https://rustup.rs)")?;
     if !output.status.success() {
         bail!("cargo build failed for {}", dir.display());
     }

@@ -38,11 +38,13 @@ const LOADERS_KEPT: usize = 6;
 
 /// Lists the modules the sources given on stdin import at module level
 /// (not in a function body, which runs only in a job, when a release build
-/// would not have the module either), leaving out the app's own. A file
-/// this Python cannot parse (a syntax error, or syntax newer than it) is
-/// scanned line by line instead, and named on stderr.
+/// would not have the module either), leaving out the app's own, and the
+/// files this Python cannot parse: `{"imports": [...], "errors": [...]}`.
+/// A file with a syntax error fails the build (a release build fails on
+/// it too, in componentize-py), so `--watch` keeps the last good component
+/// instead of handing the runner one whose every job fails.
 const SCAN: &str = r#"
-import ast, importlib.util, json, re, sys
+import ast, importlib.util, json, sys
 
 request = json.load(sys.stdin)
 local = set(request["local"])
@@ -83,15 +85,15 @@ def visit(body):
                 if isinstance(value, list):
                     visit(value)
 
+errors = []
 for name, text in request["files"].items():
     try:
         visit(ast.parse(text, filename=name).body)
     except SyntaxError as error:
-        print(f"{name}:{error.lineno}: python3 {sys.version.split()[0]} cannot parse it ({error.msg}); its imports are read line by line", file=sys.stderr)
-        for match in re.finditer(r"^\s*(?:import\s+([A-Za-z_][\w.]*)|from\s+([A-Za-z_][\w.]*)\s+import)", text, re.M):
-            add(match.group(1) or match.group(2))
+        line = (error.text or "").rstrip("\n")
+        errors.append(f"{name}:{error.lineno}:{error.offset or 0}: SyntaxError: {error.msg}" + (f"\n    {line}" if line.strip() else ""))
 
-json.dump(sorted(found), sys.stdout)
+json.dump({"imports": sorted(found), "errors": errors, "python": sys.version.split()[0]}, sys.stdout)
 "#;
 
 /// Builds the plugin in `dir` for `world` as a development build at `out`.
@@ -154,7 +156,7 @@ fn scan(files: &BTreeMap<String, String>, sdk_python: &Path) -> Result<Vec<Strin
         "path": [sdk_python.to_string_lossy()],
         "files": files,
     });
-    let mut child = Command::new("python3")
+    let mut child = super::build_stop::die_with_us(&mut Command::new("python3"))
         .args(["-I", "-B", "-c", SCAN])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -174,7 +176,21 @@ fn scan(files: &BTreeMap<String, String>, sdk_python: &Path) -> Result<Vec<Strin
     if !output.status.success() {
         bail!("python3 could not read the app's imports ({})", output.status);
     }
-    let names: Vec<String> = serde_json::from_slice(&output.stdout).context("python3 answered something else")?;
+    #[derive(serde::Deserialize)]
+    struct Scanned {
+        imports: Vec<String>,
+        errors: Vec<String>,
+        python: String,
+    }
+    let scanned: Scanned = serde_json::from_slice(&output.stdout).context("python3 answered something else")?;
+    if !scanned.errors.is_empty() {
+        bail!(
+            "the app does not parse (python3 {}), so the last good build stays in place:\n{}\n(a release build, without --dev, takes syntax newer than this python3)",
+            scanned.python,
+            scanned.errors.join("\n")
+        );
+    }
+    let names = scanned.imports;
     if let Some(bad) = names.iter().find(|n| !is_module_name(n)) {
         bail!("python3 listed {bad:?} as a module");
     }
@@ -370,17 +386,23 @@ def perform(info):
         }
     }
 
+    /// A development build used to read a file with a syntax error line
+    /// by line and deploy it: every job then failed with `SyntaxError`.
     #[test]
-    fn a_file_python_cannot_parse_is_read_line_by_line() {
-        let found = scan(
-            &files(&[(
-                "app.py",
-                "import csv\nfrom .sibling import x\ndef broken(:\n    import zlib\n",
-            )]),
+    fn a_file_python_cannot_parse_fails_the_build_naming_the_line() {
+        let err = scan(
+            &files(&[
+                ("app.py", "import csv\nfrom helpers import x\n"),
+                ("helpers.py", "import zlib\ndef broken(:\n    pass\n"),
+            ]),
             Path::new("/nonexistent"),
         )
-        .unwrap();
-        assert_eq!(found, ["csv", "zlib"]);
+        .expect_err("a syntax error fails the build");
+        let message = format!("{err:#}");
+        assert!(
+            message.contains("helpers.py:2:") && message.contains("SyntaxError") && message.contains("def broken(:"),
+            "{message}"
+        );
     }
 
     #[test]

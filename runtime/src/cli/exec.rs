@@ -62,11 +62,24 @@ pub async fn run(cli: &Cli, args: &ExecArgs) -> Result<ExitCode> {
         ..EngineConfig::default()
     };
     let protected = crate::runner::protected_env([], None, &args.db.databases);
-    let (executor, catalog) = args.source.load(&cli.data_dir, &config, protected)?;
+    // Only the plugin serving the class is compiled.
+    let (executor, catalog) = args
+        .source
+        .load_serving(&cli.data_dir, &config, protected, Some(&job.class))?;
     let databases = Databases::open_async(args.db.databases.clone(), cli.data_dir.clone()).await?;
     let executor = executor.with_databases(databases);
     let Some(plugin) = catalog.get(&job.class) else {
-        let known: Vec<&str> = catalog.classes().map(|(c, _)| c).collect();
+        // The plugin listing the class may be one that did not load.
+        if !catalog.broken().is_empty() {
+            let errors: Vec<&str> = catalog.broken().iter().map(|b| b.error.as_str()).collect();
+            return Err(anyhow!(
+                "no plugin in {} serves class {:?}; these did not load:\n{}",
+                args.source.plugins.display(),
+                job.class,
+                errors.join("\n")
+            ));
+        }
+        let known = crate::plugin::catalog::listed_classes(&args.source.dir()?);
         let mut message = format!(
             "no plugin in {} serves class {:?}",
             args.source.plugins.display(),

@@ -23,6 +23,7 @@
 
 pub mod build;
 mod build_dev;
+mod build_stop;
 mod build_watch;
 pub mod cancel;
 pub mod enqueue;
@@ -129,6 +130,18 @@ impl Command {
             Command::Web(a) => Some(&a.redis),
             Command::Env(a) => Some(&a.redis),
             Command::Exec(_) | Command::Plugins(_) | Command::New(_) | Command::Build(_) | Command::Migrate(_) => None,
+        }
+    }
+
+    /// The plugins directory the command loads, if it loads one: where
+    /// its project's data directory is looked for first
+    /// ([`project::DataDir::resolve`]).
+    fn plugins_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Run(args) => Some(&args.source.plugins),
+            Command::Exec(args) => Some(&args.source.plugins),
+            Command::Plugins(args) => Some(&args.source.plugins),
+            _ => None,
         }
     }
 
@@ -312,8 +325,20 @@ impl PluginSource {
         config: &EngineConfig,
         protected: crate::redact::Secrets,
     ) -> Result<(Executor, Catalog)> {
+        self.load_serving(data_dir, config, protected, None)
+    }
+
+    /// [`PluginSource::load`], compiling only the plugins that serve
+    /// `class` when it is given.
+    pub fn load_serving(
+        &self,
+        data_dir: &std::path::Path,
+        config: &EngineConfig,
+        protected: crate::redact::Secrets,
+        class: Option<&str>,
+    ) -> Result<(Executor, Catalog)> {
         let executor = Executor::new(config)?.protect_env(protected);
-        let catalog = Catalog::load(&self.dir()?, &executor, &self.cache(data_dir))?;
+        let catalog = Catalog::load_serving(&self.dir()?, &executor, &self.cache(data_dir), class)?;
         Ok((executor, catalog))
     }
 }
@@ -329,7 +354,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    cli.data = project::DataDir::resolve(cli.data_dir_option.as_deref(), &cwd);
+    cli.data = project::DataDir::resolve(cli.data_dir_option.as_deref(), &cwd, cli.command.plugins_dir());
     cli.data_dir = cli.data.path.clone();
     // Said only when the command makes something there: its Redis (no
     // URL given) or the compilation cache (commands that load plugins).

@@ -18,7 +18,7 @@
 //! versions `scripts/build-plugins.sh` uses.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
@@ -247,7 +247,8 @@ pub(crate) fn componentize_js(sdk: &Sdk) -> Result<()> {
 
 /// Runs `command`, showing its output only if it fails.
 pub(crate) fn run_quietly(command: &mut Command, what: &str) -> Result<()> {
-    let output = command.output().with_context(|| format!("cannot start {what}"))?;
+    let output = super::build_stop::output(command.stdout(Stdio::piped()).stderr(Stdio::piped()))
+        .with_context(|| format!("cannot start {what}"))?;
     if !output.status.success() {
         bail!(
             "{what} failed ({}):\n{}{}",

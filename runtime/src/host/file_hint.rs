@@ -68,6 +68,29 @@ fn inside(path: &str, guest: &str) -> bool {
     Path::new(path).starts_with(Path::new(guest))
 }
 
+/// Whether guest path `path`, inside `grant`, leads out of it: through
+/// `..` past the grant's top, or on the host through a symlink to
+/// somewhere else. WASI refuses both (`Operation not permitted`), which
+/// reads like a write under a read-only grant and is nothing of the kind.
+fn escapes(path: &str, grant: &Preopen) -> bool {
+    let Ok(rest) = Path::new(path).strip_prefix(Path::new(&grant.guest)) else {
+        return false;
+    };
+    let mut depth = 0usize;
+    for part in rest.components() {
+        match part {
+            std::path::Component::ParentDir if depth == 0 => return true,
+            std::path::Component::ParentDir => depth -= 1,
+            std::path::Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+    }
+    match (grant.host.join(rest).canonicalize(), grant.host.canonicalize()) {
+        (Ok(target), Ok(top)) => !target.starts_with(top),
+        _ => false,
+    }
+}
+
 /// The directory a grant for `path` would name: the one it lies in (a
 /// top-level path names itself).
 fn directory_of(path: &str) -> String {
@@ -109,6 +132,17 @@ pub(crate) fn note(message: &str, grants: &[Preopen]) -> Option<String> {
         };
         return Some(format!(
             "files: {path} is not granted ({granted}); a path outside the grants reads as missing to the job; add a [[files]] grant for {dir} (guest = \"{dir}\") to its wasmjobs.toml"
+        ));
+    }
+    if let Some((path, grant)) = named.iter().find_map(|p| {
+        grants
+            .iter()
+            .find(|g| inside(p, &g.guest) && escapes(p, g))
+            .map(|g| (p, g))
+    }) {
+        return Some(format!(
+            "files: {path} leads out of the grant {} (through `..` or a symlink), so it is refused whatever the grant's mode; a job may reach only what lies inside its grants",
+            grant.guest
         ));
     }
     if refused_write(message)
@@ -176,6 +210,39 @@ mod tests {
         let note = note_of("writing /config/x.json: Operation not permitted (os error 63)", &grants);
         assert!(note.contains("/config is granted read-only"), "{note}");
         assert!(note.contains("mode = \"rw\""), "{note}");
+    }
+
+    /// A read through a symlink (or `..`) out of a read-only grant was
+    /// told to "set mode = \"rw\"", which would not help.
+    #[test]
+    fn a_path_leading_out_of_its_grant_is_named_as_such_not_as_a_mode() {
+        let top = tempfile::tempdir().unwrap();
+        let config = top.path().join("config");
+        std::fs::create_dir(&config).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", config.join("link")).unwrap();
+        let grants = [Preopen {
+            host: config.clone(),
+            guest: "/config".into(),
+            mode: Mode::ReadOnly,
+            outside: false,
+        }];
+        for message in [
+            "PermissionError: [Errno 63] Operation not permitted: '/config/link'",
+            "reading /config/../etc/passwd: Operation not permitted (os error 63)",
+        ] {
+            let note = note_of(message, &grants);
+            assert!(note.contains("leads out of the grant /config"), "{note}");
+            assert!(!note.contains("mode = \"rw\""), "{note}");
+        }
+        std::fs::write(config.join("app.json"), "{}").unwrap();
+        let write = note_of(
+            "writing /config/app.json: Operation not permitted (os error 63)",
+            &grants,
+        );
+        assert!(
+            write.contains("mode = \"rw\""),
+            "a real write still gets the mode: {write}"
+        );
     }
 
     #[test]

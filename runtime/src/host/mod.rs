@@ -27,6 +27,7 @@ pub mod files;
 pub mod grants;
 pub mod http;
 pub mod log;
+pub(crate) mod net_hint;
 pub(crate) mod scoped;
 pub mod sql;
 pub mod view;

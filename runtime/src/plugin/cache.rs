@@ -158,13 +158,16 @@ impl CompileCache {
             Ok(false) => {}
             Err(err) => tracing::warn!(path = %path.display(), "replacing an untrusted compiled artifact: {err:#}"),
         }
-        tracing::info!(target: "wasmjobs::compile", "{}", compiling_notice(label, bytes.len()));
-        let started = std::time::Instant::now();
         let pack = dir.join(format!(
             "{}-{:016x}.functions",
             &sha256_hex(label.as_bytes())[..16],
             engine_hash(engine)
         ));
+        // A pack is left by an earlier version's compile: this is not the
+        // first run, only the first of this version.
+        let first = !pack.exists();
+        tracing::info!(target: "wasmjobs::compile", "{}", compiling_notice(label, bytes.len(), first));
+        let started = std::time::Instant::now();
         let (component, reuse) = super::function_pack::compile(engine, bytes, &pack, label)?;
         tracing::info!(
             target: "wasmjobs::compile",
@@ -192,15 +195,22 @@ impl CompileCache {
 }
 
 /// What a cache miss says before compiling `len` bytes: that this happens
-/// once, and roughly how long it takes when that is long enough to wonder
-/// (Cranelift compiles ~3 MB of component a second on a 2-core machine).
-fn compiling_notice(label: &str, len: usize) -> String {
+/// once (on the `first` compile of the component; for a new version of
+/// it, once per version), and roughly how long it takes when that is long
+/// enough to wonder (Cranelift compiles ~3 MB of component a second on a
+/// 2-core machine).
+fn compiling_notice(label: &str, len: usize, first: bool) -> String {
     let mb = len as f64 / 1e6;
     let seconds = (mb / 3.0).round();
-    if seconds >= 2.0 {
-        format!("compiling {label} ({mb:.0} MB) for this machine, first run only, ~{seconds} s")
+    let once = if first {
+        "first run only"
     } else {
-        format!("compiling {label} for this machine, first run only")
+        "once for this version"
+    };
+    if seconds >= 2.0 {
+        format!("compiling {label} ({mb:.0} MB) for this machine, {once}, ~{seconds} s")
+    } else {
+        format!("compiling {label} for this machine, {once}")
     }
 }
 

@@ -52,6 +52,13 @@ impl Catalog {
     /// `wasmjobs.toml`, otherwise each immediate subdirectory that does.
     /// Fails only if `dir` cannot be read; broken plugins are collected.
     pub fn load(dir: &Path, executor: &Executor, cache: &CompileCache) -> Result<Self> {
+        Self::load_serving(dir, executor, cache, None)
+    }
+
+    /// [`Catalog::load`], but with `class` given, only the plugins whose
+    /// manifests list it are compiled (`wasmjobs exec` runs one job: the
+    /// rest need no compile); the others are left out, not broken.
+    pub fn load_serving(dir: &Path, executor: &Executor, cache: &CompileCache, class: Option<&str>) -> Result<Self> {
         let dir = &absolute_dir(dir)?;
         let mut catalog = Catalog {
             plugins_dir: Some(dir.to_path_buf()),
@@ -60,7 +67,13 @@ impl Catalog {
         };
         let protected = catalog.protected(cache);
         for manifest in find_manifests(dir)? {
-            match read_plugin(&manifest).and_then(|source| build_plugin(source, executor, cache, &protected)) {
+            let source = match read_plugin(&manifest) {
+                Ok(source) if class.is_some_and(|class| !source.manifest.classes.iter().any(|c| c == class)) => {
+                    continue;
+                }
+                other => other,
+            };
+            match source.and_then(|source| build_plugin(source, executor, cache, &protected)) {
                 Ok(plugin) => {
                     let plugin = Arc::new(plugin);
                     match catalog.insert(plugin.clone()) {
@@ -294,6 +307,27 @@ struct Source {
     dev: Option<DevSources>,
 }
 
+/// What a plugin whose component does not exist yet (just scaffolded,
+/// its first build under way) is refused with: not an error to shout.
+pub(crate) const NOT_BUILT: &str = "is not built yet";
+
+/// The job classes the manifests under `dir` list, sorted, read without
+/// compiling anything (a manifest that cannot be read lists none).
+pub fn listed_classes(dir: &Path) -> Vec<String> {
+    let mut classes: Vec<String> = find_manifests(dir)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|path| {
+            let text = std::fs::read(path).ok()?;
+            Manifest::parse(path, &String::from_utf8_lossy(&text)).ok()
+        })
+        .flat_map(|manifest| manifest.classes)
+        .collect();
+    classes.sort();
+    classes.dedup();
+    classes
+}
+
 /// Reads and checks the manifest and component of one plugin, and computes
 /// its version: cheap next to compiling, so an unchanged plugin is skipped.
 fn read_plugin(manifest_path: &Path) -> Result<Source> {
@@ -301,13 +335,24 @@ fn read_plugin(manifest_path: &Path) -> Result<Source> {
     let manifest_text =
         std::fs::read(manifest_path).with_context(|| format!("{}: cannot read manifest", manifest_path.display()))?;
     let manifest = Manifest::parse(manifest_path, &String::from_utf8_lossy(&manifest_text))?;
-    let bytes = std::fs::read(&manifest.component).with_context(|| {
-        format!(
-            "{}: cannot read component {} (was it built? scripts/build-plugins.sh builds the examples)",
+    let bytes = match std::fs::read(&manifest.component) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{}: component {} {NOT_BUILT}: `wasmjobs build {}` builds it, and the plugin loads once it exists",
             manifest_path.display(),
-            manifest.component.display()
-        )
-    })?;
+            manifest.component.display(),
+            manifest_path.parent().unwrap_or(Path::new(".")).display()
+        ),
+        Err(err) => {
+            return Err(err).with_context(|| {
+                format!(
+                    "{}: cannot read component {}",
+                    manifest_path.display(),
+                    manifest.component.display()
+                )
+            });
+        }
+    };
     if !is_component(&bytes) {
         bail!(
             "{}: {} is not a WebAssembly component{}",

@@ -455,6 +455,8 @@ fn report(change: &Change) {
                 version = %kept.version,
                 "new version refused, the previous one keeps serving: {error}"
             ),
+            // Scaffolded, its first build not done: it loads when it is.
+            None if error.contains(crate::plugin::catalog::NOT_BUILT) => tracing::info!("plugin waiting: {error}"),
             None => tracing::error!("plugin refused: {error}"),
         },
     }

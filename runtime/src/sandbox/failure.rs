@@ -34,11 +34,13 @@ impl Drop for Occupancy<'_> {
 /// job's writes were refused for lack of space (guests on wasi-libc see a
 /// refused file-stream write as a bare EIO, "I/O error"), which request
 /// `http.allow` refused (a guest sees only `HttpRequestDenied`, which some
-/// SDKs report vaguely) and which `[[files]]` grant a path outside them
-/// needs.
+/// SDKs report vaguely), that a library tried a socket of its own (the
+/// host's HTTP is the way: [`crate::host::net_hint`]) and which
+/// `[[files]]` grant a path outside them needs.
 pub(super) fn with_notes(outcome: Outcome, state: &JobState, grants: &[Preopen]) -> Outcome {
     let outcome = noted(outcome, |_| state.disk_note());
     let outcome = noted(outcome, |message| state.http_note(message));
+    let outcome = noted(outcome, crate::host::net_hint::note);
     with_files_note(outcome, grants)
 }
 

@@ -311,6 +311,14 @@ fn build_watch_builds_each_edit_and_outlives_a_broken_one() {
         "the edit's compile reused nothing:\n{}",
         said()
     );
+    // Only the first compile is the "first run"; every rebuild said so.
+    assert_eq!(
+        said().matches("first run only").count(),
+        1,
+        "the edit's compile said \"first run only\":\n{}",
+        said()
+    );
+    assert!(said().contains("once for this version"), "{}", said());
     let exec = wasmjobs(
         home,
         &["exec", "--plugins", "plugins", "WatchGreet", r#"["world"]"#],
@@ -495,6 +503,32 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
         ran()
     );
 
+    // A syntax error fails the build, as a release build's does: the
+    // runner keeps the last good component (it used to get the broken
+    // file, and every job failed with SyntaxError).
+    let built = builds(&watched());
+    save(&app, &original);
+    wait("a build of the repaired app", BUILD, &watched, &|t| builds(t) > built);
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 5);
+    enqueue(r#"["seven"]"#);
+    wait("the repaired job", QUICK, &ran, &|t| t.contains("hello, seven!"));
+    let failed = |text: &str| text.matches("build failed").count();
+    let failures = failed(&watched());
+    save(&app, &original.replace("def perform", "def perform(:"));
+    wait("the build of the syntax error", BUILD, &watched, &|t| {
+        failed(t) > failures
+    });
+    assert!(
+        watched().contains("app.py:") && watched().contains("SyntaxError"),
+        "{}",
+        watched()
+    );
+    enqueue(r#"["eight"]"#);
+    wait("a job on the last good build", QUICK, &ran, &|t| {
+        t.contains("hello, eight!")
+    });
+    assert_eq!(replaced(&ran()), 5, "the broken build reached the runner: {}", ran());
+
     let _ = watch.kill();
     let _ = watch.wait();
     let stop = Command::new("kill")
@@ -512,4 +546,133 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
             .collect(),
         "nothing but sources, the manifest and the component"
     );
+}
+
+/// Scaffolding a plugin beside a running runner logged an ERROR naming
+/// `scripts/build-plugins.sh`, a script a user of the installed binary
+/// does not have: a plugin not built yet now waits, and the runner says
+/// which command builds it. The runner's data directory is found from
+/// `--plugins` given from another directory (a new `.wasmjobs` was made
+/// wherever the command ran).
+#[test]
+fn a_scaffolded_plugin_waits_for_its_build_without_an_error() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let home = home.path();
+    let project = home.join("app");
+    std::fs::create_dir_all(project.join("plugins")).expect("plugins dir");
+    std::fs::create_dir_all(project.join(".wasmjobs")).expect("the project's data dir");
+    let elsewhere = home.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("another dir");
+    let plugins = project.join("plugins");
+    let plugins = plugins.to_str().expect("a UTF-8 path");
+    let (mut run, ran) = spawn_logged(&elsewhere, &["run", "--plugins", plugins], "run");
+    wait_until("the runner", QUICK, &ran, &|t| t.contains("running"));
+    assert!(
+        !elsewhere.join(".wasmjobs").exists(),
+        "a data directory was made where the command ran:\n{}",
+        ran()
+    );
+    assert!(project.join(".wasmjobs/redis").is_dir(), "{}", ran());
+    let new = wasmjobs(
+        &project,
+        &["new", "python", "plugins/late", "--class", "LateJob"],
+        QUICK,
+    );
+    assert_success(&new, "wasmjobs new");
+    wait_until("the waiting plugin", QUICK, &ran, &|t| t.contains("plugin waiting"));
+    let log = ran();
+    assert!(
+        log.contains("wasmjobs build ") && log.contains("is not built yet"),
+        "{log}"
+    );
+    assert!(!log.contains("ERROR") && !log.contains("build-plugins.sh"), "{log}");
+    let stop = Command::new("kill")
+        .args(["-TERM", &run.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(stop.success());
+    assert!(run.wait().expect("the runner stops").success(), "{}", ran());
+}
+
+/// The children of process `pid`, with their command names.
+fn children(pid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map(|(_, n)| n.to_owned()).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) && fields.first() != Some(&"Z") {
+            found.push((child, name));
+        }
+    }
+    found
+}
+
+/// Stopping `build --watch` in the middle of a build left componentize-py
+/// running and its 19 MB temporary component in the plugin directory: the
+/// tools are now killed with the build and the temporary removed.
+#[test]
+fn stopping_a_watch_mid_build_leaves_no_tool_and_no_temporary_file() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let home = home.path();
+    let new = wasmjobs(home, &["new", "python", "plugins/stopped", "--class", "StopJob"], QUICK);
+    assert_success(&new, "wasmjobs new");
+    let (mut watch, said) = spawn_logged(home, &["build", "--watch", "plugins/stopped"], "watch");
+    let deadline = std::time::Instant::now() + BUILD;
+    let tool = loop {
+        if let Some(tool) = children(watch.id())
+            .into_iter()
+            .find(|(_, name)| name.starts_with("componentize"))
+        {
+            break tool;
+        }
+        assert!(
+            watch.try_wait().expect("try_wait").is_none(),
+            "the watch ended: {}",
+            said()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no componentize-py started: {}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stop = Command::new("kill")
+        .args(["-TERM", &watch.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(stop.success());
+    let status = watch.wait().expect("the watch stops");
+    assert_eq!(status.code(), Some(143), "{}", said());
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(tool.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} ({}) still runs after the watch stopped",
+            tool.1,
+            tool.0
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<String> = files(&home.join("plugins/stopped"))
+        .into_iter()
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "left in the plugin directory: {left:?}");
 }
