@@ -91,7 +91,10 @@ fn broken_plugins_are_refused_and_the_rest_still_load() {
         "{manifest}"
     );
     let gone = find("gone.wasm").expect("missing component refused");
-    assert!(gone.contains("cannot read component"), "{gone}");
+    assert!(
+        gone.contains("is not built yet") && gone.contains("wasmjobs build "),
+        "{gone}"
+    );
     let twin = find("zz-twin").expect("duplicate class refused");
     assert!(twin.contains("already served"), "{twin}");
 }
