@@ -4,10 +4,11 @@
 # target/compare/; each revision's binary is kept, so a second comparison
 # against the same revision builds nothing), then alternates their drains (NoopJob at C=10 and C=100, with
 # compact and with spaced JSON payloads, and HttpGetJob at C=1,000 against
-# a 200 ms server) on one Redis, and prints B ÷ A per case with the spread
-# of the rounds and the Redis commands each sent per job.
+# a 200 ms server; `--only http-c10k`: at C=10,000) on one Redis, and
+# prints B ÷ A per case with the spread of the rounds, the Redis commands
+# each sent per job and each runner's peak RSS.
 #
-# Usage: scripts/bench-compare.sh REV_A REV_B [--rounds N] [--only noop,noop-spaced,noop-c10,http] [--jobs N]
+# Usage: scripts/bench-compare.sh REV_A REV_B [--rounds N] [--only noop,noop-spaced,noop-c10,http,http-c10k] [--jobs N]
 #   REV: anything `git rev-parse` takes (a commit, a branch, HEAD), or
 #   `worktree` for the files as they are now (uncommitted changes too).
 #
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 if [ $# -lt 2 ]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 rev_a=$1 rev_b=$2

@@ -24,7 +24,7 @@ use crate::measure::Bench;
 use crate::plan::{Case, Fetch, Processor, Workload};
 
 const USAGE: &str = "usage: wasmjobs-bench compare --a PATH --b PATH [--names A B] [--rounds N] \
-                     [--only noop,noop-spaced,noop-c10,http] [--jobs N]";
+                     [--only noop,noop-spaced,noop-c10,http,http-c10k] [--jobs N]";
 
 /// One case of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +37,21 @@ enum AbCase {
     NoopC10,
     /// HttpGetJob at C=1,000 against the 200 ms server.
     Http,
+    /// HttpGetJob at C=10,000 against the 200 ms server: the memory of
+    /// 10,000 jobs in flight (peak RSS). Not run unless named in `--only`.
+    HttpC10k,
 }
 
 impl AbCase {
-    const ALL: [AbCase; 4] = [AbCase::NoopC10, AbCase::Noop, AbCase::NoopSpaced, AbCase::Http];
+    /// The cases run without `--only`.
+    const DEFAULT: [AbCase; 4] = [AbCase::NoopC10, AbCase::Noop, AbCase::NoopSpaced, AbCase::Http];
+    const ALL: [AbCase; 5] = [
+        AbCase::NoopC10,
+        AbCase::Noop,
+        AbCase::NoopSpaced,
+        AbCase::Http,
+        AbCase::HttpC10k,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -48,6 +59,7 @@ impl AbCase {
             AbCase::NoopSpaced => "noop-spaced",
             AbCase::NoopC10 => "noop-c10",
             AbCase::Http => "http",
+            AbCase::HttpC10k => "http-c10k",
         }
     }
 
@@ -57,6 +69,7 @@ impl AbCase {
             AbCase::NoopSpaced => "noop C=100, spaced JSON",
             AbCase::NoopC10 => "noop C=10",
             AbCase::Http => "http C=1,000 (200 ms)",
+            AbCase::HttpC10k => "http C=10,000 (200 ms)",
         }
     }
 
@@ -67,6 +80,8 @@ impl AbCase {
             AbCase::NoopC10 => (Workload::Noop, 10, 50_000),
             // 10 rounds of the server's 200 ms: ~2 s at best.
             AbCase::Http => (Workload::Http, 1_000, 10_000),
+            // 5 rounds of the server's 200 ms: ~1 s at best.
+            AbCase::HttpC10k => (Workload::Http, 10_000, 50_000),
         };
         Case {
             processor: Processor::Wasmjobs,
@@ -102,7 +117,7 @@ fn parse_args() -> Result<Args> {
         b: PathBuf::new(),
         names: ["A".into(), "B".into()],
         rounds: 3,
-        cases: AbCase::ALL.to_vec(),
+        cases: AbCase::DEFAULT.to_vec(),
         jobs: None,
     };
     let mut argv = std::env::args().skip(2);
@@ -151,6 +166,8 @@ struct Drain {
     /// CPU per job of the runner and of redis-server, µs.
     runner_us: f64,
     redis_us: f64,
+    /// The runner's peak RSS (`VmHWM`), MB.
+    peak_mb: f64,
 }
 
 pub fn main() -> Result<()> {
@@ -189,14 +206,15 @@ pub fn main() -> Result<()> {
                     }
                 };
                 eprintln!(
-                    "round {} {:<26} {:<12} {:>9.0} jobs/s {:>5.2} commands/job, CPU µs/job: runner {:.1}, redis {:.1}",
+                    "round {} {:<26} {:<12} {:>9.0} jobs/s {:>5.2} commands/job, CPU µs/job: runner {:.1}, redis {:.1}, peak RSS {:.1} MB",
                     round + 1,
                     ab.label(),
                     args.names[side],
                     drain.jobs_per_sec,
                     drain.commands_per_job,
                     drain.runner_us,
-                    drain.redis_us
+                    drain.redis_us,
+                    drain.peak_mb
                 );
                 results.entry(index).or_default()[side].push(drain);
             }
@@ -225,19 +243,21 @@ async fn drain(bench: &mut Bench, case: &Case) -> Result<Drain> {
         commands_per_job: row.redis_commands_per_job.unwrap_or(f64::NAN),
         runner_us: cpu.map_or(f64::NAN, |cpu| cpu.runner),
         redis_us: cpu.and_then(|cpu| cpu.redis).unwrap_or(f64::NAN),
+        peak_mb: row.peak_rss_kb as f64 / 1024.0,
     })
 }
 
 /// The report: per case, each side's jobs/s per round, B ÷ A (the mean of
-/// the rounds' ratios, with their range) and commands per job.
+/// the rounds' ratios, with their range), commands per job, CPU per job
+/// and the runner's peak RSS per round.
 fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>, failed: &BTreeMap<usize, String>) -> String {
     let [a, b] = &args.names;
     let mut out = format!(
-        "\n| case | {a} jobs/s | {b} jobs/s | {b} ÷ {a} (min–max) | commands/job {a} → {b} | CPU µs/job runner {a} → {b} | redis {a} → {b} |\n|---|---|---|---|---|---|---|\n"
+        "\n| case | {a} jobs/s | {b} jobs/s | {b} ÷ {a} (min–max) | commands/job {a} → {b} | CPU µs/job runner {a} → {b} | redis {a} → {b} | peak RSS MB {a} → {b} |\n|---|---|---|---|---|---|---|---|\n"
     );
     for (index, case) in args.cases.iter().enumerate() {
         if let Some(why) = failed.get(&index) {
-            out.push_str(&format!("| {} | – | – | {why} | | | |\n", case.label()));
+            out.push_str(&format!("| {} | – | – | {why} | | | | |\n", case.label()));
             continue;
         }
         let Some([left, right]) = results.get(&index) else {
@@ -258,9 +278,15 @@ fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>, failed: &BTree
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
+        let peaks = |side: &[Drain]| {
+            side.iter()
+                .map(|d| format!("{:.0}", d.peak_mb))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
         let mean_of = |side: &[Drain], f: fn(&Drain) -> f64| side.iter().map(f).sum::<f64>() / side.len() as f64;
         out.push_str(&format!(
-            "| {} | {} | {} | **{mean:.2}×** ({min:.2}–{max:.2}) | {:.2} → {:.2} | {:.1} → {:.1} | {:.1} → {:.1} |\n",
+            "| {} | {} | {} | **{mean:.2}×** ({min:.2}–{max:.2}) | {:.2} → {:.2} | {:.1} → {:.1} | {:.1} → {:.1} | {} → {} |\n",
             case.label(),
             rates(left),
             rates(right),
@@ -270,6 +296,8 @@ fn table(args: &Args, results: &BTreeMap<usize, [Vec<Drain>; 2]>, failed: &BTree
             mean_of(right, |d| d.runner_us),
             mean_of(left, |d| d.redis_us),
             mean_of(right, |d| d.redis_us),
+            peaks(left),
+            peaks(right),
         ));
     }
     out.push_str(&format!(

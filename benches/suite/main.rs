@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! wasmjobs-bench --wasmjobs target/release/wasmjobs [--native PATH] [--quick] [--only noop,http] [--out DIR]
-//! wasmjobs-bench compare --a OLD --b NEW [--names A B] [--rounds N] [--only noop,noop-spaced,noop-c10,http] [--jobs N]
+//! wasmjobs-bench compare --a OLD --b NEW [--names A B] [--rounds N] [--only noop,noop-spaced,noop-c10,http,http-c10k] [--jobs N]
 //! ```
 //!
 //! `compare` ([`ab`]) alternates the drains of two `wasmjobs` binaries on
