@@ -14,6 +14,12 @@
 //! every event, so nothing that logs needs to remember to escape. The JSON
 //! format needs nothing more: its serializer escapes control characters in
 //! strings.
+//!
+//! At a terminal (a person reading, not a file or a pipe), a value's own
+//! line breaks — a Python traceback, a JavaScript stack — are shown as
+//! line breaks, each continued line starting with `        | ` (as `wasmjobs
+//! exec` prints them), so no text can start a line of its own there
+//! either; everywhere else an event stays one line, with `\n`.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -44,8 +50,9 @@ pub(crate) fn init(format: LogFormat, default_filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
+    let multiline = std::io::stderr().is_terminal();
     let result = match format {
-        LogFormat::Human => builder.fmt_fields(EscapedFields).try_init(),
+        LogFormat::Human => builder.fmt_fields(EscapedFields { multiline }).try_init(),
         LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
     };
     // A second init (tests) keeps the first subscriber.
@@ -53,18 +60,35 @@ pub(crate) fn init(format: LogFormat, default_filter: &str) {
 }
 
 /// `tracing-subscriber`'s default field format (`message key=value ...`),
-/// with control characters escaped in every name and value.
+/// with control characters escaped in every name and value; with
+/// `multiline`, line breaks are kept, each continued line behind
+/// [`CONTINUED`].
 ///
 /// Field names lose their terminal styling (italics) in exchange: the
 /// fields are formatted plain, then escaped as a whole.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct EscapedFields;
+pub(crate) struct EscapedFields {
+    pub(crate) multiline: bool,
+}
+
+/// What starts a continued line of a multi-line value at a terminal.
+pub(crate) const CONTINUED: &str = "        | ";
 
 impl<'writer> FormatFields<'writer> for EscapedFields {
     fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
         let mut plain = String::new();
         DefaultFields::new().format_fields(Writer::new(&mut plain), fields)?;
-        writer.write_str(&escape_control(&plain))
+        if !self.multiline {
+            return writer.write_str(&escape_control(&plain));
+        }
+        for (i, line) in plain.split('\n').enumerate() {
+            if i > 0 {
+                writer.write_str("\n")?;
+                writer.write_str(CONTINUED)?;
+            }
+            writer.write_str(&escape_control(line.strip_suffix('\r').unwrap_or(line)))?;
+        }
+        Ok(())
     }
 }
 
@@ -132,6 +156,10 @@ mod tests {
     }
 
     fn logged(json: bool) -> String {
+        logged_as(json, false)
+    }
+
+    fn logged_as(json: bool, multiline: bool) -> String {
         let buffer = Buffer::default();
         let writer = buffer.clone();
         let builder = tracing_subscriber::fmt()
@@ -144,7 +172,7 @@ mod tests {
         if json {
             tracing::subscriber::with_default(builder.json().finish(), emit);
         } else {
-            tracing::subscriber::with_default(builder.fmt_fields(EscapedFields).finish(), emit);
+            tracing::subscriber::with_default(builder.fmt_fields(EscapedFields { multiline }).finish(), emit);
         }
         let bytes = buffer
             .0
@@ -168,5 +196,21 @@ mod tests {
         let human = logged(false);
         assert!(human.contains("message\\nFORGED message line"), "{human}");
         assert!(human.contains("class=Job\\nFORGED class line"), "{human}");
+    }
+
+    /// At a terminal a traceback printed on one line with literal `\n`s;
+    /// its lines are now lines, each continued one behind `        | `,
+    /// so no text starts a line of its own.
+    #[test]
+    fn at_a_terminal_line_breaks_are_lines_that_cannot_pass_for_events() {
+        let text = logged_as(false, true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].contains("message"), "{text}");
+        for line in &lines[1..] {
+            assert!(line.starts_with(CONTINUED), "{text}");
+        }
+        assert!(text.contains("        | FORGED message line\\u{1b}[2J"), "{text}");
+        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text:?}");
     }
 }
