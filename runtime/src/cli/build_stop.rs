@@ -67,10 +67,10 @@ impl Drop for Temporary {
     }
 }
 
-/// Catches SIGINT and SIGTERM on a thread of their own: the temporary
+/// Catches SIGINT and SIGTERM on a thread of their own: the tools
+/// running ([`output`]) are killed and waited for, then the temporary
 /// files being written are removed and the process exits (130 or 143, as
-/// a shell reports a process ended by the signal). The tools running are
-/// ended by [`die_with_us`].
+/// a shell reports a process ended by the signal).
 pub(super) fn on_stop_remove_temporaries() {
     let spawned = std::thread::Builder::new().name("build-stop".into()).spawn(|| {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {

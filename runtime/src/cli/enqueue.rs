@@ -43,6 +43,7 @@ use crate::job::validate_args;
 use crate::redis::api::{self, ProcessInfo};
 use crate::redis::payload::Payload;
 use crate::redis::shards::ShardMap;
+use crate::redis::stranded::serves;
 use crate::redis::unique::{Pushed, UniqueUntil};
 use crate::redis::{Target, client, now_f64};
 
@@ -332,12 +333,7 @@ fn duplicate(class: &str, queue: &str, jid: &str, ttl: Option<Duration>) -> Stri
 /// Whether live process `p` takes jobs from `queue` (not quiet, and
 /// `queue` among its queues, weighted `name:N` or not).
 fn fetches(p: &ProcessInfo, queue: &str) -> bool {
-    !p.quiet && listens(p, queue)
-}
-
-/// Whether `queue` is among `p`'s queues, quiet or not.
-fn listens(p: &ProcessInfo, queue: &str) -> bool {
-    crate::redis::stranded::serves(p, queue)
+    !p.quiet && serves(p, queue)
 }
 
 /// The warning for jobs pushed on `queue` where none of the live
@@ -350,7 +346,7 @@ fn nobody_fetches(target: &Target, queue: &str, processes: &[ProcessInfo]) -> Op
     }
     let quiet: Vec<&str> = processes
         .iter()
-        .filter(|p| p.quiet && listens(p, queue))
+        .filter(|p| p.quiet && serves(p, queue))
         .map(|p| p.identity.as_str())
         .collect();
     if !quiet.is_empty() {

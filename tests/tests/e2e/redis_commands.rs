@@ -517,6 +517,16 @@ fn help_never_shows_a_password_from_the_environment() {
     }
 }
 
+/// A runner killed however the test that started it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The pid in `path`, once the file holds one.
 fn pid_in(path: &Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -546,14 +556,6 @@ fn an_embedded_server_whose_users_died_stops_even_with_its_directory_gone() {
         .arg(plugins.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    /// Kills the runner however the test ends.
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let mut runner = Killed(command.spawn().expect("start wasmjobs run"));
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     let (server, watchdog) = loop {
@@ -595,14 +597,7 @@ fn a_runner_starts_its_embedded_server_again_when_it_dies() {
         .arg(plugins.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log_path).expect("log file"));
-    struct Stopped(std::process::Child);
-    impl Drop for Stopped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut runner = Stopped(command.spawn().expect("start wasmjobs run"));
+    let mut runner = Killed(command.spawn().expect("start wasmjobs run"));
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let wait_processed = |count: u64| {
         let deadline = Instant::now() + std::time::Duration::from_secs(60);

@@ -22,34 +22,13 @@ const WINDOW: Duration = Duration::from_secs(2);
 /// Windows measured before the outage, and in each of its two kinds.
 const WINDOWS: usize = 2;
 
-/// Jobs left in the default shard's queue.
-async fn left(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    redis::cmd("LLEN")
-        .arg("queue:default")
-        .query_async(conn)
-        .await
-        .expect("LLEN")
-}
-
 /// The default shard's jobs taken per second over each of `windows`
 /// windows; the runner must live throughout.
 async fn rates(conn: &mut redis::aio::MultiplexedConnection, runner: &mut Runner, windows: usize) -> Vec<f64> {
-    let mut rates = Vec::new();
-    let mut before = left(conn).await;
-    for _ in 0..windows {
-        let started = Instant::now();
-        while started.elapsed() < WINDOW {
-            if let Some(status) = runner.try_status() {
-                panic!("the runner exited ({status}):\n{}", runner.log());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let now = left(conn).await;
-        assert!(now > 0, "the default queue ran dry: push more jobs");
-        rates.push((before - now) as f64 / started.elapsed().as_secs_f64());
-        before = now;
-    }
-    rates
+    let mut queues = [("default", conn.clone())];
+    measure(windows, &mut queues, std::slice::from_mut(runner))
+        .await
+        .remove(0)
 }
 
 /// Jobs left in `b`'s queue.
