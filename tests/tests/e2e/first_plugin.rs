@@ -503,13 +503,36 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
         ran()
     );
 
+    // Python's own urllib has no socket in a job: the failure names the
+    // client that works (it said only `LookupError: unknown encoding:
+    // idna`, then `[Errno -4]`).
+    let built = builds(&watched());
+    save(
+        &app,
+        &format!(
+            "import urllib.request\n{}",
+            original.replace(
+                r#"    log.info(f"hello, {name}! (job {info.jid})")"#,
+                "    urllib.request.urlopen(\"http://example.com/\", timeout=5).read()",
+            )
+        ),
+    );
+    wait("a build of the urllib job", BUILD, &watched, &|t| builds(t) > built);
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 5);
+    assert!(!ran().contains("wasmjobs_guest.http"), "{}", ran());
+    let nine = enqueue(r#"["nine"]"#);
+    wait("the urllib job's failure", QUICK, &ran, &|t| {
+        t.contains(&nine) && t.contains("wasmjobs_guest.http")
+    });
+    assert!(ran().contains("urlopen"), "the traceback names the call: {}", ran());
+
     // A syntax error fails the build, as a release build's does: the
     // runner keeps the last good component (it used to get the broken
     // file, and every job failed with SyntaxError).
     let built = builds(&watched());
     save(&app, &original);
     wait("a build of the repaired app", BUILD, &watched, &|t| builds(t) > built);
-    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 5);
+    wait("the runner's reload", QUICK, &ran, &|t| replaced(t) >= 6);
     enqueue(r#"["seven"]"#);
     wait("the repaired job", QUICK, &ran, &|t| t.contains("hello, seven!"));
     let failed = |text: &str| text.matches("build failed").count();
@@ -527,7 +550,7 @@ fn a_python_dev_build_runs_each_edit_without_componentize_or_compile() {
     wait("a job on the last good build", QUICK, &ran, &|t| {
         t.contains("hello, eight!")
     });
-    assert_eq!(replaced(&ran()), 5, "the broken build reached the runner: {}", ran());
+    assert_eq!(replaced(&ran()), 6, "the broken build reached the runner: {}", ran());
 
     let _ = watch.kill();
     let _ = watch.wait();
