@@ -74,7 +74,7 @@ impl Backlog {
 
     /// `future`, counted as ready whenever it has been woken and not yet
     /// polled to `Pending`. It counts from now: a job is ready when made.
-    pub(crate) fn track<F: Future + Unpin>(self: &Arc<Self>, future: F) -> Tracked<F> {
+    pub(crate) fn track<F: Future>(self: &Arc<Self>, future: F) -> Tracked<F> {
         self.ready.fetch_add(1, Ordering::AcqRel);
         let wake = Arc::new(TaskWake {
             state: AtomicU8::new(WOKEN),
@@ -83,8 +83,10 @@ impl Backlog {
         });
         Tracked {
             future,
-            waker: Waker::from(wake.clone()),
-            wake,
+            counted: Counted {
+                waker: Waker::from(wake.clone()),
+                wake,
+            },
         }
     }
 
@@ -104,9 +106,6 @@ impl Backlog {
 
     async fn settled(&self) {
         loop {
-            if self.ready() <= self.limit {
-                break;
-            }
             let cleared = self.cleared.notified();
             tokio::pin!(cleared);
             cleared.as_mut().enable();
@@ -174,42 +173,51 @@ impl Wake for TaskWake {
     }
 }
 
-/// A future counted in its [`Backlog`] while ready.
-pub(crate) struct Tracked<F> {
-    future: F,
+pin_project_lite::pin_project! {
+    /// A future counted in its [`Backlog`] while ready.
+    pub(crate) struct Tracked<F> {
+        #[pin]
+        future: F,
+        counted: Counted,
+    }
+}
+
+/// The job's place in the count, taken out of it when the job ends or is
+/// dropped.
+struct Counted {
     /// Wakes `wake`, made once.
     waker: Waker,
     wake: Arc<TaskWake>,
 }
 
-impl<F: Future + Unpin> Future for Tracked<F> {
+impl<F: Future> Future for Tracked<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        this.wake.task.register(cx.waker());
+        let this = self.project();
+        let wake = &this.counted.wake;
+        wake.task.register(cx.waker());
         // Polled without a wake of ours (its first poll, or another waker
         // of the task): it is ready now all the same.
-        if this.wake.state.swap(RUNNING, Ordering::AcqRel) == IDLE {
-            this.wake.backlog.woken();
+        if wake.state.swap(RUNNING, Ordering::AcqRel) == IDLE {
+            wake.backlog.woken();
         }
-        let mut own = Context::from_waker(&this.waker);
-        match Pin::new(&mut this.future).poll(&mut own) {
+        let mut own = Context::from_waker(&this.counted.waker);
+        match this.future.poll(&mut own) {
             Poll::Ready(output) => {
-                if this.wake.state.swap(DONE, Ordering::AcqRel) != IDLE {
-                    this.wake.backlog.went_idle();
-                }
+                // Counted while polled; never again.
+                wake.state.store(DONE, Ordering::Release);
+                wake.backlog.went_idle();
                 Poll::Ready(output)
             }
             Poll::Pending => {
                 // Woken while it was polled: it stays ready.
-                if this
-                    .wake
+                if wake
                     .state
                     .compare_exchange(RUNNING, IDLE, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
-                    this.wake.backlog.went_idle();
+                    wake.backlog.went_idle();
                 }
                 Poll::Pending
             }
@@ -217,7 +225,7 @@ impl<F: Future + Unpin> Future for Tracked<F> {
     }
 }
 
-impl<F> Drop for Tracked<F> {
+impl Drop for Counted {
     fn drop(&mut self) {
         let before = self.wake.state.swap(DONE, Ordering::AcqRel);
         if before == RUNNING || before == WOKEN {
@@ -229,7 +237,6 @@ impl<F> Drop for Tracked<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn a_job_counts_while_woken_and_not_while_it_waits() {
@@ -246,7 +253,7 @@ mod tests {
         }
         // The wake counts at once, before the job is polled again.
         let _ = tx.send(());
-        assert!(backlog.ready() <= 1);
+        assert_eq!(backlog.ready(), 1, "woken: ready before its poll");
         job.await.expect("the job ends");
         assert_eq!(backlog.ready(), 0, "a finished job does not count");
     }
@@ -255,14 +262,14 @@ mod tests {
     fn a_wake_counts_before_the_poll_and_a_dropped_job_stops_counting() {
         let backlog = Arc::new(Backlog::new(4, Duration::from_secs(60)));
         let (rx, tx) = futures_util::future::abortable(std::future::pending::<()>());
-        let mut job = backlog.track(rx);
+        let mut job = std::pin::pin!(backlog.track(rx));
         let waker = Waker::noop();
         let mut cx = Context::from_waker(waker);
-        assert!(Pin::new(&mut job).poll(&mut cx).is_pending());
+        assert!(job.as_mut().poll(&mut cx).is_pending());
         assert_eq!(backlog.ready(), 0);
         tx.abort();
         assert_eq!(backlog.ready(), 1, "woken, not yet polled: ready");
-        assert!(Pin::new(&mut job).poll(&mut cx).is_ready());
+        assert!(job.as_mut().poll(&mut cx).is_ready());
         assert_eq!(backlog.ready(), 0);
         let (rx, _tx) = futures_util::future::abortable(std::future::pending::<()>());
         let job = backlog.track(rx);

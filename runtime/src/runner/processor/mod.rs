@@ -107,7 +107,7 @@ impl Perform for Processor {
             span.end(outcome(&write));
             write
         };
-        self.backlog.track(job.boxed()).boxed()
+        self.backlog.track(job).boxed()
     }
 }
 
