@@ -1,9 +1,10 @@
 //! Running a wasmjobs command to completion as a separate process, the way
-//! a user types it: in a working directory of their own, with a deadline.
+//! a user types it: in a working directory of their own, with a deadline;
+//! and [`Killed`], for one a test leaves running.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::plugins_dir;
@@ -88,4 +89,29 @@ pub fn toolchain_env() -> Vec<(&'static str, PathBuf)> {
         ("WASMJOBS_TOOLCHAINS", plugins_dir().join("target")),
         ("CARGO_TARGET_DIR", PathBuf::new()),
     ]
+}
+
+/// A process a test started and leaves running, killed and reaped when
+/// dropped: however the test ends, a failed assertion too, nothing it
+/// started is left behind.
+pub struct Killed(pub Child);
+
+impl std::ops::Deref for Killed {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Killed {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

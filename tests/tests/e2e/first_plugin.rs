@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use wasmjobs_e2e::cli::{command_in, printed};
+use wasmjobs_e2e::cli::{Killed, command_in, printed};
 use wasmjobs_e2e::runner::wasmjobs_bin;
 use wasmjobs_e2e::{assert_success, plugins_dir, repo_root};
 
@@ -247,7 +247,7 @@ fn a_javascript_plugin_from_new_to_run_outside_the_repo() {
 /// into `home/<name>.log` in the order they were written; the process
 /// (killed when dropped, so a failing test leaves no `build --watch` or
 /// runner behind) and a reader of what it has said so far.
-fn spawn_logged(home: &Path, args: &[&str], name: &str) -> (Spawned, impl Fn() -> String + use<>) {
+fn spawn_logged(home: &Path, args: &[&str], name: &str) -> (Killed, impl Fn() -> String + use<>) {
     let log = home.join(format!("{name}.log"));
     let file = std::fs::File::create(&log).expect("log file");
     let mut command = installed();
@@ -258,35 +258,7 @@ fn spawn_logged(home: &Path, args: &[&str], name: &str) -> (Spawned, impl Fn() -
         .stderr(file.try_clone().expect("log file"))
         .stdout(file);
     let child = command.spawn().expect("start wasmjobs");
-    (Spawned(child), move || {
-        std::fs::read_to_string(&log).unwrap_or_default()
-    })
-}
-
-/// A process a test started, killed if it still runs when the test ends
-/// (by a failed assertion too).
-struct Spawned(std::process::Child);
-
-impl std::ops::Deref for Spawned {
-    type Target = std::process::Child;
-    fn deref(&self) -> &std::process::Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Spawned {
-    fn deref_mut(&mut self) -> &mut std::process::Child {
-        &mut self.0
-    }
-}
-
-impl Drop for Spawned {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    (Killed(child), move || std::fs::read_to_string(&log).unwrap_or_default())
 }
 
 /// Waits until what `said` returns satisfies `done`, failing with it after

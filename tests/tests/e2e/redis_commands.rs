@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+use wasmjobs_e2e::cli::Killed;
 use wasmjobs_e2e::output_text as text;
 use wasmjobs_e2e::redis_server::TestRedis;
 use wasmjobs_e2e::sidekiq::ruby;
@@ -514,16 +515,6 @@ fn help_never_shows_a_password_from_the_environment() {
             "{command} --help shows a password: {}",
             text(&output)
         );
-    }
-}
-
-/// A runner killed however the test that started it ends.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
