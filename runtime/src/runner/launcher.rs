@@ -35,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::backlog::Backlog;
 use super::by_shard::ByShard;
 use super::cancel::Cancels;
 use super::cron::{CronPoller, PluginSchedules, QueueFilter};
@@ -149,7 +148,6 @@ pub async fn run(options: RunOptions) -> Result<RunSummary> {
             shards[0].neighbours.clone(),
             shards[1..].iter().map(|shard| shard.neighbours.clone()),
         ),
-        backlog: Arc::new(Backlog::default()),
     };
     let cancels = Cancels::new(
         by_shard(&|shard| shard.redis.clone()).all().to_vec(),

@@ -11,7 +11,6 @@
 //! | [`unit`] | a unit of work: the job parsed once, finished or requeued through the writer |
 //! | [`inflight`] | the jobs held and not yet recorded |
 //! | [`processor`] | one job: dispatch to its plugin, run it in the sandbox, decide |
-//! | [`backlog`] | jobs ready for a core: while many are, none is instantiated, so started jobs resume first |
 //! | [`job_retry`] | what a failure means: retry later, dead set, or drop (Sidekiq's retry policy) |
 //! | [`limiter`] | cluster-wide rate and concurrency limits in Redis; a job over one is rescheduled |
 //! | [`outcome`] | the writer: batches what units hand over, has the source record them |
@@ -30,7 +29,6 @@
 //! → `processor` → sandbox → `job_retry` → `unit` → `outcome` → `source`
 //! (recorded). `docs/redis-engine.md` draws the states a job goes through.
 
-mod backlog;
 pub(crate) mod by_shard;
 pub(crate) mod cancel;
 pub(crate) mod control;

@@ -6,8 +6,7 @@
 //!    class ([`dispatch`]);
 //! 2. admission: the plugin's concurrency slot, its cluster limits, a
 //!    `unique_until: "start"` lock released ([`admit`]);
-//! 3. execute: the sandbox, with the job's trace context, once the jobs
-//!    already started have had a core (`super::backlog`);
+//! 3. execute: the sandbox, with the job's trace context;
 //! 4. decide and record: the retry policy's write, the metrics
 //!    ([`finish`]).
 //!
@@ -36,7 +35,6 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 
-use super::backlog::Backlog;
 use super::by_shard::ByShard;
 use super::cancel::{Registration, Via};
 use super::job_retry::Write;
@@ -79,9 +77,6 @@ pub(crate) struct Processor {
     /// The Ruby Sidekiq processes sharing our queues on each shard, to
     /// hand their jobs back to.
     pub(crate) neighbours: ByShard<Arc<Neighbours>>,
-    /// The jobs ready to run: while there are many, no job is
-    /// instantiated (`super::backlog`).
-    pub(crate) backlog: Arc<Backlog>,
 }
 
 impl Perform for Processor {
@@ -94,7 +89,7 @@ impl Perform for Processor {
         // The catalog as it is when the job starts: a reload from now on
         // does not change the version it runs on.
         let catalog = self.catalog.load_full();
-        let job = async move {
+        async move {
             let Some(tracing) = &self.tracing else {
                 return self.run(&catalog, job, slots, cancel, None).await;
             };
@@ -106,8 +101,8 @@ impl Perform for Processor {
             let write = self.run(&catalog, job, slots, cancel, Some(&span)).await;
             span.end(outcome(&write));
             write
-        };
-        self.backlog.track(job).boxed()
+        }
+        .boxed()
     }
 }
 
@@ -184,7 +179,6 @@ async fn process(
             limiter,
             redis,
             neighbours,
-            backlog,
             ..
         } = processor;
         let shard = typed.fetched.shard;
@@ -194,7 +188,6 @@ async fn process(
         let _plugin_slot = admit::plugin_slot(&job, &plugin, &mut slots).await?;
         let admitted = admit::cluster_limits(metrics, limiter, &mut job, &plugin, &mut slots).await?;
         admit::release_unique_lock(metrics, redis.get(shard), &job).await;
-        backlog.wait_for_cpu().await;
         let execution = execute(executor, &job, &plugin).await;
         drop(admitted);
         Ok(finish::decide(metrics, &job, &plugin, execution))
